@@ -1,0 +1,124 @@
+"""Typed workload configuration shared by the host (CLI, tracer) and the container entry point.
+
+A :class:`WorkloadConfig` holds the parameters every workload understands; each workload adds
+its own frozen options dataclass (for UNet3D: patch size, channel widths, ...) stored under
+``options``. Both reject unknown keys by name, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from workloads.errors import UserError
+
+VARIANTS: tuple[str, ...] = ("original", "instrumented", "sleep")
+
+T = TypeVar("T")
+
+
+def from_mapping(cls: type[T], data: dict[str, Any], where: str) -> T:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and checking simple types."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a table of settings, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise UserError(
+            f"{where}: unknown setting {unknown[0]!r}; known settings: {', '.join(sorted(fields))}"
+        )
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        default = fields[name].default
+        if default is not dataclasses.MISSING and default is not None and value is not None:
+            value = _coerce(value, type(default), f"{where}: {name}")
+        values[name] = value
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a required field is missing
+        raise UserError(f"{where}: {exc}") from None
+
+
+def _coerce(value: Any, kind: type, where: str) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise UserError(f"{where}: expected true or false, got {value!r}")
+    if kind in (int, float):
+        if isinstance(value, bool):
+            raise UserError(f"{where}: expected a number, got {value!r}")
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            raise UserError(f"{where}: expected {kind.__name__}, got {value!r}") from None
+        if kind is int and float(value) != number:
+            raise UserError(f"{where}: expected a whole number, got {value!r}")
+        return number
+    if kind is str:
+        return str(value)
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadConfig:
+    """Parameters common to every workload run.
+
+    ``options`` holds the workload's own settings (validated by the workload); ``profile`` is
+    the path, inside the container, of a sleep profile file (None: the workload's default).
+    """
+
+    workload: str
+    variant: str
+    epochs: int = 1
+    batch_size: int = 2
+    workers: int = 2
+    accelerators: int = 1
+    seed: int = 0
+    max_steps: int = 0  # per epoch; 0 means the whole dataset
+    eval_every: int = 0  # evaluate every N epochs; 0 disables evaluation
+    checkpoint_every: int = 1  # checkpoint every N epochs; 0 disables checkpoints
+    device: str = "auto"  # auto, cpu or cuda (original and instrumented variants)
+    profile: str | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise UserError(
+                f"unknown variant {self.variant!r}: choose one of {', '.join(VARIANTS)}"
+            )
+        for name in ("epochs", "batch_size", "accelerators"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("workers", "max_steps", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"device must be auto, cpu or cuda, got {self.device!r}")
+
+    def replace(self, **changes: Any) -> WorkloadConfig:
+        """Return a copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "workload config") -> WorkloadConfig:
+        return from_mapping(cls, data, where)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> WorkloadConfig:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UserError(f"config file {path} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise UserError(f"config file {path} is not valid JSON: {exc}") from None
+        return cls.from_dict(data, where=str(path))
