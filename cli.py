@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""twintrace command line: build images, generate data, trace runs, inspect and plot them.
+
+Every command parses and validates its options, calls a typed function of workloads/, tracing/,
+datagen/, analysis/ or images/, and prints. Expected failures (UserError) print one line and
+exit 1; anything else is a bug and shows a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent
+_VENV = REPO / ".venv"
+
+# Run under the project's virtualenv, so `./cli.py ...` works from the repo root after set-up.
+if Path(sys.prefix).resolve() != _VENV.resolve() and os.environ.get("TWINTRACE_NO_REEXEC") != "1":
+    _venv_python = _VENV / "bin" / "python"
+    if not _venv_python.exists():
+        sys.stderr.write("error: twintrace is not set up here: run `make setup` (as root) first\n")
+        sys.exit(1)
+    os.execv(str(_venv_python), [str(_venv_python), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+import json  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from functools import wraps  # noqa: E402
+from typing import Any  # noqa: E402
+
+import click  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from workloads.config import VARIANTS, WorkloadConfig  # noqa: E402
+from workloads.errors import UserError  # noqa: E402
+from workloads.units import format_size, parse_size  # noqa: E402
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn UserError into a one-line message and exit status 1."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except UserError as exc:
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            sys.exit(130)
+
+    return wrapper
+
+
+def runs_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--out", "runs_root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
+        show_default=True, help="Directory holding run directories.",
+    )(func)
+
+
+@click.group()
+@click.version_option(package_name=None, version=__import__("workloads").__version__, prog_name="twintrace")
+def cli() -> None:
+    """twintrace: does your storage keep the GPUs fed, and does your benchmark behave like the
+    real training job? Containerized ML-training workloads traced with eBPF."""
+
+
+@cli.command()
+@runs_option
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@user_errors
+def doctor(runs_root: Path, as_json: bool) -> None:
+    """Check every prerequisite and print a pass/fail table with the fix for each failure.
+
+    Example: ./cli.py doctor
+    """
+    from tracing.host import doctor as run_doctor
+
+    checks = run_doctor(runs_root)
+    if as_json:
+        click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        table = Table("check", "status", "detail", "fix")
+        for c in checks:
+            table.add_row(c.name, "[green]pass[/]" if c.ok else "[red]FAIL[/]", c.detail, "" if c.ok else c.fix)
+        Console().print(table)
+    if not all(c.ok for c in checks):
+        sys.exit(1)
+
+
+@cli.command()
+@click.option("--workload", "workloads", multiple=True, help="Workload to build (repeatable; default: all).")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(VARIANTS), help="Variant (repeatable; default: all).")
+@click.option("--base-image", default=None, help="OS image under twintrace/base (default: python:3.11-slim if available, else bootstrapped).")
+@click.option("--bootstrap-base", is_flag=True, help="Make the OS image locally with debootstrap (no registry needed).")
+@click.option("-v", "--verbose", is_flag=True, help="Show the docker build output.")
+@user_errors
+def build(workloads: tuple[str, ...], variants: tuple[str, ...], base_image: str | None, bootstrap_base: bool, verbose: bool) -> None:
+    """Build the images that are missing or out of date and print their tags.
+
+    Example: ./cli.py build --workload unet3d --variant sleep
+    """
+    from images.build import build as build_images
+    from tracing.container import client
+
+    def log(line: str) -> None:
+        if verbose or not line.startswith((" ---> ", "Step ", "Removing intermediate", "Successfully")):
+            err_console.print(f"[dim]{line}[/]", markup=True, highlight=False) if verbose else None
+        if not verbose and line.startswith(("building ", "bootstrapping", "importing", "downloading", "pulling", "no registry")):
+            err_console.print(line)
+
+    with err_console.status("building images"):
+        results = build_images(client(), workloads or None, variants or None, log, base_image, bootstrap_base)
+    for r in results:
+        click.echo(f"{r.tag}\t{r.image_id[7:19]}\t{'built' if r.built else 'up to date'}")
+
+
+@cli.command()
+@click.argument("workload", type=click.Choice(["unet3d"]))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory (empty, or use --force).")
+@click.option("--size", required=True, help="Total size, e.g. 500MB, 2GiB, 1.5e9.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=int, default=None, help="Processes (default: all cores).")
+@click.option("--force", is_flag=True, help="Replace the contents of a non-empty output directory.")
+@click.option("--small", is_flag=True, help="Small cases (for demos and tests) instead of KiTS19-sized ones.")
+@user_errors
+def datagen(workload: str, out: Path, size: str, seed: int, workers: int | None, force: bool, small: bool) -> None:
+    """Generate a synthetic dataset in the workload's real on-disk format.
+
+    Example: ./cli.py datagen unet3d --out data/unet3d --size 2GB
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from datagen.unet3d import SMALL_PARAMS, generate_unet3d
+
+    size_bytes = parse_size(size)
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=err_console) as bar:
+        task = bar.add_task(f"{workload} -> {out}", total=size_bytes)
+        manifest = generate_unet3d(out, size_bytes, seed=seed, workers=workers, force=force,
+                                   progress=lambda n: bar.advance(task, n), params=SMALL_PARAMS if small else None)
+    click.echo(f"{len(manifest['files'])} files, {format_size(manifest['total_bytes'])} in {out}")
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
+    options = {}
+    for item in values:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: use KEY=VALUE, e.g. --set patch_size=64")
+        key, value = item.split("=", 1)
+        options[key.strip()] = value.strip()
+    return options
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+@click.option("--workload", default=None, help="Workload to run (see ./cli.py build for the built ones).")
+@click.option("--variant", type=click.Choice(VARIANTS), default="original", show_default=True)
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Dataset directory (mounted read-only at /data).")
+@click.option("--epochs", type=int, default=None)
+@click.option("--batch-size", type=int, default=None)
+@click.option("--workers", type=int, default=None, help="DataLoader worker processes.")
+@click.option("--accelerators", type=int, default=None, help="Accelerators (ranks), real or emulated.")
+@click.option("--max-steps", type=int, default=None, help="Steps per epoch (0: whole dataset).")
+@click.option("--seed", type=int, default=None)
+@click.option("--eval-every", type=int, default=None, help="Evaluate every N epochs (0: never).")
+@click.option("--checkpoint-every", type=int, default=None, help="Checkpoint every N epochs (0: never).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Sleep profile JSON (sleep variant).")
+@click.option("--set", "sets", multiple=True, help="Workload option KEY=VALUE, e.g. --set patch_size=64 (repeatable).")
+@click.option("--image", default=None, help="Trace any image instead of a workload; the command follows `--`.")
+@click.option("--mount", "mounts", multiple=True, help="Extra bind mount SRC:DST[:ro|rw] (read-only by default).")
+@click.option("--memory-limit", default=None, help="Container memory limit (bounds its page cache too), e.g. 2g.")
+@click.option("--cpus", type=float, default=None, help="Container CPU limit, e.g. 1.5.")
+@click.option("--sample-interval", type=float, default=0.1, show_default=True, help="Sampler interval in seconds.")
+@click.option("--timeout", type=float, default=None, help="Stop the run after this many seconds (status failed).")
+@runs_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@user_errors
+def trace(workload: str | None, variant: str, data_dir: Path | None, epochs: int | None, batch_size: int | None,
+          workers: int | None, accelerators: int | None, max_steps: int | None, seed: int | None,
+          eval_every: int | None, checkpoint_every: int | None, profile_path: Path | None, sets: tuple[str, ...],
+          image: str | None, mounts: tuple[str, ...], memory_limit: str | None, cpus: float | None,
+          sample_interval: float, timeout: float | None, runs_root: Path, command: tuple[str, ...]) -> None:
+    """Run a workload (or any image) in a container under eBPF tracing; print the run directory.
+
+    Examples:
+      ./cli.py trace --workload unet3d --variant sleep --data data/unet3d --epochs 1
+      ./cli.py trace --image twintrace/base:latest --mount /srv/data:/data -- python3 -c "print(1)"
+    """
+    from images.build import workload_tag
+    from tracing.container import CTL_MOUNT, BindMount
+    from tracing.runner import TraceRequest
+    from tracing.runner import trace as run_trace
+
+    if (workload is None) == (image is None):
+        raise UserError("give exactly one of --workload NAME or --image IMAGE")
+    if memory_limit:
+        parse_size(memory_limit)
+    extra_mounts = [BindMount.parse(m) for m in mounts]
+    if workload is not None:
+        from workloads.registry import WORKLOADS
+
+        if command:
+            raise UserError("a command after `--` is only for --image runs")
+        if workload not in WORKLOADS:
+            raise UserError(f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}")
+        spec = WORKLOADS[workload]
+        if data_dir is None:
+            raise UserError(f"--data is required: generate a dataset with `./cli.py datagen {workload} --out DIR --size 1GB`")
+        spec.check_data(data_dir)
+        given = {"epochs": epochs, "batch_size": batch_size, "workers": workers, "accelerators": accelerators,
+                 "max_steps": max_steps, "seed": seed, "eval_every": eval_every, "checkpoint_every": checkpoint_every}
+        settings: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        options = _parse_sets(sets)
+        spec.parse_options(options)  # validates names and types before anything starts
+        if profile_path is not None:
+            if variant != "sleep":
+                raise UserError("--profile is only used by the sleep variant")
+            from workloads.profile import load_profile
+
+            load_profile(profile_path)
+            extra_mounts.append(BindMount(profile_path.resolve(), f"{CTL_MOUNT}-profile/profile.json", True))
+            settings["profile"] = f"{CTL_MOUNT}-profile/profile.json"
+        config = WorkloadConfig(workload=workload, variant=variant, options=options, **settings)
+        request = TraceRequest(image=workload_tag(workload, variant), command=None, label=workload,
+                               runs_root=runs_root, config=config, data_dir=data_dir, mounts=tuple(extra_mounts),
+                               memory_limit=memory_limit, cpus=cpus, sample_interval=sample_interval, timeout_s=timeout)
+    else:
+        if data_dir is not None:
+            extra_mounts.append(BindMount.parse(f"{data_dir}:/data:ro"))
+        label = image.split("/")[-1].replace(":", "-")
+        request = TraceRequest(image=image, command=list(command) or None, label=label, runs_root=runs_root,
+                               mounts=tuple(extra_mounts), memory_limit=memory_limit, cpus=cpus,
+                               sample_interval=sample_interval, timeout_s=timeout)
+    run_dir = run_trace(request, progress=lambda msg: err_console.print(f"[dim]{msg}[/]"))
+    _print_summary(run_dir)
+    click.echo(str(run_dir))
+
+
+def _print_summary(run_dir: Path) -> None:
+    from analysis.report import run_summary_lines
+
+    for line in run_summary_lines(run_dir):
+        err_console.print(line, highlight=False)
+
+
+@cli.command("runs")
+@runs_option
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def list_runs(runs_root: Path, as_json: bool) -> None:
+    """List runs with their status, duration and steps.
+
+    Example: ./cli.py runs
+    """
+    from analysis.report import list_runs as collect
+
+    rows = collect(runs_root)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        err_console.print(f"no runs under {runs_root}: start one with `./cli.py trace`")
+        return
+    table = Table("run", "status", "image", "duration", "steps", "events")
+    for r in rows:
+        table.add_row(r["run_id"], r["status"], r.get("image") or "", _fmt_s(r.get("duration_s")),
+                      str(r.get("steps", "")), str(r.get("events", "")))
+    Console().print(table)
+
+
+def _fmt_s(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f} s"
+
+
+@cli.command()
+@click.argument("run")
+@runs_option
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json (with the manifest's status).")
+@user_errors
+def show(run: str, runs_root: Path, as_json: bool) -> None:
+    """Print a run's summary.
+
+    Example: ./cli.py show runs/20261121-163005-unet3d-sleep-3f2a
+    """
+    from analysis.report import load_summary
+    from analysis.rundir import resolve_run
+
+    run_dir = resolve_run(run, runs_root)
+    if as_json:
+        click.echo(json.dumps(load_summary(run_dir), indent=2))
+    else:
+        _print_summary(run_dir)
+
+
+@cli.group()
+def plot() -> None:
+    """Plots of runs (self-contained HTML)."""
+
+
+@plot.command("timeline")
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="HTML file (default: timeline.html in the first run directory).")
+@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@user_errors
+def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path) -> None:
+    """Write a timeline of one or more runs, stacked on a common time axis; print its path.
+
+    Example: ./cli.py plot timeline runs/RUN_A runs/RUN_B --out compare.html
+    """
+    from analysis.rundir import load_run, resolve_run
+    from analysis.timeline import write_timeline
+
+    loaded = [load_run(resolve_run(r, runs_root)) for r in runs]
+    target = out_path or (loaded[0].path / "timeline.html")
+    with err_console.status("rendering timeline"):
+        write_timeline(loaded, target)
+    click.echo(str(target))
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,73 @@
+"""Drive the bpftrace scripts in tracing/bpf as child processes.
+
+Each script takes two positional parameters: the container's cgroup-v2 id and a file that its
+BEGIN probe creates. bpftrace runs BEGIN only after every other probe is attached, so once all
+files exist no event of the container can be missed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tracing.procs import ChildProcess
+from workloads.errors import UserError
+
+BPF_DIR = Path(__file__).parent / "bpf"
+SCRIPTS: tuple[str, ...] = ("syscalls", "block", "cache", "proc")
+# Long enough for dataset paths; 200 is the largest bpftrace 0.17 accepts on the BPF stack.
+STRLEN = 200
+# Perf ring buffer pages per CPU (default 64): a deeper buffer rides out bursts of small reads
+# without losing events while bpftrace's user-space side catches up.
+PERF_RB_PAGES = 1024
+
+
+def script_path(name: str) -> Path:
+    return BPF_DIR / f"{name}.bt"
+
+
+def command(name: str, out: Path, cgroup_id: int, ready_file: Path) -> list[str]:
+    """The bpftrace argument list for one script."""
+    exe = shutil.which("bpftrace")
+    if exe is None:
+        raise UserError("bpftrace is not installed: run `make setup` (apt-get install bpftrace) as root")
+    # --unsafe: only for BEGIN's system("touch READY_FILE"), the readiness signal.
+    return [exe, "--unsafe", "-B", "full", "-o", str(out), str(script_path(name)), str(cgroup_id), str(ready_file)]
+
+
+class Tracer:
+    """The bpftrace processes of one run, writing into ``raw_dir``."""
+
+    def __init__(self, raw_dir: Path, ctl_dir: Path, cgroup_id: int, scripts: tuple[str, ...] = SCRIPTS):
+        self.raw_dir = raw_dir
+        self.ctl_dir = ctl_dir
+        self.cgroup_id = cgroup_id
+        self.scripts = scripts
+        self.children: dict[str, ChildProcess] = {}
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start every script and wait until all probes of all of them are attached."""
+        env = {"BPFTRACE_STRLEN": str(STRLEN), "BPFTRACE_PERF_RB_PAGES": str(PERF_RB_PAGES)}
+        ready = {}
+        for name in self.scripts:
+            ready[name] = self.ctl_dir / f"{name}.ready"
+            ready[name].unlink(missing_ok=True)
+            argv = command(name, self.raw_dir / f"{name}.txt", self.cgroup_id, ready[name])
+            self.children[name] = ChildProcess(
+                argv, self.raw_dir / f"{name}.stdout", self.raw_dir / f"{name}.stderr", env=env, name=f"bpftrace {name}.bt"
+            )
+        for name, child in self.children.items():
+            child.wait_until(ready[name].exists, timeout, "its probes attached")
+
+    def stop(self) -> dict[str, int]:
+        """Stop every script (SIGINT flushes their output). Returns exit codes by script."""
+        return {name: child.stop(timeout=15.0) for name, child in self.children.items()}
+
+    def failed(self) -> str | None:
+        """A message if a script exited early (e.g. a probe failed), else None."""
+        for name, child in self.children.items():
+            code = child.poll()
+            if code is not None:
+                return f"bpftrace {name}.bt exited early with code {code}: {child.stderr_tail(5)}"
+        return None
+

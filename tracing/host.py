@@ -1,0 +1,137 @@
+"""Host prerequisites: the checks behind `./cli.py doctor` and the fast ones every trace runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from tracing.bpftrace import BPF_DIR
+from workloads.errors import UserError
+
+TRACEFS = Path("/sys/kernel/tracing")
+MIN_BPFTRACE = (0, 17)
+MIN_FREE_BYTES = 5 * 10**9
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One prerequisite: whether it holds, what was seen, and how to fix it."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _is_root() -> Check:
+    ok = os.geteuid() == 0
+    return Check("root", ok, "running as root" if ok else f"running as uid {os.geteuid()}",
+                 "run as root (sudo): bpftrace and cgroup access need it")
+
+
+def _bpftrace() -> Check:
+    exe = shutil.which("bpftrace")
+    if exe is None:
+        return Check("bpftrace", False, "not installed", "run `make setup` as root (apt-get install bpftrace)")
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("bpftrace", False, f"cannot run: {exc}", "reinstall bpftrace")
+    match = re.search(r"v?(\d+)\.(\d+)", out)
+    version = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    ok = version >= MIN_BPFTRACE
+    return Check("bpftrace", ok, out.strip(), f"install bpftrace >= {'.'.join(map(str, MIN_BPFTRACE))}")
+
+
+def _tracefs() -> Check:
+    ok = (TRACEFS / "events").is_dir()
+    return Check("tracefs", ok, f"{TRACEFS} mounted" if ok else f"{TRACEFS} is empty",
+                 f"mount it: `mount -t tracefs nodev {TRACEFS}` (or `make setup`)")
+
+
+def needed_tracepoints() -> list[str]:
+    """Every tracepoint the bpftrace scripts attach to, as category:name."""
+    found: set[str] = set()
+    for script in BPF_DIR.glob("*.bt"):
+        found.update(re.findall(r"^tracepoint:(\w+:\w+)", script.read_text(), flags=re.M))
+    return sorted(found)
+
+
+def _tracepoints() -> Check:
+    if not (TRACEFS / "events").is_dir():
+        return Check("tracepoints", False, "tracefs not mounted", "mount tracefs first")
+    missing = [tp for tp in needed_tracepoints() if not (TRACEFS / "events" / tp.replace(":", "/")).is_dir()]
+    ok = not missing
+    return Check("tracepoints", ok, f"all {len(needed_tracepoints())} present" if ok else f"missing: {', '.join(missing[:6])}",
+                 "use a kernel with syscall, block, filemap and sched tracepoints (CONFIG_FTRACE_SYSCALLS)")
+
+
+def _cgroups() -> Check:
+    from tracing.cgroups import unified_root
+
+    try:
+        root = unified_root()
+    except UserError as exc:
+        return Check("cgroup v2", False, str(exc), "boot with cgroup v2 (hybrid or unified)")
+    layout = "hybrid (v1 controllers + unified)" if root.name == "unified" else "unified (v2 only)"
+    return Check("cgroup v2", True, f"{layout} at {root}")
+
+
+def _docker() -> Check:
+    from tracing.container import client
+
+    try:
+        version = client().version()
+    except UserError as exc:
+        return Check("docker daemon", False, str(exc).split(":")[0], "run `make setup` as root (installs docker.io, starts dockerd)")
+    return Check("docker daemon", True, f"Docker {version.get('Version')} (API {version.get('ApiVersion')})")
+
+
+def _base_image() -> Check:
+    from images.build import BASE_TAG
+    from tracing.container import client
+
+    try:
+        cli = client()
+        cli.images.get(BASE_TAG)
+    except UserError:
+        return Check("base image", False, "docker daemon down", "start the daemon first")
+    except Exception:
+        return Check("base image", False, f"{BASE_TAG} not built", "run `./cli.py build`")
+    return Check("base image", True, f"{BASE_TAG} present")
+
+
+def _disk(path: Path) -> Callable[[], Check]:
+    def check() -> Check:
+        target = path if path.exists() else Path.cwd()
+        free = shutil.disk_usage(target).free
+        ok = free >= MIN_FREE_BYTES
+        return Check("disk space", ok, f"{free / 1e9:.1f} GB free at {target}",
+                     f"free at least {MIN_FREE_BYTES / 1e9:.0f} GB for images, datasets and runs")
+
+    return check
+
+
+def doctor(runs_root: Path = Path("runs")) -> list[Check]:
+    """Run every check; never raises for a failed check."""
+    checks = [_is_root, _bpftrace, _tracefs, _tracepoints, _cgroups, _docker, _base_image, _disk(runs_root)]
+    results = []
+    for check in checks:
+        try:
+            results.append(check())
+        except Exception as exc:  # a check that crashes is a failed check, not a crashed doctor
+            results.append(Check(check.__name__.strip("_"), False, f"check failed: {exc!r}", "report this as a bug"))
+    return results
+
+
+def require_tracing_prerequisites() -> None:
+    """The fast checks every trace needs; the first failure becomes a UserError with its fix."""
+    for check in (_is_root, _bpftrace, _tracefs):
+        result = check()
+        if not result.ok:
+            raise UserError(f"{result.name}: {result.detail}: {result.fix}")

@@ -1,0 +1,347 @@
+"""Turn a run's raw tracer output into events.parquet, samples.parquet and phases.parquet.
+
+Parsing is vectorised: pyarrow's multithreaded CSV reader does the text work, pandas does the
+fd -> path join with ``merge_asof``. Lines that are not events (bpftrace's "Attaching N probes",
+"READY", blank lines, a line cut short when bpftrace was stopped) are skipped; "Lost N events"
+lines are counted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+
+
+PAGE_SIZE = 4096
+
+READ_KINDS = ("read", "pread64", "readv")
+WRITE_KINDS = ("write", "pwrite64", "writev")
+FD_KINDS = (*READ_KINDS, *WRITE_KINDS, "close", "lseek", "fsync", "fdatasync", "mmap")
+
+# Column order and Arrow types of events.parquet (docs/run-format.md).
+EVENTS_SCHEMA = pa.schema(
+    [
+        ("ts_ns", pa.int64()),
+        ("kind", pa.dictionary(pa.int8(), pa.string())),
+        ("pid", pa.int32()),
+        ("tid", pa.int32()),
+        ("comm", pa.string()),
+        ("fd", pa.int32()),
+        ("path", pa.string()),
+        ("bytes", pa.int64()),
+        ("count", pa.int64()),
+        ("ret", pa.int64()),
+        ("offset", pa.int64()),
+        ("latency_ns", pa.int64()),
+        ("dev", pa.string()),
+        ("in_container", pa.bool_()),
+    ]
+)
+
+_SYSCALL_COLUMNS = {
+    "ts_ns": pa.int64(),
+    "kind": pa.string(),
+    "pid": pa.int32(),
+    "tid": pa.int32(),
+    "fd": pa.int32(),
+    "ret": pa.int64(),
+    "arg": pa.int64(),
+    "latency_ns": pa.int64(),
+    "comm": pa.string(),
+    "path": pa.string(),
+}
+_BLOCK_COLUMNS = {
+    "ts_ns": pa.int64(),
+    "rwbs": pa.string(),
+    "dev": pa.int64(),
+    "sector": pa.int64(),
+    "bytes": pa.int64(),
+    "latency_ns": pa.int64(),
+    "pid": pa.int32(),
+    "in_container": pa.int8(),
+    "comm": pa.string(),
+}
+_PROC_COLUMNS = {
+    "ts_ns": pa.int64(),
+    "kind": pa.string(),
+    "pid": pa.int32(),
+    "tid": pa.int32(),
+    "child": pa.int32(),
+    "comm": pa.string(),
+    "path": pa.string(),
+}
+_LOST_RE = re.compile(r"^Lost (\d+) events")
+_CACHE_RE = re.compile(r"^@(add|del)\[(\d+), (.*)\]: (\d+)$")
+
+
+@dataclass
+class ParseStats:
+    """What the parser skipped, for the summary and for honesty about a trace's completeness."""
+
+    lost_events: int = 0
+    skipped_lines: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+
+    def handler(self, row: pacsv.InvalidRow) -> str:
+        text = row.text or ""
+        match = _LOST_RE.match(text)
+        if match:
+            self.lost_events += int(match.group(1))
+        elif not (text.startswith(("READY ", "Attaching ")) or text.strip() == ""):
+            self.skipped_lines += 1
+            if len(self.skipped_examples) < 5:
+                self.skipped_examples.append(text[:200])
+        return "skip"
+
+
+def _read_tsv(path: Path, columns: dict[str, pa.DataType], stats: ParseStats) -> pd.DataFrame:
+    """Read a tab-separated bpftrace output file into a DataFrame with the given columns."""
+    if not path.exists() or path.stat().st_size == 0:
+        return pd.DataFrame({c: pd.Series(dtype=t.to_pandas_dtype()) for c, t in columns.items()})
+    table = pacsv.read_csv(
+        path,
+        read_options=pacsv.ReadOptions(column_names=list(columns), block_size=16 << 20),
+        parse_options=pacsv.ParseOptions(
+            delimiter="\t", quote_char=False, escape_char=False, invalid_row_handler=stats.handler
+        ),
+        convert_options=pacsv.ConvertOptions(
+            column_types=columns, strings_can_be_null=False, quoted_strings_can_be_null=False
+        ),
+    )
+    return table.to_pandas()
+
+
+def parse_syscalls(path: Path, stats: ParseStats) -> pd.DataFrame:
+    """Parse raw/syscalls.txt (tracing/bpf/syscalls.bt) into event rows (path unresolved)."""
+    df = _read_tsv(path, _SYSCALL_COLUMNS, stats)
+    kind = df["kind"]
+    is_rw = kind.isin(READ_KINDS + WRITE_KINDS).to_numpy()
+    is_pos = kind.isin(("pread64", "pwrite64")).to_numpy()
+    is_mmap = (kind == "mmap").to_numpy()
+    ret = df["ret"].to_numpy()
+    arg = df["arg"].to_numpy()
+    out = pd.DataFrame(
+        {
+            "ts_ns": df["ts_ns"],
+            "kind": kind,
+            "pid": df["pid"],
+            "tid": df["tid"],
+            "comm": df["comm"],
+            "fd": np.where((kind == "openat").to_numpy(), np.where(ret >= 0, ret, -1), df["fd"]).astype(np.int32),
+            "path": df["path"].where(df["path"] != "", None),
+            "bytes": np.where(is_rw, np.maximum(ret, 0), np.where(is_mmap, arg, 0)),
+            "count": np.ones(len(df), dtype=np.int64),
+            "ret": ret,
+            "offset": np.where(is_pos, arg, np.where((kind == "lseek").to_numpy() & (ret >= 0), ret, -1)),
+            "latency_ns": df["latency_ns"],
+            "dev": None,
+            "in_container": True,
+        }
+    )
+    return out
+
+
+def parse_block(path: Path, stats: ParseStats) -> pd.DataFrame:
+    """Parse raw/block.txt (tracing/bpf/block.bt)."""
+    df = _read_tsv(path, _BLOCK_COLUMNS, stats)
+    rwbs = df["rwbs"].astype(str)
+    kind = np.where(
+        rwbs.str.contains("R", regex=False), "block_read",
+        np.where(rwbs.str.contains("W", regex=False), "block_write", "block_other"),
+    )
+    dev = df["dev"].to_numpy()
+    dev_str = pd.Series((dev >> 20).astype(str), dtype=object) + ":" + pd.Series((dev & 0xFFFFF).astype(str), dtype=object)
+    return pd.DataFrame(
+        {
+            "ts_ns": df["ts_ns"],
+            "kind": kind,
+            "pid": df["pid"],
+            "tid": np.full(len(df), -1, dtype=np.int32),
+            "comm": df["comm"],
+            "fd": np.full(len(df), -1, dtype=np.int32),
+            "path": None,
+            "bytes": df["bytes"],
+            "count": np.ones(len(df), dtype=np.int64),
+            "ret": np.zeros(len(df), dtype=np.int64),
+            "offset": df["sector"] * 512,
+            "latency_ns": df["latency_ns"],
+            "dev": dev_str.to_numpy() if len(df) else None,
+            "in_container": df["in_container"].to_numpy() == 1,
+        }
+    )
+
+
+def parse_cache(path: Path, stats: ParseStats) -> pd.DataFrame:
+    """Parse raw/cache.txt (tracing/bpf/cache.bt): per-process page counts per 100 ms block."""
+    ts_col: list[int] = []
+    rows: list[tuple[str, int, str, int]] = []
+    if path.exists():
+        ts = 0
+        with open(path, errors="replace") as fh:
+            # A few lines per 100 ms: a plain loop is fine here (not a hot path).
+            for line in fh:
+                line = line.rstrip("\n")
+                if line.startswith("T "):
+                    ts = int(line[2:])
+                    continue
+                match = _CACHE_RE.match(line)
+                if match:
+                    ts_col.append(ts)
+                    rows.append((match.group(1), int(match.group(2)), match.group(3), int(match.group(4))))
+                elif _LOST_RE.match(line):
+                    stats.lost_events += int(_LOST_RE.match(line).group(1))
+    pages = np.array([r[3] for r in rows], dtype=np.int64)
+    n = len(rows)
+    return pd.DataFrame(
+        {
+            "ts_ns": np.array(ts_col, dtype=np.int64),
+            "kind": ["cache_add" if r[0] == "add" else "cache_delete" for r in rows],
+            "pid": np.array([r[1] for r in rows], dtype=np.int32),
+            "tid": np.full(n, -1, dtype=np.int32),
+            "comm": [r[2] for r in rows],
+            "fd": np.full(n, -1, dtype=np.int32),
+            "path": None,
+            "bytes": pages * PAGE_SIZE,
+            "count": pages,
+            "ret": np.zeros(n, dtype=np.int64),
+            "offset": np.full(n, -1, dtype=np.int64),
+            "latency_ns": np.zeros(n, dtype=np.int64),
+            "dev": None,
+            "in_container": True,
+        }
+    )
+
+
+def parse_proc(path: Path, stats: ParseStats) -> pd.DataFrame:
+    """Parse raw/proc.txt (tracing/bpf/proc.bt). Thread creations are kept for now."""
+    df = _read_tsv(path, _PROC_COLUMNS, stats)
+    n = len(df)
+    return pd.DataFrame(
+        {
+            "ts_ns": df["ts_ns"],
+            "kind": df["kind"],
+            "pid": df["pid"],
+            "tid": df["tid"],
+            "comm": df["comm"],
+            "fd": np.full(n, -1, dtype=np.int32),
+            "path": df["path"].where(df["path"] != "", None),
+            "bytes": np.zeros(n, dtype=np.int64),
+            "count": np.ones(n, dtype=np.int64),
+            "ret": df["child"].astype(np.int64),
+            "offset": np.full(n, -1, dtype=np.int64),
+            "latency_ns": np.zeros(n, dtype=np.int64),
+            "dev": None,
+            "in_container": True,
+        }
+    )
+
+
+def drop_thread_forks(proc: pd.DataFrame, known_pids: np.ndarray) -> pd.DataFrame:
+    """Keep only forks that created a process: the child later acts as a thread-group leader."""
+    is_fork = (proc["kind"] == "fork").to_numpy()
+    leaders = np.union1d(known_pids, proc.loc[~is_fork, "pid"].to_numpy())
+    keep = ~is_fork | np.isin(proc["ret"].to_numpy(), leaders)
+    return proc[keep]
+
+
+def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
+    """Fill ``path`` of fd-based calls from the latest successful openat of the same (pid, fd).
+
+    Descriptors inherited across fork are looked up in the parent's table as it was at fork time.
+    """
+    sys = sys.reset_index(drop=True)
+    opens = sys.loc[(sys["kind"] == "openat") & (sys["fd"] >= 0), ["ts_ns", "pid", "fd", "path"]]
+    opens = opens.sort_values("ts_ns", kind="stable")
+    fd_rows = sys.index[sys["kind"].isin(FD_KINDS) & (sys["fd"] >= 0)]
+    if len(fd_rows) == 0 or len(opens) == 0:
+        return sys
+    calls = sys.loc[fd_rows, ["ts_ns", "pid", "fd"]].assign(row=fd_rows).sort_values("ts_ns", kind="stable")
+    merged = pd.merge_asof(calls, opens, on="ts_ns", by=["pid", "fd"], direction="backward")
+    paths = pd.Series(merged["path"].to_numpy(), index=merged["row"].to_numpy())
+    unresolved = merged[merged["path"].isna()]
+    if len(unresolved) and len(forks):
+        parent = forks.drop_duplicates("ret", keep="first")
+        parent = pd.DataFrame({"pid": parent["ret"].astype(np.int32).to_numpy(),
+                               "ppid": parent["pid"].to_numpy(), "fork_ts": parent["ts_ns"].to_numpy()})
+        inherited = unresolved[["row", "pid", "fd"]].merge(parent, on="pid", how="inner")
+        if len(inherited):
+            inherited = inherited.rename(columns={"fork_ts": "ts_ns"}).sort_values("ts_ns", kind="stable")
+            parent_opens = opens.rename(columns={"pid": "ppid"})
+            found = pd.merge_asof(inherited, parent_opens, on="ts_ns", by=["ppid", "fd"], direction="backward")
+            found = found[found["path"].notna()]
+            paths.loc[found["row"].to_numpy()] = found["path"].to_numpy()
+    sys.loc[paths.index, "path"] = paths.to_numpy()
+    return sys
+
+
+def build_events(raw_dir: Path) -> tuple[pa.Table, ParseStats]:
+    """Parse every raw tracer file of a run into one events table sorted by time."""
+    stats = ParseStats()
+    sys = parse_syscalls(raw_dir / "syscalls.txt", stats)
+    proc = parse_proc(raw_dir / "proc.txt", stats)
+    proc = drop_thread_forks(proc, np.unique(sys["pid"].to_numpy()))
+    forks = proc[proc["kind"] == "fork"]
+    sys = resolve_paths(sys, forks)
+    frames = [sys, parse_block(raw_dir / "block.txt", stats), parse_cache(raw_dir / "cache.txt", stats), proc]
+    events = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[0]
+    events = events.sort_values("ts_ns", kind="stable", ignore_index=True)
+    events["kind"] = events["kind"].astype(str)
+    table = pa.Table.from_pandas(events, preserve_index=False)
+    table = table.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
+    return table, stats
+
+
+def build_samples(raw_dir: Path) -> pd.DataFrame:
+    """Read raw/samples.csv (long format) written by tracing.samplers."""
+    path = raw_dir / "samples.csv"
+    columns = {"ts_ns": "int64", "metric": "string", "value": "float64", "unit": "string"}
+    if not path.exists() or path.stat().st_size == 0:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
+    # The sampler may have been stopped mid-line: on_bad_lines drops a cut-off last line.
+    df = pd.read_csv(path, dtype={"ts_ns": "Int64", "metric": "string", "unit": "string"},
+                     on_bad_lines="skip")
+    df["value"] = pd.to_numeric(df["value"], errors="coerce")
+    df = df.dropna()
+    return df.astype(columns)
+
+
+def build_phases(raw_dir: Path) -> pd.DataFrame:
+    """Parse raw/mllog.log, the workload's MLLOG events."""
+    from tracing.mllog import parse_mllog
+
+    return parse_mllog(raw_dir / "mllog.log")
+
+
+def summarize(events: pa.Table, phases: pd.DataFrame, stats: ParseStats) -> dict:
+    """Counts and bytes per kind, grouped as in summary.json (docs/run-format.md)."""
+    df = events.select(["kind", "bytes", "count"]).to_pandas()
+    df["kind"] = df["kind"].astype(str)
+    agg = df.groupby("kind", observed=True).agg(count=("count", "sum"), bytes=("bytes", "sum"))
+    groups: dict[str, dict] = {"syscalls": {}, "block": {}, "page_cache": {}, "processes": {}}
+    for kind, row in agg.iterrows():
+        entry = {"count": int(row["count"]), "bytes": int(row["bytes"])}
+        if kind.startswith("block_"):
+            groups["block"][kind] = entry
+        elif kind.startswith("cache_"):
+            groups["page_cache"][kind] = entry
+        elif kind in ("fork", "exec", "exit"):
+            groups["processes"][kind] = int(row["count"])
+        else:
+            groups["syscalls"][kind] = entry
+    steps = 0
+    if len(phases):
+        step_rows = phases[(phases["key"] == "step_end") & (phases["rank"].isin([0, -1]))]
+        steps = int(len(step_rows))
+    return {
+        "steps": steps,
+        "lost_events": stats.lost_events,
+        "skipped_lines": stats.skipped_lines,
+        **groups,
+    }

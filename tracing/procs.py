@@ -1,0 +1,125 @@
+"""One wrapper for every child process the tracer starts (bpftrace, dockerd, debootstrap, ...).
+
+Argument lists only, never shell strings; stdout and stderr go to separate files; stop is SIGINT,
+a bounded wait, then SIGKILL; the exit code is recorded. Children run in their own session so a
+Ctrl-C at the terminal reaches only us, and we stop them in a known order.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from workloads.errors import UserError
+
+
+class ChildProcess:
+    """A started child process with its output files."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        stdout_path: Path,
+        stderr_path: Path,
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.argv = [str(a) for a in argv]
+        self.name = name or Path(self.argv[0]).name
+        self.stdout_path = Path(stdout_path)
+        self.stderr_path = Path(stderr_path)
+        self.returncode: int | None = None
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            try:
+                self._popen = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=full_env,
+                    start_new_session=True,
+                )
+            except FileNotFoundError:
+                raise UserError(f"{self.argv[0]} is not installed: run `make setup` as root") from None
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def poll(self) -> int | None:
+        """Return the exit code if the process has ended, else None."""
+        code = self._popen.poll()
+        if code is not None:
+            self.returncode = code
+        return code
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        """Wait until ``ready()`` is true; fail if the child exits first or time runs out."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.poll() is not None:
+                raise ChildFailed(self, f"{self.name} exited with code {self.returncode} before {what}")
+            if time.monotonic() > deadline:
+                raise ChildFailed(self, f"{self.name} did not get {what} within {timeout:.0f} s")
+            time.sleep(0.02)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """Stop with SIGINT, wait up to ``timeout`` seconds, then SIGKILL. Returns the exit code."""
+        if self.poll() is None:
+            try:
+                os.killpg(self._popen.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            try:
+                self._popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self._popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._popen.wait()
+        self.returncode = self._popen.returncode
+        return self.returncode
+
+    def stderr_tail(self, lines: int = 10) -> str:
+        """The last lines of the child's stderr, for error messages."""
+        try:
+            text = self.stderr_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+
+class ChildFailed(UserError):
+    """A child process failed; the message ends with the tail of its stderr."""
+
+    def __init__(self, child: ChildProcess, message: str) -> None:
+        tail = child.stderr_tail()
+        super().__init__(f"{message}" + (f"; its stderr ends with:\n{tail}" if tail else ""))
+        self.child = child
+
+
+def run_checked(argv: Sequence[str], what: str, timeout: float | None = None) -> str:
+    """Run a short command to completion and return its stdout; UserError on failure."""
+    try:
+        done = subprocess.run(
+            [str(a) for a in argv],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except FileNotFoundError:
+        raise UserError(f"{argv[0]} is not installed ({what}): run `make setup` as root") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{what} did not finish within {timeout} s: `{' '.join(argv)}`") from None
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-10:])
+        raise UserError(f"{what} failed (exit {done.returncode}): {tail}")
+    return done.stdout

@@ -1,0 +1,150 @@
+"""Time-series samplers: the container's CPU and memory, host CPU, and real GPUs via NVML.
+
+One background thread samples every ``interval`` seconds and appends ``ts_ns,metric,value,unit``
+lines to a CSV file. Timestamps are CLOCK_MONOTONIC, the clock of bpftrace and of the
+workload's events, so all tables line up without an alignment step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+from tracing.cgroups import ProcessCgroups
+
+_HOST_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError, OSError):
+        return None
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, OSError):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def _host_cpu_times() -> list[int]:
+    with open("/proc/stat") as fh:
+        fields = fh.readline().split()[1:9]
+    return [int(f) for f in fields]
+
+
+class _Gpus:
+    """NVML handles for the visible GPUs; empty when NVML or a GPU is not available."""
+
+    def __init__(self) -> None:
+        self.handles: list[object] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # no driver, no library or no device: sample no GPU
+            self.handles = []
+
+    def sample(self) -> list[tuple[str, float, str]]:
+        rows = []
+        for i, handle in enumerate(self.handles):
+            util = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+            mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            rows += [(f"gpu{i}_util", util.gpu, "percent"), (f"gpu{i}_mem_util", util.memory, "percent"),
+                     (f"gpu{i}_mem_used", mem.used, "bytes")]
+        return rows
+
+    def close(self) -> None:
+        if self.handles:
+            self._nvml.nvmlShutdown()
+
+
+class Sampler:
+    """Samples a container's cgroup, the host CPU and GPUs on a background thread."""
+
+    def __init__(self, out_csv: Path, cgroups: ProcessCgroups | None, interval: float = 0.1) -> None:
+        self.out_csv = out_csv
+        self.cgroups = cgroups
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.samples = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="twintrace-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        gpus = _Gpus()
+        try:
+            with open(self.out_csv, "w", buffering=1 << 16) as out:
+                out.write("ts_ns,metric,value,unit\n")
+                prev = self._read_counters()
+                next_t = time.monotonic() + self.interval
+                while not self._stop.wait(max(0.0, next_t - time.monotonic())):
+                    next_t += self.interval
+                    cur = self._read_counters()
+                    self._write(out, prev, cur, gpus)
+                    prev = cur
+                    self.samples += 1
+        except BaseException as exc:  # recorded and reported by the runner
+            self.error = exc
+        finally:
+            gpus.close()
+
+    def _read_counters(self) -> dict:
+        cg = self.cgroups
+        usage_ns = None
+        mem: dict[str, int] = {}
+        if cg is not None:
+            if cg.is_v1:
+                usage_ns = _read_int(cg.cpuacct_dir / "cpuacct.usage") if cg.cpuacct_dir else None
+                stat = _read_keyed(cg.memory_dir / "memory.stat")
+                mem = {"rss": stat.get("rss"), "cache": stat.get("cache")}
+            else:
+                usec = _read_keyed(cg.v2_dir / "cpu.stat").get("usage_usec")
+                usage_ns = usec * 1000 if usec is not None else None
+                stat = _read_keyed(cg.v2_dir / "memory.stat")
+                mem = {"rss": stat.get("anon"), "cache": stat.get("file")}
+        return {"t": time.monotonic_ns(), "usage_ns": usage_ns, "mem": mem, "host": _host_cpu_times()}
+
+    @staticmethod
+    def _write(out: TextIO, prev: dict, cur: dict, gpus: _Gpus) -> None:
+        ts = cur["t"]
+        dt = max(1, cur["t"] - prev["t"])
+        rows: list[tuple[str, float, str]] = []
+        if cur["usage_ns"] is not None and prev["usage_ns"] is not None:
+            rows.append(("container_cpu", 100.0 * (cur["usage_ns"] - prev["usage_ns"]) / dt, "percent"))
+        if cur["mem"].get("rss") is not None:
+            rows.append(("container_mem_rss", cur["mem"]["rss"], "bytes"))
+        if cur["mem"].get("cache") is not None:
+            rows.append(("container_mem_cache", cur["mem"]["cache"], "bytes"))
+        deltas = [c - p for c, p in zip(cur["host"], prev["host"], strict=True)]
+        total = sum(deltas) or 1
+        by_name = dict(zip(_HOST_CPU_FIELDS, deltas, strict=True))
+        rows += [
+            ("host_cpu_user", 100.0 * (by_name["user"] + by_name["nice"]) / total, "percent"),
+            ("host_cpu_system", 100.0 * (by_name["system"] + by_name["irq"] + by_name["softirq"]) / total, "percent"),
+            ("host_cpu_iowait", 100.0 * by_name["iowait"] / total, "percent"),
+            ("host_cpu_idle", 100.0 * by_name["idle"] / total, "percent"),
+        ]
+        rows += gpus.sample()
+        out.write("".join(f"{ts},{m},{v:.6g},{u}\n" for m, v, u in rows))
