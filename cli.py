@@ -126,23 +126,25 @@ def build(workloads: tuple[str, ...], variants: tuple[str, ...], base_image: str
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=int, default=None, help="Processes (default: all cores).")
 @click.option("--force", is_flag=True, help="Replace the contents of a non-empty output directory.")
-@click.option("--small", is_flag=True, help="Small cases (for demos and tests) instead of KiTS19-sized ones.")
+@click.option("--scale", type=float, default=1.0, show_default=True,
+              help="Multiply KiTS19 case dimensions by this (e.g. 0.5 for demos: ~8x smaller files).")
 @user_errors
-def datagen(workload: str, out: Path, size: str, seed: int, workers: int | None, force: bool, small: bool) -> None:
+def datagen(workload: str, out: Path, size: str, seed: int, workers: int | None, force: bool, scale: float) -> None:
     """Generate a synthetic dataset in the workload's real on-disk format.
 
     Example: ./cli.py datagen unet3d --out data/unet3d --size 2GB
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    from datagen.unet3d import SMALL_PARAMS, generate_unet3d
+    from datagen.unet3d import UNet3DGenParams, generate_unet3d
 
     size_bytes = parse_size(size)
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   TimeRemainingColumn(), console=err_console) as bar:
         task = bar.add_task(f"{workload} -> {out}", total=size_bytes)
         manifest = generate_unet3d(out, size_bytes, seed=seed, workers=workers, force=force,
-                                   progress=lambda n: bar.advance(task, n), params=SMALL_PARAMS if small else None)
+                                   progress=lambda done, total: bar.update(task, completed=done),
+                                   params=UNet3DGenParams.scaled(scale) if scale != 1.0 else None)
     click.echo(f"{len(manifest['files'])} files, {format_size(manifest['total_bytes'])} in {out}")
 
 

@@ -27,12 +27,14 @@ def script_path(name: str) -> Path:
 
 
 def command(name: str, out: Path, cgroup_id: int, ready_file: Path) -> list[str]:
-    """The bpftrace argument list for one script."""
+    """The bpftrace argument list for one script; run it with ``ready_file``'s directory as cwd."""
     exe = shutil.which("bpftrace")
     if exe is None:
         raise UserError("bpftrace is not installed: run `make setup` (apt-get install bpftrace) as root")
-    # --unsafe: only for BEGIN's system("touch READY_FILE"), the readiness signal.
-    return [exe, "--unsafe", "-B", "full", "-o", str(out), str(script_path(name)), str(cgroup_id), str(ready_file)]
+    # --unsafe: only for BEGIN's system("touch READY_FILE"), the readiness signal. The file is
+    # named relative to bpftrace's working directory: a long literal path would not fit, with
+    # the 200-byte strings, in BEGIN's 512-byte BPF stack.
+    return [exe, "--unsafe", "-B", "full", "-o", str(out), str(script_path(name)), str(cgroup_id), ready_file.name]
 
 
 class Tracer:
@@ -54,7 +56,8 @@ class Tracer:
             ready[name].unlink(missing_ok=True)
             argv = command(name, self.raw_dir / f"{name}.txt", self.cgroup_id, ready[name])
             self.children[name] = ChildProcess(
-                argv, self.raw_dir / f"{name}.stdout", self.raw_dir / f"{name}.stderr", env=env, name=f"bpftrace {name}.bt"
+                argv, self.raw_dir / f"{name}.stdout", self.raw_dir / f"{name}.stderr", env=env,
+                name=f"bpftrace {name}.bt", cwd=self.ctl_dir,
             )
         for name, child in self.children.items():
             child.wait_until(ready[name].exists, timeout, "its probes attached")

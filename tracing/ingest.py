@@ -17,6 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from analysis.rundir import EVENTS_COLUMNS, PHASES_COLUMNS, SAMPLES_COLUMNS, arrow_schema, conform
+
 
 
 PAGE_SIZE = 4096
@@ -25,25 +27,8 @@ READ_KINDS = ("read", "pread64", "readv")
 WRITE_KINDS = ("write", "pwrite64", "writev")
 FD_KINDS = (*READ_KINDS, *WRITE_KINDS, "close", "lseek", "fsync", "fdatasync", "mmap")
 
-# Column order and Arrow types of events.parquet (docs/run-format.md).
-EVENTS_SCHEMA = pa.schema(
-    [
-        ("ts_ns", pa.int64()),
-        ("kind", pa.dictionary(pa.int8(), pa.string())),
-        ("pid", pa.int32()),
-        ("tid", pa.int32()),
-        ("comm", pa.string()),
-        ("fd", pa.int32()),
-        ("path", pa.string()),
-        ("bytes", pa.int64()),
-        ("count", pa.int64()),
-        ("ret", pa.int64()),
-        ("offset", pa.int64()),
-        ("latency_ns", pa.int64()),
-        ("dev", pa.string()),
-        ("in_container", pa.bool_()),
-    ]
-)
+# Column order and Arrow types of events.parquet: the single definition lives in analysis.rundir.
+EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
 
 _SYSCALL_COLUMNS = {
     "ts_ns": pa.int64(),
@@ -301,7 +286,7 @@ def build_events(raw_dir: Path) -> tuple[pa.Table, ParseStats]:
 def build_samples(raw_dir: Path) -> pd.DataFrame:
     """Read raw/samples.csv (long format) written by tracing.samplers."""
     path = raw_dir / "samples.csv"
-    columns = {"ts_ns": "int64", "metric": "string", "value": "float64", "unit": "string"}
+    columns = SAMPLES_COLUMNS
     if not path.exists() or path.stat().st_size == 0:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
     # The sampler may have been stopped mid-line: on_bad_lines drops a cut-off last line.
@@ -316,7 +301,7 @@ def build_phases(raw_dir: Path) -> pd.DataFrame:
     """Parse raw/mllog.log, the workload's MLLOG events."""
     from tracing.mllog import parse_mllog
 
-    return parse_mllog(raw_dir / "mllog.log")
+    return conform(parse_mllog(raw_dir / "mllog.log"), PHASES_COLUMNS, "raw/mllog.log")
 
 
 def summarize(events: pa.Table, phases: pd.DataFrame, stats: ParseStats) -> dict:

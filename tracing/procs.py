@@ -27,6 +27,7 @@ class ChildProcess:
         stderr_path: Path,
         env: dict[str, str] | None = None,
         name: str | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.argv = [str(a) for a in argv]
         self.name = name or Path(self.argv[0]).name
@@ -44,6 +45,7 @@ class ChildProcess:
                     stderr=err,
                     env=full_env,
                     start_new_session=True,
+                    cwd=cwd,
                 )
             except FileNotFoundError:
                 raise UserError(f"{self.argv[0]} is not installed: run `make setup` as root") from None

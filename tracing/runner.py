@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from analysis.rundir import PHASES_COLUMNS, SAMPLES_COLUMNS, arrow_schema
 from tracing import bpftrace, container, host, ingest
 from tracing.cgroups import cgroups_of
 from tracing.rundir import (
@@ -55,6 +56,8 @@ class TraceRequest:
     sample_interval: float = 0.1
     timeout_s: float | None = None
     environment: dict[str, str] = dataclasses.field(default_factory=dict)
+    # False runs the same container without bpftrace and samplers: the baseline for overhead.
+    tracing: bool = True
 
 
 @contextlib.contextmanager
@@ -82,7 +85,8 @@ def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
     run are recorded in the manifest (status ``failed``/``interrupted``) and re-raised as
     UserError/KeyboardInterrupt after the directory is finalised.
     """
-    host.require_tracing_prerequisites()
+    if request.tracing:
+        host.require_tracing_prerequisites()
     cli = container.client()
     image_id = container.image_id(cli, request.image)
     command = request.command or container.default_command(cli, request.image)
@@ -105,7 +109,8 @@ def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
             "memory_limit": request.memory_limit,
             "cpus": request.cpus,
             "mounts": [{"source": str(m.source), "target": m.target, "read_only": m.read_only} for m in mounts],
-            "bpftrace_scripts": list(bpftrace.SCRIPTS),
+            "enabled": request.tracing,
+            "bpftrace_scripts": list(bpftrace.SCRIPTS) if request.tracing else [],
         },
         host=host_metadata(cli.version().get("Version")),
         container_id=None,
@@ -126,13 +131,15 @@ def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
                 manifest["container_id"] = ctr.id
                 cgroups = cgroups_of(container.main_pid(ctr))
                 manifest["cgroup_id"] = cgroups.v2_id
-                sampler = Sampler(raw / "samples.csv", cgroups, request.sample_interval)
-                sampler.start()
-                progress("attaching bpftrace probes")
-                tracer = bpftrace.Tracer(raw, ctl, cgroups.v2_id)
-                tracer.start()
+                if request.tracing:
+                    sampler = Sampler(raw / "samples.csv", cgroups, request.sample_interval)
+                    sampler.start()
+                    progress("attaching bpftrace probes")
+                    tracer = bpftrace.Tracer(raw, ctl, cgroups.v2_id)
+                    tracer.start()
                 container.release(ctl)
                 manifest["start_ns"] = time.monotonic_ns()
+                atomic_write_json(run_dir / "manifest.json", manifest)  # still "running", now with ids
                 progress(f"workload released ({request.image})")
                 code = _wait(ctr, tracer, request.timeout_s)
                 manifest["end_ns"] = time.monotonic_ns()
@@ -166,13 +173,13 @@ def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
     return run_dir
 
 
-def _wait(ctr: Any, tracer: bpftrace.Tracer, timeout_s: float | None) -> int:
+def _wait(ctr: Any, tracer: bpftrace.Tracer | None, timeout_s: float | None) -> int:
     deadline = time.monotonic() + timeout_s if timeout_s else None
     while True:
         code = container.exit_code(ctr)
         if code is not None:
             return code
-        failure = tracer.failed()
+        failure = tracer.failed() if tracer is not None else None
         if failure:
             raise UserError(failure)
         if deadline and time.monotonic() > deadline:
@@ -222,8 +229,9 @@ def _process(run_dir: Path, manifest: dict, status: str, error: str | None) -> t
         samples = ingest.build_samples(raw)
         phases = ingest.build_phases(raw)
         atomic_write_parquet(run_dir / "events.parquet", events)
-        atomic_write_parquet(run_dir / "samples.parquet", pa.Table.from_pandas(samples, preserve_index=False))
-        atomic_write_parquet(run_dir / "phases.parquet", pa.Table.from_pandas(phases, preserve_index=False))
+        for name, frame, columns in (("samples", samples, SAMPLES_COLUMNS), ("phases", phases, PHASES_COLUMNS)):
+            table = pa.Table.from_pandas(frame[list(columns)], schema=arrow_schema(columns), preserve_index=False)
+            atomic_write_parquet(run_dir / f"{name}.parquet", table)
         manifest["lost_events"] = stats.lost_events
         start, end = manifest.get("start_ns"), manifest.get("end_ns")
         summary = {

@@ -42,10 +42,10 @@ def parse_size(text: str | int) -> int:
             f"cannot parse size {text!r}: use a number with an optional unit, "
             "e.g. 500MB, 2GiB, 1.5e9 (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
         )
-    value = float(match.group(1)) * _UNITS[unit]
+    value = int(float(match.group(1)) * _UNITS[unit])
     if value <= 0:
-        raise UserError(f"size {text!r} must be greater than zero")
-    return int(value)
+        raise UserError(f"size {text!r} must be at least one byte")
+    return value
 
 
 def format_size(n: float) -> str:

@@ -1,0 +1,30 @@
+"""Analysis of run directories: loaders (:mod:`analysis.rundir`) and plots (:mod:`analysis.timeline`).
+
+Everything here is a pure function over DataFrames read from a run directory
+(``docs/run-format.md``); the CLI only resolves arguments and writes the results. Importing this
+package does not import plotly, so commands that only list or summarise runs stay fast.
+"""
+
+from analysis.rundir import (
+    EVENTS_COLUMNS,
+    PHASES_COLUMNS,
+    SAMPLES_COLUMNS,
+    SCHEMA_VERSION,
+    Run,
+    arrow_schema,
+    empty_frame,
+    load_run,
+    resolve_run,
+)
+
+__all__ = [
+    "EVENTS_COLUMNS",
+    "PHASES_COLUMNS",
+    "SAMPLES_COLUMNS",
+    "SCHEMA_VERSION",
+    "Run",
+    "arrow_schema",
+    "empty_frame",
+    "load_run",
+    "resolve_run",
+]

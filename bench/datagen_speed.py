@@ -1,0 +1,171 @@
+"""Is dataset generation limited by the disk? UNet3D generator vs dd, same size, same disk.
+
+Usage: python bench/datagen_speed.py --size 2GB --dir DIR [--rounds 3] [--workers N]
+
+Method. Each round times two writers of the same size into DIR, in alternating order (round 1:
+dd then generator, round 2: generator then dd, ...) so that drift in the disk's speed (thermal,
+SLC cache, a noisy neighbour on a VM) does not favour either:
+
+- dd:        ``dd if=/dev/zero of=DIR/dd.bin bs=4M count=N conv=fdatasync`` then ``sync``,
+             N = ceil(size / 4 MiB);
+- generator: ``generate_unet3d(DIR/unet3d, size, force=True)`` (KiTS19 shapes, one worker per
+             CPU unless --workers) then ``sync``.
+
+Each time runs until ``sync`` returns, so data still in the page cache is counted for both: dd
+flushes its own file (fdatasync), while the generator leaves write-back to the kernel (it does not
+fsync, see datagen.common.atomic_file) and pays for it in the ``sync``. Between measurements
+the output is deleted, ``sync``ed and the disk left idle for a second (untimed), so one writer's
+write-back or discards do not slow the next. A small untimed warm-up generation starts the
+worker server first (its start-up, reported on its own, is paid once per process).
+
+Output: per round, MB/s (10^6 bytes per second) of each writer and the ratio generator/dd;
+then the medians. A ratio near 1 means the generator runs at disk speed; the line "array
+creation" gives the generator's CPU-only rate in one process (written to /dev/null), i.e. how
+far the CPU is from being the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Run as a script from anywhere: make the repository's packages importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from datagen.common import FileSink  # noqa: E402
+from datagen.unet3d import (  # noqa: E402
+    UNet3DGenParams,
+    generate_unet3d,
+    write_case_x,
+    write_case_y,
+)
+from workloads.errors import UserError  # noqa: E402
+from workloads.units import format_size, parse_size  # noqa: E402
+
+DD_BLOCK = 4 << 20
+
+
+def time_dd(directory: Path, size: int) -> tuple[float, int]:
+    """Seconds and bytes for dd + sync writing ``size`` bytes (rounded up to 4 MiB blocks)."""
+    count = math.ceil(size / DD_BLOCK)
+    target = directory / "dd.bin"
+    started = time.perf_counter()
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=4M", f"count={count}", "conv=fdatasync"],
+        check=True,
+        capture_output=True,
+    )
+    os.sync()
+    elapsed = time.perf_counter() - started
+    target.unlink()
+    return elapsed, count * DD_BLOCK
+
+
+def time_generator(
+    directory: Path, size: int, workers: int | None, seed: int
+) -> tuple[float, int, float]:
+    """Seconds (generation + sync), bytes, and seconds of the sync alone, for one dataset."""
+    out = directory / "unet3d"
+    started = time.perf_counter()
+    manifest = generate_unet3d(out, size, seed=seed, workers=workers, force=True)
+    generated = time.perf_counter()
+    os.sync()
+    finished = time.perf_counter()
+    shutil.rmtree(out)
+    return finished - started, manifest["total_bytes"], finished - generated
+
+
+def settle() -> None:
+    # Flush the deletions (and let the device process their discards) before the next writer.
+    os.sync()
+    time.sleep(1.0)
+
+
+def array_creation_rate() -> float:
+    """MB/s of one process producing a default-size case (x and y) into /dev/null."""
+    s1, s2 = 300, 315  # a mid-range KiTS19 shape: x is 119 MB, y 30 MB
+    with open(os.devnull, "wb") as devnull:
+        sink = FileSink(devnull)
+        write_case_x(sink, 0, 0, 64, 64)  # warm up numpy
+        sink = FileSink(devnull)
+        started = time.perf_counter()
+        write_case_x(sink, 0, 1, s1, s2)
+        write_case_y(sink, 0, 1, s1, s2)
+        return sink.bytes_written / (time.perf_counter() - started) / 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", required=True, help="bytes per writer, e.g. 1GB, 2GiB")
+    parser.add_argument("--dir", required=True, type=Path, help="directory on the disk to test")
+    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (default 3)")
+    parser.add_argument("--workers", type=int, default=None, help="generator processes")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    try:
+        size = parse_size(args.size)
+        if shutil.which("dd") is None:
+            raise UserError("dd is not installed: install coreutils")
+        if args.rounds < 1:
+            raise UserError("--rounds must be at least 1")
+        args.dir.mkdir(parents=True, exist_ok=True)
+        for name in ("dd.bin", "unet3d"):
+            if (args.dir / name).exists():
+                raise UserError(f"{args.dir / name} exists: remove it or choose another --dir")
+        return run(args, size)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace, size: int) -> int:
+    directory: Path = args.dir
+    print(f"size {format_size(size)} per writer, dir {directory}, {args.rounds} rounds")
+    print(f"array creation (CPU only, 1 process): {array_creation_rate():.0f} MB/s")
+
+    settle()
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        warm = Path(tmp) / "warmup"
+        started = time.perf_counter()
+        generate_unet3d(warm, 10 << 20, params=UNet3DGenParams.scaled(0.25), workers=args.workers)
+        print(f"worker start-up + warm-up dataset: {time.perf_counter() - started:.2f} s")
+    settle()
+
+    gen_rates, dd_rates, ratios = [], [], []
+    print(f"{'round':>5} {'order':>9} {'gen MB/s':>9} {'(sync s)':>9} {'dd MB/s':>8} {'gen/dd':>7}")
+    for r in range(args.rounds):
+        gen_first = r % 2 == 1
+        results = {}
+        for which in ("gen", "dd") if gen_first else ("dd", "gen"):
+            if which == "dd":
+                seconds, nbytes = time_dd(directory, size)
+                results["dd"] = (nbytes / seconds / 1e6, 0.0)
+            else:
+                seconds, nbytes, sync_s = time_generator(directory, size, args.workers, args.seed)
+                results["gen"] = (nbytes / seconds / 1e6, sync_s)
+            settle()
+        gen, sync_s = results["gen"]
+        dd = results["dd"][0]
+        gen_rates.append(gen)
+        dd_rates.append(dd)
+        ratios.append(gen / dd)
+        order = "gen,dd" if gen_first else "dd,gen"
+        print(f"{r + 1:>5} {order:>9} {gen:>9.0f} {sync_s:>9.2f} {dd:>8.0f} {gen / dd:>7.2f}")
+    print(
+        f"median: generator {statistics.median(gen_rates):.0f} MB/s, "
+        f"dd {statistics.median(dd_rates):.0f} MB/s, "
+        f"ratio generator/dd {statistics.median(ratios):.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

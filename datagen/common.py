@@ -1,0 +1,468 @@
+"""Machinery shared by every dataset generator: output directory, atomic files, parallel writing,
+and the dataset manifest.
+
+A generator describes its dataset as a list of independent :class:`FileTask` (one per file),
+hands them to :func:`run_file_tasks`, then calls :func:`write_manifest`. The contract for a
+dataset directory is:
+
+- it holds a ``.twintrace-dataset`` marker (written by :func:`prepare_output_dir`), which is what
+  allows ``force`` to clear it later without risking a directory we did not create;
+- every data file appears under its final name only once it is complete (written to a hidden
+  temporary name in the same directory, then renamed), so a reader never sees half a file;
+- ``manifest.json`` is written last. **A dataset directory without ``manifest.json`` is
+  incomplete** (interrupted or failed) and must be regenerated with ``force``.
+
+The library never prints: progress goes to a callback, ``progress(done_bytes, total_bytes)``,
+which the CLI turns into a progress bar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime as dt
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+from workloads import __version__ as TWINTRACE_VERSION
+from workloads.errors import UserError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+MARKER_NAME = ".twintrace-dataset"
+
+ProgressCallback = Callable[[int, int], None]
+"""``progress(done_bytes, total_bytes)``: cumulative, called from the calling process only."""
+
+# Workers add to the shared byte counter at most this often (in bytes) so that the lock on it
+# is taken a few hundred times per GB, not once per write.
+_REPORT_EVERY = 4 << 20
+# How often the parent wakes up to call the progress callback.
+_POLL_S = 0.2
+
+
+# --------------------------------------------------------------------------------------------
+# Output directory
+
+
+def prepare_output_dir(out: Path, force: bool) -> Path:
+    """Create ``out`` for a new dataset and return it.
+
+    An empty or missing directory is used as is. A non-empty one is refused unless ``force``; with
+    ``force`` its contents are removed, but only when it holds the ``.twintrace-dataset`` marker of
+    an earlier generator run (complete or not), so that a mistyped ``--dir ~ --force`` cannot wipe
+    a directory twintrace never wrote. Removal stays inside ``out``: symbolic links are unlinked,
+    never followed.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} exists and is not a directory: choose a directory path")
+    out.mkdir(parents=True, exist_ok=True)
+    entries = [e for e in os.scandir(out) if e.name != MARKER_NAME]
+    if entries:
+        if not force:
+            raise UserError(
+                f"{out} is not empty: choose an empty directory or pass --force to replace "
+                "its contents"
+            )
+        if not (out / MARKER_NAME).is_file():
+            raise UserError(
+                f"{out} is not empty and was not written by twintrace (no {MARKER_NAME} file), "
+                "so --force will not delete its contents: choose an empty directory or empty "
+                "it yourself"
+            )
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+    marker = out / MARKER_NAME
+    if not marker.exists():
+        marker.write_text(
+            "Written by twintrace datagen. `--force` may delete everything in this directory.\n"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Atomic files
+
+
+def temp_path(path: Path) -> Path:
+    """The temporary name :func:`atomic_file` writes ``path`` under, in the same directory.
+
+    The same directory, so that the final ``os.replace`` is a rename within one file system
+    (atomic), never a copy.
+    """
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, fsync: bool = False) -> Iterator[BinaryIO]:
+    """Open a binary file that appears as ``path`` only if the ``with`` block completes.
+
+    On any exception (KeyboardInterrupt included) the temporary file is removed and ``path`` is
+    left untouched. ``fsync`` is off by default: every file of a synthetic dataset can be
+    regenerated from its seed, and an fsync per file makes each writer wait for the disk between
+    files instead of letting the kernel write back in the background, which costs throughput.
+    Without it a *power failure* (not a crash or Ctrl-C) can leave renamed files whose data never
+    reached the disk; pass ``fsync=True`` when that matters.
+    """
+    path = Path(path)
+    tmp = temp_path(path)
+    f = open(tmp, "wb")  # noqa: SIM115 - closed on both paths below
+    try:
+        yield f
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+        f.close()
+        os.replace(tmp, path)
+        if fsync:
+            _fsync_dir(path.parent)
+    except BaseException:
+        f.close()
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def write_json_atomic(path: Path, data: Any, fsync: bool = False) -> None:
+    """Write ``data`` as indented JSON to ``path`` atomically (see :func:`atomic_file`)."""
+    with atomic_file(path, fsync=fsync) as f:
+        f.write((json.dumps(data, indent=2) + "\n").encode())
+
+
+def _fsync_dir(path: Path) -> None:
+    # The rename itself is only durable once the directory entry is on disk.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------
+# Parallel file writing
+
+
+class TaskCancelled(Exception):
+    """Raised inside a writing task when the run is being stopped (another task failed, Ctrl-C)."""
+
+
+class FileSink:
+    """What a task writes its file through.
+
+    It counts the bytes (the manifest's size of the file), reports progress in batches, and
+    raises :class:`TaskCancelled` at the next write once the run is being stopped, so a large
+    file is abandoned within one chunk rather than finished.
+    """
+
+    def __init__(
+        self,
+        file: BinaryIO,
+        on_bytes: Callable[[int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
+        self._file = file
+        self._on_bytes = on_bytes
+        self._should_stop = should_stop
+        self._unreported = 0
+        self.bytes_written = 0
+
+    def write(self, data: Any) -> None:
+        """Write a bytes-like object (bytes, memoryview, C-contiguous numpy array) in full."""
+        if self._should_stop is not None and self._should_stop():
+            raise TaskCancelled("stopped because the run is being cancelled")
+        n = memoryview(data).nbytes
+        # BufferedWriter.write loops until everything is written; large writes bypass its buffer,
+        # so a numpy array goes to the kernel without an extra copy.
+        self._file.write(data)
+        self.bytes_written += n
+        self._unreported += n
+        if self._unreported >= _REPORT_EVERY:
+            self.report()
+
+    def report(self) -> None:
+        """Pass the bytes written since the last report to ``on_bytes``."""
+        if self._on_bytes is not None and self._unreported:
+            self._on_bytes(self._unreported)
+        self._unreported = 0
+
+
+WriteFn = Callable[..., dict[str, Any]]
+"""``write(sink, *args) -> metadata``: writes one file through ``sink``; the returned dict (for
+example ``{"shape": [...], "dtype": "float32"}``) is merged into the file's manifest entry.
+Must be a module-level function so that it can be sent to a worker process."""
+
+
+@dataclass(frozen=True)
+class FileTask:
+    """One file of a dataset: its relative name, the function that writes it and its arguments.
+
+    ``size_hint`` is the expected size in bytes, used only for the progress total.
+    """
+
+    name: str
+    write: WriteFn
+    args: tuple[Any, ...] = ()
+    size_hint: int = 0
+
+    def __post_init__(self) -> None:
+        parts = PurePosixPath(self.name).parts
+        if (
+            not parts
+            or PurePosixPath(self.name).is_absolute()
+            or any(p in ("", ".", "..") or p.startswith(".") for p in parts)
+            or self.name == MANIFEST_NAME
+        ):
+            # A bug in a generator, not a user mistake: names are built by code.
+            raise ValueError(f"invalid dataset file name {self.name!r}")
+
+
+def default_workers() -> int:
+    """The default number of writer processes: the CPUs this process may run on."""
+    count = getattr(os, "process_cpu_count", os.cpu_count)()
+    return max(1, count or 1)
+
+
+def run_file_tasks(
+    out: Path,
+    tasks: Sequence[FileTask],
+    workers: int | None = None,
+    progress: ProgressCallback | None = None,
+    fsync: bool = False,
+) -> list[dict[str, Any]]:
+    """Write every task's file into ``out`` using ``workers`` processes; return their records.
+
+    Each record is ``{"name", "bytes", **metadata}`` in the order of ``tasks``. Files are written
+    atomically (:func:`atomic_file`). On the first failure, or on KeyboardInterrupt, the tasks not
+    yet started are cancelled, running ones stop at their next write, every temporary file is
+    removed, and the exception is re-raised: files already completed stay (whole), and since no
+    manifest is written the directory is an incomplete dataset.
+
+    Workers are started with forkserver (spawn where unavailable), so, as with any
+    multiprocessing code, the program's main script must guard its entry point with
+    ``if __name__ == "__main__":``; task functions must be importable module-level functions.
+    """
+    out = Path(out)
+    if workers is None:
+        workers = default_workers()
+    if workers < 1:
+        raise UserError(f"workers must be at least 1, got {workers}")
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ValueError("two tasks write the same file")
+    total = sum(t.size_hint for t in tasks)
+    if not tasks:
+        return []
+
+    # forkserver (spawn where unavailable), not fork: the CLI may run a progress-bar thread, and
+    # forking a multi-threaded process can deadlock a child on a lock held by another thread.
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        # Workers fork from the server with numpy and the writers already imported, instead of
+        # each paying ~0.4 s of imports. Only takes effect when the server is not running yet.
+        modules = sorted({__name__} | {t.write.__module__ for t in tasks})
+        ctx.set_forkserver_preload(["__main__", *modules])
+    stop = ctx.Event()
+    counter = ctx.Value(ctypes.c_int64, 0)
+    executor = ProcessPoolExecutor(
+        max_workers=min(workers, len(tasks)),
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(stop, counter),
+    )
+    futures: list[Future[dict[str, Any]]] = []
+    succeeded = False
+    try:
+        # Submitting starts the worker processes (and the fork server the first time).
+        with _sigint_deferred():
+            futures = [executor.submit(_run_task, str(out), t, fsync) for t in tasks]
+        pending: set[Future[dict[str, Any]]] = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_EXCEPTION)
+            for fut in done:
+                exc = fut.exception()
+                if exc is not None:
+                    raise exc
+            if progress is not None:
+                progress(min(counter.value, total), total)
+        succeeded = True
+    finally:
+        if not succeeded:
+            stop.set()
+        while True:
+            try:
+                executor.shutdown(wait=True, cancel_futures=True)
+                break
+            except KeyboardInterrupt:
+                # A second Ctrl-C must not skip the clean-up; it is short, since every worker
+                # stops at its next write.
+                continue
+        if not succeeded:
+            # Workers remove their own temporary file when they stop; this catches the file of a
+            # worker that died without cleaning up (killed, out of memory).
+            remove_temp_files(out, names)
+    records = [f.result() for f in futures]
+    if progress is not None:
+        written = sum(r["bytes"] for r in records)
+        progress(written, max(total, written))
+    return records
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C while worker processes start, and deliver it once they have.
+
+    A KeyboardInterrupt raised in the middle of starting a process (the parent waiting for the
+    fork server's reply) can leave a half-started worker behind that keeps the pool from shutting
+    down. SIGINT is also blocked meanwhile: the signal mask is inherited across fork and exec, so
+    a fork server started now, and every worker it forks, never receives Ctrl-C, even in the
+    instant before the worker's initializer ignores it. The parent alone stops them (see
+    ``run_file_tasks``).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be changed from the main thread
+        return
+    held = False
+
+    def hold(signum: int, frame: object) -> None:
+        nonlocal held
+        held = True
+
+    previous = signal.signal(signal.SIGINT, hold)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        # Unblocking delivers a pending SIGINT: to `hold`, or to `previous` once restored.
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        signal.signal(signal.SIGINT, previous)
+    if held and previous is not signal.SIG_IGN:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        else:  # SIG_DFL would end the process; end the run the usual Python way instead
+            raise KeyboardInterrupt
+
+
+def remove_temp_files(out: Path, names: Sequence[str]) -> None:
+    """Remove the temporary files that writing ``names`` (relative to ``out``) may have left."""
+    by_dir: dict[Path, set[str]] = {}
+    for name in names:
+        path = out / name
+        by_dir.setdefault(path.parent, set()).add(path.name)
+    for directory, files in by_dir.items():
+        if not directory.is_dir():
+            continue
+        for entry in os.scandir(directory):
+            base, sep, pid = entry.name.rpartition(".tmp-")
+            if sep and pid.isdigit() and base.startswith(".") and base[1:] in files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+
+# State of one worker process, set once by its initializer: the pool gives no other way to hand
+# a process-shared Event/Value to the tasks (they cannot be pickled with each task).
+_worker_stop: Any = None
+_worker_counter: Any = None
+
+
+def _init_worker(stop: Any, counter: Any) -> None:
+    global _worker_stop, _worker_counter
+    # Ctrl-C reaches the whole process group; the parent alone decides to stop, and tells the
+    # workers through `stop`, so a worker is never interrupted between two arbitrary bytecodes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_stop, _worker_counter = stop, counter
+
+
+def _add_bytes(n: int) -> None:
+    with _worker_counter.get_lock():
+        _worker_counter.value += n
+
+
+def _run_task(out: str, task: FileTask, fsync: bool) -> dict[str, Any]:
+    path = Path(out) / task.name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path, fsync=fsync) as f:
+        sink = FileSink(f, on_bytes=_add_bytes, should_stop=_worker_stop.is_set)
+        meta = task.write(sink, *task.args)
+        sink.report()
+    return {"name": task.name, "bytes": sink.bytes_written, **meta}
+
+
+# --------------------------------------------------------------------------------------------
+# Manifest
+
+
+def write_manifest(
+    out: Path,
+    generator: str,
+    seed: int,
+    requested_bytes: int,
+    files: list[dict[str, Any]],
+    params: dict[str, Any],
+    duration_s: float,
+    fsync: bool = False,
+) -> dict[str, Any]:
+    """Write ``manifest.json`` into ``out`` atomically and return it.
+
+    Call it last, after every data file is in place: its presence is what marks the dataset
+    complete. ``created_at`` is the UTC time the dataset was completed (now).
+    """
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "generator": generator,
+        "twintrace_version": TWINTRACE_VERSION,
+        "seed": seed,
+        "requested_bytes": requested_bytes,
+        "total_bytes": sum(f["bytes"] for f in files),
+        "files": files,
+        "params": params,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "duration_s": round(duration_s, 3),
+    }
+    write_json_atomic(Path(out) / MANIFEST_NAME, manifest, fsync=fsync)
+    return manifest
+
+
+def load_manifest(directory: Path) -> dict[str, Any]:
+    """Read and check the manifest of the dataset in ``directory``.
+
+    Raises UserError when the manifest is missing (the dataset is incomplete: its generation was
+    interrupted or failed), unreadable, or of a schema version this twintrace does not know.
+    """
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        raise UserError(
+            f"{directory} has no {MANIFEST_NAME}: it is not a twintrace dataset, or its "
+            "generation did not finish; regenerate it (with --force to reuse the directory)"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}; regenerate the dataset") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path} is not a dataset manifest (not a JSON object)")
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise UserError(
+            f"{path} has schema_version {version!r}, but this twintrace "
+            f"({TWINTRACE_VERSION}) reads only version {SCHEMA_VERSION}: use the twintrace "
+            f"version that wrote it ({manifest.get('twintrace_version', 'unknown')}) or "
+            "regenerate the dataset"
+        )
+    for key in ("generator", "files", "total_bytes"):
+        if key not in manifest:
+            raise UserError(f"{path} lacks {key!r}: the file is damaged; regenerate the dataset")
+    return manifest

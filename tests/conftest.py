@@ -1,0 +1,66 @@
+"""Shared fixtures. Integration tests need root, bpftrace, tracefs and a Docker engine: they are
+skipped without them on a developer machine, but with CI=true a missing prerequisite fails them,
+so CI can never pass by skipping the real thing."""
+
+from __future__ import annotations
+
+import os
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _missing_prerequisites() -> list[str]:
+    from tracing.host import doctor
+
+    wanted = {"root", "bpftrace", "tracefs", "tracepoints", "cgroup v2", "docker daemon"}
+    return [f"{c.name}: {c.detail} ({c.fix})" for c in doctor() if c.name in wanted and not c.ok]
+
+
+def require_tracing() -> None:
+    """Skip (or, in CI, fail) when the real tracing stack is not available."""
+    missing = _missing_prerequisites()
+    if missing:
+        message = "tracing prerequisites missing: " + "; ".join(missing)
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, str]:
+    """Build (or find up to date) the images the integration tests use; tag -> id."""
+    require_tracing()
+    from images.build import build
+    from tracing.container import client
+
+    results = build(client(), ["unet3d"], None)
+    return {r.tag: r.image_id for r in results}
+
+
+@pytest.fixture()
+def runs_root(tmp_path: Path) -> Path:
+    return tmp_path / "runs"
+
+
+def bpftrace_running() -> list[int]:
+    """Pids of bpftrace processes running one of our scripts."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline and Path(cmdline[0].decode(errors="replace")).name == "bpftrace" and any(
+                b"tracing/bpf/" in part for part in cmdline
+            ):
+                pids.append(int(proc.name))
+    return pids
+
+
+

@@ -1,0 +1,442 @@
+"""Tests of the UNet3D dataset generator and the shared datagen machinery.
+
+Shapes are shrunk (SMALL) so that a dataset of a few hundred kB has dozens of cases and the
+whole file runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datagen import common
+from datagen.common import (
+    MANIFEST_NAME,
+    MARKER_NAME,
+    FileSink,
+    FileTask,
+    atomic_file,
+    load_manifest,
+    prepare_output_dir,
+    run_file_tasks,
+)
+from datagen.unet3d import (
+    UNet3DGenParams,
+    case_bytes,
+    generate_unet3d,
+    minimum_dataset_bytes,
+    plan_unet3d_cases,
+)
+from workloads.errors import UserError
+from workloads.units import parse_size
+
+SMALL = UNet3DGenParams(s1_range=(8, 20), s2_range=(10, 24), min_dim=6)
+SIZE = 400_000
+
+
+def data_files(directory: Path) -> set[str]:
+    """Every entry of a dataset directory except the manifest and the marker."""
+    return set(os.listdir(directory)) - {MANIFEST_NAME, MARKER_NAME}
+
+
+def temp_files(directory: Path) -> list[str]:
+    return [n for n in os.listdir(directory) if ".tmp-" in n]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("ds") / "unet3d"
+    manifest = generate_unet3d(out, SIZE, seed=7, workers=2, params=SMALL)
+    return out, manifest
+
+
+# --------------------------------------------------------------------------------------------
+# Format
+
+
+def test_pairs_shapes_dtypes_and_labels(dataset: tuple[Path, dict]) -> None:
+    out, manifest = dataset
+    n_cases = manifest["params"]["cases"]
+    assert n_cases > 10
+    fg_sum = fg_count = bg_sum = bg_count = 0.0
+    assert data_files(out) == {f"case_{i:05d}_{s}.npy" for i in range(n_cases) for s in ("x", "y")}
+    for i in range(n_cases):
+        x = np.load(out / f"case_{i:05d}_x.npy")
+        y = np.load(out / f"case_{i:05d}_y.npy")
+        assert x.dtype == np.float32 and y.dtype == np.uint8
+        assert x.ndim == 4 and x.shape[0] == 1 and x.shape[2] == x.shape[3]
+        assert y.shape == x.shape
+        assert set(np.unique(y)) <= {0, 1}
+        assert y.any(), f"case {i} has no foreground"
+        assert np.isfinite(x).all()
+        fg_sum += float(x[y == 1].sum())
+        fg_count += int(y.sum())
+        bg_sum += float(x[y == 0].sum())
+        bg_count += int(y.size - y.sum())
+    # The blob is brighter than the background (by 1.0 on noise of unit scale), so the labels
+    # are learnable.
+    assert fg_sum / fg_count > bg_sum / bg_count + 0.7
+
+
+def test_shapes_follow_the_ranges_and_only_the_last_case_is_shrunk(
+    dataset: tuple[Path, dict],
+) -> None:
+    _, manifest = dataset
+    shapes = [f["shape"] for f in manifest["files"] if f["name"].endswith("_x.npy")]
+    for _, s1, s2, s2b in shapes[:-1]:
+        assert SMALL.s1_range[0] <= s1 <= SMALL.s1_range[1]
+        assert SMALL.s2_range[0] <= s2 == s2b <= SMALL.s2_range[1]
+    _, s1, s2, _ = shapes[-1]
+    assert s1 >= SMALL.min_dim and s2 >= SMALL.min_dim
+
+
+def test_files_are_exactly_what_numpy_save_writes(dataset: tuple[Path, dict]) -> None:
+    out, _ = dataset
+    for name in ("case_00000_x.npy", "case_00003_y.npy"):
+        path = out / name
+        saved = out.parent / ("resaved_" + name)
+        np.save(saved, np.load(path))
+        assert saved.read_bytes() == path.read_bytes()
+        saved.unlink()
+
+
+def test_mmap_reading_works(dataset: tuple[Path, dict]) -> None:
+    # DLIO and some loaders memory-map .npy files: the header must be standard.
+    out, _ = dataset
+    x = np.load(out / "case_00001_x.npy", mmap_mode="r")
+    assert x.dtype == np.float32 and x.shape[0] == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Manifest
+
+
+def test_manifest_lists_exactly_the_files_with_their_sizes(dataset: tuple[Path, dict]) -> None:
+    out, manifest = dataset
+    loaded = load_manifest(out)
+    assert loaded == json.loads(json.dumps(manifest))
+    assert loaded["schema_version"] == 1
+    assert loaded["generator"] == "unet3d"
+    assert loaded["seed"] == 7
+    assert loaded["requested_bytes"] == SIZE
+    assert loaded["params"]["s1_range"] == list(SMALL.s1_range)
+    assert loaded["params"]["min_dim"] == SMALL.min_dim
+    names = [f["name"] for f in loaded["files"]]
+    assert len(names) == len(set(names))
+    assert set(names) == data_files(out)
+    for entry in loaded["files"]:
+        path = out / entry["name"]
+        assert entry["bytes"] == path.stat().st_size
+        array = np.load(path, mmap_mode="r")
+        assert list(array.shape) == entry["shape"]
+        assert str(array.dtype) == entry["dtype"]
+    assert loaded["total_bytes"] == sum(f["bytes"] for f in loaded["files"])
+    assert loaded["duration_s"] >= 0
+    assert "T" in loaded["created_at"]
+
+
+def test_total_lands_close_below_the_requested_size(dataset: tuple[Path, dict]) -> None:
+    _, manifest = dataset
+    assert manifest["total_bytes"] <= SIZE
+    assert SIZE - manifest["total_bytes"] < 5 * SMALL.s2_range[1] ** 2 + 256
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_planned_total_is_within_one_slice_or_one_minimum_case(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    minimum = minimum_dataset_bytes(SMALL)
+    one_slice = 5 * SMALL.s2_range[1] ** 2 + 256
+    for size in rng.integers(minimum, 1_000_000, size=60):
+        cases = plan_unet3d_cases(int(size), seed, SMALL)
+        total = sum(case_bytes(s1, s2) for s1, s2 in cases)
+        assert total <= size
+        assert size - total < max(one_slice, minimum), (size, cases[-1])
+
+
+def test_load_manifest_rejects_unknown_schema_and_missing_manifest(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no manifest.json.*regenerate"):
+        load_manifest(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"schema_version": 99, "files": []}))
+    with pytest.raises(UserError, match="schema_version 99.*reads only version 1"):
+        load_manifest(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(UserError, match="cannot read"):
+        load_manifest(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------
+# Determinism
+
+
+def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
+    tmp_path: Path, dataset: tuple[Path, dict]
+) -> None:
+    two_workers, _ = dataset
+    one_worker = tmp_path / "one"
+    generate_unet3d(one_worker, SIZE, seed=7, workers=1, params=SMALL)
+    assert data_files(one_worker) == data_files(two_workers)
+    for name in data_files(one_worker):
+        assert (one_worker / name).read_bytes() == (two_workers / name).read_bytes(), name
+
+
+def test_different_seed_gives_different_content(tmp_path: Path, dataset: tuple[Path, dict]) -> None:
+    seed7, _ = dataset
+    other = tmp_path / "other"
+    generate_unet3d(other, SIZE, seed=8, workers=2, params=SMALL)
+    assert (other / "case_00000_x.npy").read_bytes() != (seed7 / "case_00000_x.npy").read_bytes()
+    assert (other / "case_00000_y.npy").read_bytes() != (seed7 / "case_00000_y.npy").read_bytes()
+
+
+def test_case_content_does_not_depend_on_dataset_size(
+    tmp_path: Path, dataset: tuple[Path, dict]
+) -> None:
+    # A smaller dataset from the same seed is a prefix of the larger one (except its shrunk
+    # last case): each case derives from (seed, index) only.
+    full, _ = dataset
+    small = tmp_path / "small"
+    manifest = generate_unet3d(small, SIZE // 3, seed=7, workers=2, params=SMALL)
+    n = manifest["params"]["cases"]
+    for i in range(n - 1):
+        for s in ("x", "y"):
+            name = f"case_{i:05d}_{s}.npy"
+            assert (small / name).read_bytes() == (full / name).read_bytes()
+
+
+# --------------------------------------------------------------------------------------------
+# Output directory and validation
+
+
+def test_non_empty_directory_is_refused_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    with pytest.raises(UserError, match="is not empty: choose an empty directory or pass --force"):
+        generate_unet3d(out, SIZE, params=SMALL)
+    # Not written by twintrace: even --force leaves it alone.
+    with pytest.raises(UserError, match="not written by twintrace"):
+        generate_unet3d(out, SIZE, params=SMALL, force=True)
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_force_replaces_a_previous_dataset(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    big = generate_unet3d(out, 2 * SIZE, seed=1, params=SMALL)
+    with pytest.raises(UserError, match="not empty"):
+        generate_unet3d(out, SIZE, seed=1, params=SMALL)
+    small = generate_unet3d(out, SIZE, seed=1, params=SMALL, force=True)
+    assert small["params"]["cases"] < big["params"]["cases"]
+    # No stale case of the larger dataset survives.
+    assert data_files(out) == {f["name"] for f in small["files"]}
+
+
+def test_force_removes_only_inside_the_directory(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("x")
+    out = prepare_output_dir(tmp_path / "ds", force=False)
+    (out / "sub").mkdir()
+    (out / "link").symlink_to(outside, target_is_directory=True)
+    prepare_output_dir(out, force=True)
+    assert sorted(os.listdir(out)) == [MARKER_NAME]
+    assert (outside / "keep.txt").exists()
+
+
+def test_invalid_sizes_are_rejected_with_the_minimum(tmp_path: Path) -> None:
+    minimum = minimum_dataset_bytes(SMALL)
+    with pytest.raises(UserError, match="greater than zero"):
+        generate_unet3d(tmp_path / "a", 0, params=SMALL)
+    with pytest.raises(UserError, match="whole number of bytes"):
+        generate_unet3d(tmp_path / "a", 1.5e9, params=SMALL)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match=f"at least {minimum} bytes"):
+        generate_unet3d(tmp_path / "b", minimum - 1, params=SMALL)
+    # A rejected request does not create or clear anything.
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    with pytest.raises(UserError, match="seed"):
+        generate_unet3d(tmp_path / "a", SIZE, seed=-1, params=SMALL)
+    default_min = minimum_dataset_bytes()
+    assert default_min == case_bytes(128, 128)
+    with pytest.raises(UserError, match=r"\(1, 128, 128, 128\)"):
+        plan_unet3d_cases(10_000_000)
+
+
+def test_invalid_params_are_rejected() -> None:
+    with pytest.raises(UserError, match="s1_range"):
+        UNet3DGenParams(s1_range=(20, 10))
+    with pytest.raises(UserError, match="min_dim"):
+        UNet3DGenParams(s1_range=(8, 20), s2_range=(10, 24), min_dim=9)
+    scaled = UNet3DGenParams.scaled(0.1)
+    assert scaled.s1_range == (13, 47) and scaled.min_dim == 13
+
+
+# --------------------------------------------------------------------------------------------
+# Failures and interruption
+
+
+def _write_then_fail(sink: FileSink, n: int) -> dict:
+    sink.write(b"\0" * n)
+    time.sleep(0.05)
+    raise RuntimeError("simulated disk failure")
+
+
+def _write_slowly(sink: FileSink, chunks: int) -> dict:
+    for _ in range(chunks):
+        sink.write(b"\1" * 1024)
+        time.sleep(0.01)
+    return {}
+
+
+def _write_quickly(sink: FileSink, n: int) -> dict:
+    sink.write(b"\2" * n)
+    return {}
+
+
+def test_failing_task_cancels_the_rest_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    out = prepare_output_dir(tmp_path / "ds", force=False)
+    tasks = [
+        FileTask("slow.bin", _write_slowly, (1000,), 1_024_000),  # ~10 s unless cancelled
+        FileTask("fails.bin", _write_then_fail, (4096,), 4096),
+        *[FileTask(f"later_{i}.bin", _write_quickly, (10,), 10) for i in range(20)],
+    ]
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="simulated disk failure"):
+        run_file_tasks(out, tasks, workers=2)
+    assert time.monotonic() - started < 5, "the running task was not cancelled"
+    assert temp_files(out) == []
+    assert not (out / "slow.bin").exists() and not (out / "fails.bin").exists()
+    assert not (out / MANIFEST_NAME).exists()
+
+
+def test_interrupted_generation_leaves_only_whole_files_and_no_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C reaches the parent while it reports progress; poll fast so that it lands mid-run.
+    monkeypatch.setattr(common, "_POLL_S", 0.001)
+    params = UNet3DGenParams(s1_range=(40, 60), s2_range=(80, 100), min_dim=40)
+    size = 60_000_000
+
+    def interrupt(done: int, total: int) -> None:
+        if done > 0:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "ds"
+    with pytest.raises(KeyboardInterrupt):
+        generate_unet3d(out, size, workers=2, params=params, progress=interrupt)
+    planned = 2 * len(plan_unet3d_cases(size, 0, params))
+    present = data_files(out)
+    assert temp_files(out) == []
+    assert not (out / MANIFEST_NAME).exists()
+    assert len(present) < planned, "nothing was cancelled"
+    for name in present:
+        array = np.load(out / name)  # a truncated file would fail to load
+        assert array.size > 0
+    with pytest.raises(UserError, match="did not finish"):
+        load_manifest(out)
+    # The incomplete dataset is replaced with --force.
+    generate_unet3d(out, SIZE, workers=2, params=SMALL, force=True)
+    assert load_manifest(out)["params"]["cases"] > 0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_on_the_process_group_stops_promptly_and_cleans_up(tmp_path: Path) -> None:
+    # The real thing: SIGINT to the whole process group, as a terminal's Ctrl-C does, reaching
+    # the parent and the worker processes at once.
+    out = tmp_path / "ds"
+    code = (
+        "from datagen.unet3d import UNet3DGenParams, generate_unet3d\n"
+        "if __name__ == '__main__':\n"
+        f"    generate_unet3d({str(out)!r}, 300_000_000, workers=2,\n"
+        "                    params=UNet3DGenParams.scaled(0.5))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], start_new_session=True, env=env, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (out.is_dir() and temp_files(out)):
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "generation never started writing"
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=10)
+        # Nothing is left running: the workers, fork server and resource tracker exit too.
+        deadline = time.monotonic() + 10
+        while _group_alive(proc.pid):
+            assert time.monotonic() < deadline, "processes of the generator outlived it"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode != 0
+    assert b"KeyboardInterrupt" in stderr
+    assert temp_files(out) == []
+    assert not (out / MANIFEST_NAME).exists()
+    for name in data_files(out):
+        np.load(out / name)
+
+
+def test_atomic_file_leaves_nothing_on_error(tmp_path: Path) -> None:
+    target = tmp_path / "f.bin"
+    with pytest.raises(ValueError), atomic_file(target) as f:
+        f.write(b"half")
+        raise ValueError("boom")
+    assert os.listdir(tmp_path) == []
+    with atomic_file(target, fsync=True) as f:
+        f.write(b"whole")
+    assert target.read_bytes() == b"whole" and os.listdir(tmp_path) == ["f.bin"]
+
+
+def test_progress_reports_reach_the_total(tmp_path: Path) -> None:
+    calls: list[tuple[int, int]] = []
+    manifest = generate_unet3d(
+        tmp_path / "ds", SIZE, workers=2, params=SMALL, progress=lambda d, t: calls.append((d, t))
+    )
+    assert calls[-1] == (manifest["total_bytes"], manifest["total_bytes"])
+    done = [d for d, _ in calls]
+    assert done == sorted(done)
+
+
+# --------------------------------------------------------------------------------------------
+# Sizes
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("500MB", 500 * 10**6), ("2GiB", 2 * 2**30), ("1.5e9", 1_500_000_000), ("2g", 2 * 2**30)],
+)
+def test_parse_size_accepts_the_documented_formats(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "abc",
+        "12 parsecs",
+        "5 M B",
+        "-5MB",
+        "0",
+        "1e-9",
+    ],
+)
+def test_parse_size_rejects_junk_clearly(text: str) -> None:
+    with pytest.raises(UserError, match="cannot parse size|at least one byte"):
+        parse_size(text)

@@ -1,0 +1,97 @@
+"""Sleep profiles (workloads/profile.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workloads.errors import UserError
+from workloads.profile import Linear, Normal, SleepProfile, default_profile, load_profile
+
+
+def test_default_unet3d_profile_is_the_published_v100_fit() -> None:
+    profile = default_profile("unet3d")
+    assert (profile.workload, profile.accelerator, profile.schema_version) == ("unet3d", "V100", 1)
+    assert "vldb-reproduce" in profile.source and "REFERENCE.md section 1" in profile.source
+    assert profile.compute.mean == Linear(0.00211888, 0.27448834, 0.27738914)
+    assert profile.compute.std == Linear(0.00429292, 0.00705136, -0.02411223)
+    assert profile.h2d.is_zero and profile.checkpoint_bytes is None
+    mean, std = profile.compute.params(8, 4)
+    assert mean == pytest.approx(0.00211888 * 8 + 0.27448834 * 4 + 0.27738914)
+    assert std == pytest.approx(0.00429292 * 8 + 0.00705136 * 4 - 0.02411223)
+    draws = [profile.sample(np.random.default_rng(i), 8, 4) for i in range(2000)]
+    assert np.mean(draws) == pytest.approx(mean, abs=0.005)
+    assert np.std(draws) == pytest.approx(std, rel=0.1)
+
+
+def test_negative_std_is_clipped_and_draws_are_not_negative() -> None:
+    profile = default_profile("unet3d")
+    # g=1, b=1: 0.0043 + 0.0071 - 0.0241 < 0 -> a fixed sleep of the mean
+    assert profile.compute.params(1, 1) == (pytest.approx(0.55399636), 0.0)
+    rng = np.random.default_rng(0)
+    assert [profile.sample(rng, 1, 1) for _ in range(5)] == [pytest.approx(0.55399636)] * 5
+    negative = Normal(mean=Linear(const=-1.0), std=Linear(const=0.1))
+    assert negative.sample(rng, 1, 1) == 0.0
+
+
+def _profile_dict() -> dict:
+    return {
+        "schema_version": 1,
+        "workload": "unet3d",
+        "accelerator": "CPU",
+        "source": "test",
+        "compute": {"mean": {"const": 0.05}, "std": {"g": 0.001, "b": 0.002}},
+        "h2d": {"mean": {"b": 0.01}},
+        "checkpoint_bytes": 4096,
+    }
+
+
+def test_unknown_keys_are_rejected_by_name(tmp_path: Path) -> None:
+    data = _profile_dict()
+    data["sleep_scale"] = 2
+    data["compute"]["mean"]["batch"] = 1
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="'sleep_scale'"):
+        load_profile(path)
+    del data["sleep_scale"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"compute\.mean: unknown key\(s\) 'batch'"):
+        load_profile(path)
+
+
+def test_unknown_schema_version_names_the_supported_one(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**_profile_dict(), "schema_version": 7}))
+    with pytest.raises(UserError, match="schema_version 7 is not supported.*schema_version 1"):
+        load_profile(path)
+
+
+def test_missing_and_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist"):
+        load_profile(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(UserError, match="not valid JSON"):
+        load_profile(tmp_path / "bad.json")
+    with pytest.raises(UserError, match="no default sleep profile for workload 'resnet'"):
+        default_profile("resnet")
+    data = _profile_dict()
+    del data["compute"]
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match="missing compute"):
+        load_profile(tmp_path / "p.json")
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    profile = SleepProfile.from_dict(_profile_dict())
+    assert profile.h2d.sample(np.random.default_rng(0), 1, 3) == pytest.approx(0.03)
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert load_profile(path) == profile
+    assert not list(tmp_path.glob("*.tmp"))
+    default = default_profile("unet3d")
+    default.save(path)
+    assert load_profile(path) == default

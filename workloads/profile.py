@@ -1,0 +1,200 @@
+"""Compute-time profiles for the ``sleep`` variant (schema_version 1).
+
+The sleep variant keeps the real data pipeline and replaces each step's computation by
+``time.sleep(t)``, with ``t`` drawn from Normal(mean, std) where mean and std are linear in the
+number of accelerators ``g`` and the per-accelerator batch size ``b`` (the fit published for the
+VLDB real-vs-emulated study, REFERENCE.md section 1). Fits can make std negative at small
+configurations, so std is clipped at 0, and a drawn time is clipped at 0.
+
+File format (JSON), every key optional except ``workload``, ``accelerator``, ``source`` and
+``compute``; unknown keys are rejected::
+
+    {
+      "schema_version": 1,
+      "workload": "unet3d",
+      "accelerator": "V100",
+      "source": "where the numbers come from",
+      "compute": {"mean": {"g": 0.0021, "b": 0.2745, "const": 0.2774},
+                  "std":  {"g": 0.0043, "b": 0.0071, "const": -0.0241}},
+      "h2d":     {"mean": {...}, "std": {...}},   # host-to-device copy per step, default 0
+      "eval":    {"mean": {...}, "std": {...}},   # per evaluation batch, default 0
+      "checkpoint_bytes": null                    # null: torch.save of the model's state_dict
+    }
+
+All times are in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workloads.errors import UserError
+
+SCHEMA_VERSION = 1
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear:
+    """``g * accelerators + b * batch + const`` (seconds)."""
+
+    g: float = 0.0
+    b: float = 0.0
+    const: float = 0.0
+
+    def __call__(self, accelerators: int, batch: int) -> float:
+        return self.g * accelerators + self.b * batch + self.const
+
+
+@dataclasses.dataclass(frozen=True)
+class Normal:
+    """A normal distribution whose mean and std are linear models (std clipped at 0)."""
+
+    mean: Linear = Linear()
+    std: Linear = Linear()
+
+    def params(self, accelerators: int, batch: int) -> tuple[float, float]:
+        """(mean, std) at this configuration, std clipped at 0."""
+        return self.mean(accelerators, batch), max(0.0, self.std(accelerators, batch))
+
+    def sample(self, rng: np.random.Generator, accelerators: int, batch: int) -> float:
+        """One draw, clipped at 0 (seconds)."""
+        mean, std = self.params(accelerators, batch)
+        value = rng.normal(mean, std) if std > 0 else mean
+        return max(0.0, float(value))
+
+    @property
+    def is_zero(self) -> bool:
+        return self == Normal()
+
+
+@dataclasses.dataclass(frozen=True)
+class SleepProfile:
+    """Per-step compute (and optional host-to-device and eval) times for the sleep variant.
+
+    ``checkpoint_bytes``: size of each emulated checkpoint; None writes ``torch.save`` of the
+    configured (untrained) model's state_dict instead.
+    """
+
+    workload: str
+    accelerator: str
+    source: str
+    compute: Normal
+    h2d: Normal = Normal()
+    eval: Normal = Normal()
+    checkpoint_bytes: int | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema_version != SCHEMA_VERSION:
+            raise UserError(
+                f"sleep profile schema_version {self.schema_version} is not supported: this "
+                f"twintrace reads schema_version {SCHEMA_VERSION}; convert the profile or use the "
+                "twintrace version that wrote it"
+            )
+        if self.checkpoint_bytes is not None and self.checkpoint_bytes < 0:
+            raise UserError(f"checkpoint_bytes must not be negative, got {self.checkpoint_bytes}")
+
+    def sample(self, rng: np.random.Generator, accelerators: int, batch: int) -> float:
+        """Seconds of emulated computation for one training step."""
+        return self.compute.sample(rng, accelerators, batch)
+
+    def sample_h2d(self, rng: np.random.Generator, accelerators: int, batch: int) -> float:
+        """Seconds of emulated host-to-device copy for one step (0 unless the profile has one)."""
+        return self.h2d.sample(rng, accelerators, batch)
+
+    def sample_eval(self, rng: np.random.Generator, accelerators: int, batch: int) -> float:
+        """Seconds of emulated computation for one evaluation batch."""
+        return self.eval.sample(rng, accelerators, batch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        """Write the profile as JSON (atomically: temporary name, then rename)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "sleep profile") -> SleepProfile:
+        """Build a profile from parsed JSON, rejecting unknown keys by name."""
+        data = _table(data, where, {f.name for f in dataclasses.fields(cls)})
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:  # checked before anything else can fail on a new layout
+            raise UserError(
+                f"{where}: schema_version {version!r} is not supported; this twintrace reads "
+                f"schema_version {SCHEMA_VERSION}"
+            )
+        missing = sorted({"workload", "accelerator", "source", "compute"} - set(data))
+        if missing:
+            raise UserError(f"{where}: missing {', '.join(missing)}")
+        values: dict[str, Any] = {}
+        for name in ("workload", "accelerator", "source"):
+            if not isinstance(data[name], str):
+                raise UserError(f"{where}: {name} must be a string, got {data[name]!r}")
+            values[name] = data[name]
+        for name in ("compute", "h2d", "eval"):
+            if name in data:
+                values[name] = _normal(data[name], f"{where}: {name}")
+        ckpt = data.get("checkpoint_bytes")
+        if ckpt is not None and (not isinstance(ckpt, int) or isinstance(ckpt, bool)):
+            raise UserError(
+                f"{where}: checkpoint_bytes must be a whole number or null, got {ckpt!r}"
+            )
+        return cls(**values, checkpoint_bytes=ckpt, schema_version=version)
+
+
+def _table(data: Any, where: str, known: set[str]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UserError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"known keys: {', '.join(sorted(known))}"
+        )
+    return data
+
+
+def _normal(data: Any, where: str) -> Normal:
+    data = _table(data, where, {"mean", "std"})
+    return Normal(**{name: _linear(data[name], f"{where}.{name}") for name in data})
+
+
+def _linear(data: Any, where: str) -> Linear:
+    data = _table(data, where, {"g", "b", "const"})
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"{where}.{name}: expected a number, got {value!r}")
+    return Linear(**{name: float(value) for name, value in data.items()})
+
+
+def load_profile(path: str | Path) -> SleepProfile:
+    """Load a sleep profile JSON file (see the module doc for the format)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"sleep profile {path} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"sleep profile {path} is not valid JSON: {exc}") from None
+    return SleepProfile.from_dict(data, where=str(path))
+
+
+def default_profile(workload: str) -> SleepProfile:
+    """The profile shipped in ``workloads/profiles/<workload>.json``."""
+    path = PROFILES_DIR / f"{workload}.json"
+    if not path.exists():
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+        raise UserError(
+            f"no default sleep profile for workload {workload!r} (shipped: "
+            f"{', '.join(known) or 'none'}): give one with the config's profile setting"
+        )
+    return load_profile(path)
