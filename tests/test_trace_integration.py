@@ -107,7 +107,11 @@ def test_ctrl_c_leaves_no_container_no_bpftrace_and_an_interrupted_manifest(imag
         _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     assert proc.returncode == 130, stderr.decode()
     manifest = _manifest(run_dir)
     assert manifest["status"] == "interrupted"

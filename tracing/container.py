@@ -27,6 +27,7 @@ OUT_MOUNT = "/twintrace/out"
 DATA_MOUNT = "/data"
 RELEASE_FIFO = "release"
 RUN_LABEL = "twintrace.run"
+OWNER_LABEL = "twintrace.owner-pid"
 BARRIER_SCRIPT = f'read line < {CTL_MOUNT}/{RELEASE_FIFO} && exec "$@"'
 
 
@@ -114,7 +115,7 @@ def start_held(
             command=command,
             entrypoint=["/bin/sh", "-c", BARRIER_SCRIPT, "twintrace-barrier"],
             mounts=[m.to_docker() for m in all_mounts],
-            labels={RUN_LABEL: run_id},
+            labels={RUN_LABEL: run_id, OWNER_LABEL: str(os.getpid())},
             environment=environment or {},
             detach=True,
             # Loader workers share tensors through /dev/shm; docker's 64 MB default is too small.
@@ -187,6 +188,23 @@ def stop_and_remove(container: docker.models.containers.Container, log_path: Pat
     except docker.errors.APIError as exc:
         if "already in progress" not in str(exc):
             raise
+
+
+def remove_orphans(cli: docker.DockerClient) -> list[str]:
+    """Remove twintrace containers whose tracer process is gone (e.g. it was killed with -9).
+
+    Returns the run ids of the removed containers."""
+    removed = []
+    for ctr in cli.containers.list(all=True, filters={"label": RUN_LABEL}):
+        owner = (ctr.labels or {}).get(OWNER_LABEL, "")
+        if owner.isdigit() and Path(f"/proc/{owner}").exists():
+            continue
+        try:
+            ctr.remove(force=True)
+            removed.append(ctr.labels.get(RUN_LABEL, ctr.short_id))
+        except docker.errors.APIError:
+            pass
+    return removed
 
 
 def remove_run_containers(cli: docker.DockerClient, run_id: str) -> None:

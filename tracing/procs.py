@@ -7,6 +7,7 @@ Ctrl-C at the terminal reaches only us, and we stop them in a known order.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -15,6 +16,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from workloads.errors import UserError
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL when the parent dies, even by SIGKILL itself.
+
+    Without it a tracer killed with `kill -9` would leave bpftrace attached and running."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class ChildProcess:
@@ -46,6 +58,7 @@ class ChildProcess:
                     env=full_env,
                     start_new_session=True,
                     cwd=cwd,
+                    preexec_fn=_die_with_parent,
                 )
             except FileNotFoundError:
                 raise UserError(f"{self.argv[0]} is not installed: run `make setup` as root") from None

@@ -88,6 +88,8 @@ def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
     if request.tracing:
         host.require_tracing_prerequisites()
     cli = container.client()
+    for orphan in container.remove_orphans(cli):
+        progress(f"removed the container of run {orphan}, left behind by a killed tracer")
     image_id = container.image_id(cli, request.image)
     command = request.command or container.default_command(cli, request.image)
 
