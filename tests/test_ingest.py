@@ -105,3 +105,20 @@ def test_every_script_has_a_header(name: str) -> None:
     text = (Path(ingest.__file__).parent / "bpf" / f"{name}.bt").read_text()
     for field in ("Purpose", "Probes", "Output", "Overhead", "Usage"):
         assert f"// {field}" in text
+
+
+def test_reads_through_a_dup_of_the_descriptor_are_resolved() -> None:
+    # tests/data/raw-dup: real syscalls.bt output of `np.save("/tmp/arr.npy", np.zeros(100000));
+    # np.load("/tmp/arr.npy")`. np.load reads the array through a dup() of the file's descriptor.
+    table, stats = ingest.build_events(RAW.parent / "raw-dup")
+    df = table.to_pandas()
+    assert (df["kind"] == "dup").sum() >= 1
+    arr = df[df["path"] == "/tmp/arr.npy"]
+    copies = arr[arr["kind"] == "dup"]
+    assert len(copies) == 2  # one in np.save, one in np.load
+    new_fd = int(copies["ret"].iloc[-1])
+    # Through the copy, np.load reads the 128-byte header, seeks back and reads the whole file.
+    via_copy = arr[arr["kind"].isin(ingest.READ_KINDS) & (arr["fd"] == new_fd) & (arr["ts_ns"] > copies["ts_ns"].iloc[-1])]
+    assert via_copy["bytes"].sum() == 128 + 800_128
+    writes = arr[arr["kind"].isin(ingest.WRITE_KINDS)]
+    assert writes["bytes"].sum() == 800_128  # 128-byte header + 100000 float64

@@ -25,7 +25,7 @@ PAGE_SIZE = 4096
 
 READ_KINDS = ("read", "pread64", "readv")
 WRITE_KINDS = ("write", "pwrite64", "writev")
-FD_KINDS = (*READ_KINDS, *WRITE_KINDS, "close", "lseek", "fsync", "fdatasync", "mmap")
+FD_KINDS = (*READ_KINDS, *WRITE_KINDS, "close", "lseek", "fsync", "fdatasync", "mmap", "dup")
 
 # Column order and Arrow types of events.parquet: the single definition lives in analysis.rundir.
 EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
@@ -236,14 +236,32 @@ def drop_thread_forks(proc: pd.DataFrame, known_pids: np.ndarray) -> pd.DataFram
     return proc[keep]
 
 
+def _descriptor_table(sys: pd.DataFrame) -> pd.DataFrame:
+    """(ts_ns, pid, fd, path) for every descriptor that came to name a file: successful openat
+    calls, plus dup/dup2/dup3/fcntl copies of descriptors already in the table."""
+    table = sys.loc[(sys["kind"] == "openat") & (sys["fd"] >= 0), ["ts_ns", "pid", "fd", "path"]]
+    table = table.sort_values("ts_ns", kind="stable")
+    dups = sys.loc[(sys["kind"] == "dup") & (sys["ret"] >= 0), ["ts_ns", "pid", "fd", "ret"]].sort_values("ts_ns", kind="stable")
+    if len(dups) == 0 or len(table) == 0:
+        return table
+    copies = table.iloc[0:0]
+    for _ in range(2):  # the second pass resolves a copy of a copy
+        known = pd.concat([table, copies], ignore_index=True).sort_values("ts_ns", kind="stable")
+        found = pd.merge_asof(dups, known, on="ts_ns", by=["pid", "fd"], direction="backward")
+        found = found[found["path"].notna()]
+        copies = pd.DataFrame({"ts_ns": found["ts_ns"], "pid": found["pid"],
+                               "fd": found["ret"].astype(np.int32), "path": found["path"]})
+    return pd.concat([table, copies], ignore_index=True).sort_values("ts_ns", kind="stable")
+
+
 def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
-    """Fill ``path`` of fd-based calls from the latest successful openat of the same (pid, fd).
+    """Fill ``path`` of fd-based calls from the latest descriptor of the same (pid, fd) that
+    named a file (openat, or a dup of such a descriptor).
 
     Descriptors inherited across fork are looked up in the parent's table as it was at fork time.
     """
     sys = sys.reset_index(drop=True)
-    opens = sys.loc[(sys["kind"] == "openat") & (sys["fd"] >= 0), ["ts_ns", "pid", "fd", "path"]]
-    opens = opens.sort_values("ts_ns", kind="stable")
+    opens = _descriptor_table(sys)
     fd_rows = sys.index[sys["kind"].isin(FD_KINDS) & (sys["fd"] >= 0)]
     if len(fd_rows) == 0 or len(opens) == 0:
         return sys
