@@ -49,7 +49,10 @@ def atomic_write_parquet(path: Path, table: pa.Table) -> None:
 
 
 def new_run_dir(root: Path, label: str, variant: str | None) -> Path:
-    """Create a fresh, uniquely named run directory under ``root``; never reuse one."""
+    """Create a fresh, uniquely named run directory under ``root``; never reuse one.
+
+    The returned path is absolute: it is bind-mounted into the container."""
+    root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)[:40]
