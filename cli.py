@@ -134,7 +134,13 @@ def datagen(workload: str, out: Path, size: str, seed: int, workers: int | None,
 
     Example: ./cli.py datagen unet3d --out data/unet3d --size 2GB
     """
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
     from datagen.unet3d import UNet3DGenParams, generate_unet3d
 

@@ -5,7 +5,6 @@ so CI can never pass by skipping the real thing."""
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 
 import pytest

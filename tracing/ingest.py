@@ -19,8 +19,6 @@ import pyarrow.csv as pacsv
 
 from analysis.rundir import EVENTS_COLUMNS, PHASES_COLUMNS, SAMPLES_COLUMNS, arrow_schema, conform
 
-
-
 PAGE_SIZE = 4096
 
 READ_KINDS = ("read", "pread64", "readv")

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from workloads.errors import UserError
 
-
 _PR_SET_PDEATHSIG = 1
 
 
