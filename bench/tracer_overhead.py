@@ -69,7 +69,8 @@ def main() -> None:
             profile.write_text(json.dumps({
                 "schema_version": 1, "workload": "unet3d", "accelerator": "none",
                 "source": "bench/tracer_overhead.py: constant compute time, data pipeline dominates",
-                "mean": {"g": 0.0, "b": 0.0, "c": args.compute_s}, "std": {"g": 0.0, "b": 0.0, "c": 0.0},
+                "compute": {"mean": {"g": 0.0, "b": 0.0, "const": args.compute_s},
+                            "std": {"g": 0.0, "b": 0.0, "const": 0.0}},
             }))
             mounts = (BindMount(profile, f"{CTL_MOUNT}-profile/profile.json", True),)
             settings["profile"] = f"{CTL_MOUNT}-profile/profile.json"
