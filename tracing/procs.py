@@ -118,22 +118,3 @@ class ChildFailed(UserError):
         super().__init__(f"{message}" + (f"; its stderr ends with:\n{tail}" if tail else ""))
         self.child = child
 
-
-def run_checked(argv: Sequence[str], what: str, timeout: float | None = None) -> str:
-    """Run a short command to completion and return its stdout; UserError on failure."""
-    try:
-        done = subprocess.run(
-            [str(a) for a in argv],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except FileNotFoundError:
-        raise UserError(f"{argv[0]} is not installed ({what}): run `make setup` as root") from None
-    except subprocess.TimeoutExpired:
-        raise UserError(f"{what} did not finish within {timeout} s: `{' '.join(argv)}`") from None
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-10:])
-        raise UserError(f"{what} failed (exit {done.returncode}): {tail}")
-    return done.stdout
