@@ -94,7 +94,7 @@ def _stream_build(cli: docker.DockerClient, log: Log, **kwargs: object) -> str:
 
 
 def prepare_wheelhouse(log: Log) -> Path:
-    """Download the pinned wheels of images/requirements.txt for the host's Python."""
+    """Fetch (or build) the pinned wheels of images/requirements.txt for the host's Python."""
     wheelhouse = BASE_CONTEXT / "wheelhouse"
     wheelhouse.mkdir(parents=True, exist_ok=True)
     req = REPO / "images" / "requirements.txt"
@@ -102,7 +102,8 @@ def prepare_wheelhouse(log: Log) -> Path:
     if marker.exists() and marker.read_bytes() == req.read_bytes():
         return wheelhouse
     log(f"downloading wheels into {wheelhouse}")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(wheelhouse), "-r", str(req)]
+    # `pip wheel` takes published wheels as they are and builds one from a source-only release.
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheelhouse), "-r", str(req)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise UserError(f"could not download the image's Python wheels: {done.stderr.strip().splitlines()[-1:]}; "

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from workloads.config import WorkloadConfig
+from workloads.data import DataSummary
 from workloads.errors import UserError
 from workloads.events import Emitter
 from workloads.unet3d import files as unet3d_files
 from workloads.unet3d.options import UNet3DOptions
 
-DataSummary = unet3d_files.DataSummary
 
 
 @dataclasses.dataclass(frozen=True)

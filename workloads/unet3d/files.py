@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workloads.data import DataSummary
 from workloads.errors import UserError
 
 CASE_RE = re.compile(r"^case_(\d{5})_([xy])\.npy$")
@@ -30,15 +31,6 @@ class Case:
     index: int
     x: Path
     y: Path
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSummary:
-    """What :func:`check_dataset` found: items (cases), files and their total size in bytes."""
-
-    items: int
-    files: int
-    bytes: int
 
 
 def list_cases(data_dir: str | Path) -> list[Case]:
