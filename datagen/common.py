@@ -1,9 +1,10 @@
 """Machinery shared by every dataset generator: output directory, atomic files, parallel writing,
 and the dataset manifest.
 
-A generator describes its dataset as a list of independent :class:`FileTask` (one per file),
-hands them to :func:`run_file_tasks`, then calls :func:`write_manifest`. The contract for a
-dataset directory is:
+A generator describes its dataset as a list of independent :class:`FileTask` (one per file, or
+one per byte range of a large file that several processes write at once), hands them to
+:func:`run_file_tasks`, then calls :func:`write_manifest`. The contract for a dataset directory
+is:
 
 - it holds a ``.twintrace-dataset`` marker (written by :func:`prepare_output_dir`), which is what
   allows ``force`` to clear it later without risking a directory we did not create;
@@ -164,7 +165,9 @@ class FileSink:
 
     It counts the bytes (the manifest's size of the file), reports progress in batches, and
     raises :class:`TaskCancelled` at the next write once the run is being stopped, so a large
-    file is abandoned within one chunk rather than finished.
+    file is abandoned within one chunk rather than finished. With ``limit`` (the length of a
+    part of a shared file) a write that would go past it raises ValueError instead of
+    overwriting the next part.
     """
 
     def __init__(
@@ -172,10 +175,12 @@ class FileSink:
         file: BinaryIO,
         on_bytes: Callable[[int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        limit: int | None = None,
     ) -> None:
         self._file = file
         self._on_bytes = on_bytes
         self._should_stop = should_stop
+        self._limit = limit
         self._unreported = 0
         self.bytes_written = 0
 
@@ -184,6 +189,12 @@ class FileSink:
         if self._should_stop is not None and self._should_stop():
             raise TaskCancelled("stopped because the run is being cancelled")
         n = memoryview(data).nbytes
+        if self._limit is not None and self.bytes_written + n > self._limit:
+            # A bug in the task's write function, not a user mistake.
+            raise ValueError(
+                f"write of {n} bytes after {self.bytes_written} goes past the part's "
+                f"{self._limit} bytes"
+            )
         # BufferedWriter.write loops until everything is written; large writes bypass its buffer,
         # so a numpy array goes to the kernel without an extra copy.
         self._file.write(data)
@@ -210,14 +221,24 @@ class FileTask:
     """One file of a dataset: its relative name, the function that writes it and its arguments.
 
     ``size_hint`` is the expected size in bytes, used only for the progress total.
+
+    ``part=(offset, length)`` makes the task write only bytes ``[offset, offset + length)`` of
+    ``name``, a file that several tasks (the same name, each with a part) write in parallel;
+    their parts must cover the file exactly, with no gap or overlap, and each task must write
+    exactly ``length`` bytes. See :func:`run_file_tasks`.
     """
 
     name: str
     write: WriteFn
     args: tuple[Any, ...] = ()
     size_hint: int = 0
+    part: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
+        if self.part is not None:
+            offset, length = self.part
+            if offset < 0 or length < 1:
+                raise ValueError(f"invalid part {self.part!r} of {self.name!r}")
         parts = PurePosixPath(self.name).parts
         if (
             not parts
@@ -244,11 +265,19 @@ def run_file_tasks(
 ) -> list[dict[str, Any]]:
     """Write every task's file into ``out`` using ``workers`` processes; return their records.
 
-    Each record is ``{"name", "bytes", **metadata}`` in the order of ``tasks``. Files are written
-    atomically (:func:`atomic_file`). On the first failure, or on KeyboardInterrupt, the tasks not
-    yet started are cancelled, running ones stop at their next write, every temporary file is
-    removed, and the exception is re-raised: files already completed stay (whole), and since no
-    manifest is written the directory is an incomplete dataset.
+    Each record is ``{"name", "bytes", **metadata}``, one per file in the order in which
+    ``tasks`` first name it. Files are written atomically (:func:`atomic_file`). On the first
+    failure, or on KeyboardInterrupt, the tasks not yet started are cancelled, running ones stop
+    at their next write, every temporary file is removed, and the exception is re-raised: files
+    already completed stay (whole), and since no manifest is written the directory is an
+    incomplete dataset.
+
+    A file written in parts (tasks sharing its name, each with ``part=(offset, length)``) is
+    created here first under its temporary name and sized to its total length, so every part can
+    be written in place by any worker without waiting for the others; it is renamed to its final
+    name by this process once its last part is done, and its record is ``{"name", "bytes",
+    "parts": count, **metadata}``, the parts' metadata merged in task order. One large file is
+    thus written at the speed of several processes, with the same guarantees as any other.
 
     Workers are started with forkserver (spawn where unavailable), so, as with any
     multiprocessing code, the program's main script must guard its entry point with
@@ -259,9 +288,8 @@ def run_file_tasks(
         workers = default_workers()
     if workers < 1:
         raise UserError(f"workers must be at least 1, got {workers}")
-    names = [t.name for t in tasks]
-    if len(set(names)) != len(names):
-        raise ValueError("two tasks write the same file")
+    shared = _shared_file_sizes(tasks)
+    names = list(dict.fromkeys(t.name for t in tasks))
     total = sum(t.size_hint for t in tasks)
     if not tasks:
         return []
@@ -283,12 +311,27 @@ def run_file_tasks(
         initializer=_init_worker,
         initargs=(stop, counter),
     )
+    # Temporary names of the shared files: this process's pid, since it creates and renames them.
+    shared_temp = {name: temp_path(out / name) for name in shared}
+    parts_left = {name: sum(1 for t in tasks if t.name == name) for name in shared}
     futures: list[Future[dict[str, Any]]] = []
     succeeded = False
     try:
         # Submitting starts the worker processes (and the fork server the first time).
         with _sigint_deferred():
-            futures = [executor.submit(_run_task, str(out), t, fsync) for t in tasks]
+            for name, size in shared.items():
+                _create_sized(shared_temp[name], size)
+            futures = [
+                executor.submit(
+                    _run_task,
+                    str(out),
+                    t,
+                    fsync,
+                    str(shared_temp[t.name]) if t.part is not None else None,
+                )
+                for t in tasks
+            ]
+        task_of = {fut: task for fut, task in zip(futures, tasks, strict=True)}
         pending: set[Future[dict[str, Any]]] = set(futures)
         while pending:
             done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_EXCEPTION)
@@ -296,6 +339,12 @@ def run_file_tasks(
                 exc = fut.exception()
                 if exc is not None:
                     raise exc
+            for fut in done:
+                name = task_of[fut].name
+                if name in parts_left:
+                    parts_left[name] -= 1
+                    if parts_left[name] == 0:
+                        _finish_shared(shared_temp[name], out / name, fsync)
             if progress is not None:
                 progress(min(counter.value, total), total)
         succeeded = True
@@ -312,13 +361,75 @@ def run_file_tasks(
                 continue
         if not succeeded:
             # Workers remove their own temporary file when they stop; this catches the file of a
-            # worker that died without cleaning up (killed, out of memory).
+            # worker that died without cleaning up (killed, out of memory), and the shared files,
+            # which belong to this process.
             remove_temp_files(out, names)
-    records = [f.result() for f in futures]
+    records = _file_records(names, [f.result() for f in futures])
     if progress is not None:
         written = sum(r["bytes"] for r in records)
         progress(written, max(total, written))
     return records
+
+
+def _shared_file_sizes(tasks: Sequence[FileTask]) -> dict[str, int]:
+    """Size of each file written in parts; checks that names and parts fit together."""
+    by_name: dict[str, list[FileTask]] = {}
+    for task in tasks:
+        by_name.setdefault(task.name, []).append(task)
+    sizes = {}
+    for name, group in by_name.items():
+        parted = [t.part for t in group if t.part is not None]
+        if not parted:
+            if len(group) > 1:
+                raise ValueError(f"two tasks write the same file {name!r}")
+            continue
+        if len(parted) != len(group):
+            raise ValueError(f"{name!r} is written both whole and in parts")
+        end = 0
+        for offset, length in sorted(parted):
+            if offset != end:
+                raise ValueError(f"the parts of {name!r} leave a gap or overlap at byte {end}")
+            end += length
+        sizes[name] = end
+    return sizes
+
+
+def _create_sized(path: Path, size: int) -> None:
+    # ftruncate gives a sparse file, not allocated blocks: posix_fallocate would write zeros
+    # itself on file systems without fallocate support, costing a full extra pass over the disk.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _finish_shared(tmp: Path, path: Path, fsync: bool) -> None:
+    # Only here, with every part written by its worker: the file appears whole or not at all.
+    if fsync:
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(tmp, path)
+    if fsync:
+        _fsync_dir(path.parent)
+
+
+def _file_records(names: list[str], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
+    for result in results:
+        part = result.pop("_part", None)
+        record = merged.get(result["name"])
+        if record is None:
+            merged[result["name"]] = {**result, **({"parts": 1} if part is not None else {})}
+        else:
+            record.update({k: v for k, v in result.items() if k != "bytes"})
+            record["bytes"] += result["bytes"]
+            record["parts"] += 1
+    return [merged[name] for name in names]
 
 
 @contextlib.contextmanager
@@ -391,7 +502,9 @@ def _add_bytes(n: int) -> None:
         _worker_counter.value += n
 
 
-def _run_task(out: str, task: FileTask, fsync: bool) -> dict[str, Any]:
+def _run_task(out: str, task: FileTask, fsync: bool, shared_temp: str | None) -> dict[str, Any]:
+    if task.part is not None and shared_temp is not None:
+        return _run_part(task, task.part, shared_temp)
     path = Path(out) / task.name
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path, fsync=fsync) as f:
@@ -399,6 +512,25 @@ def _run_task(out: str, task: FileTask, fsync: bool) -> dict[str, Any]:
         meta = task.write(sink, *task.args)
         sink.report()
     return {"name": task.name, "bytes": sink.bytes_written, **meta}
+
+
+def _run_part(task: FileTask, part: tuple[int, int], shared_temp: str) -> dict[str, Any]:
+    offset, length = part
+    # No O_CREAT: the parent created and sized the file; if it is gone, the run was stopped.
+    fd = os.open(shared_temp, os.O_WRONLY | os.O_CLOEXEC)
+    # Opening a descriptor does not truncate, whatever the mode; the parent removes the file on
+    # failure and renames it (and fsyncs it when asked) once every part is done.
+    with open(fd, "wb") as f:
+        f.seek(offset)
+        sink = FileSink(f, on_bytes=_add_bytes, should_stop=_worker_stop.is_set, limit=length)
+        meta = task.write(sink, *task.args)
+        sink.report()
+    if sink.bytes_written != length:
+        raise ValueError(
+            f"the task for bytes {offset}-{offset + length} of {task.name!r} wrote "
+            f"{sink.bytes_written} bytes instead of {length}"
+        )
+    return {"name": task.name, "bytes": sink.bytes_written, "_part": offset, **meta}
 
 
 # --------------------------------------------------------------------------------------------

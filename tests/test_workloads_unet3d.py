@@ -20,7 +20,7 @@ from workloads.config import WorkloadConfig
 from workloads.errors import UserError
 from workloads.events import INSTRUMENTED_VARIANTS, Emitter
 from workloads.registry import WORKLOADS, get_workload
-from workloads.unet3d.compute import build_model
+from workloads.unet3d.task import build_model
 from workloads.unet3d.dataset import UNet3DDataset, check_dataset, list_cases
 from workloads.unet3d.model import UNet3D
 from workloads.unet3d.options import UNet3DOptions

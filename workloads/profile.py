@@ -18,7 +18,8 @@ File format (JSON), every key optional except ``workload``, ``accelerator``, ``s
                   "std":  {"g": 0.0043, "b": 0.0071, "const": -0.0241}},
       "h2d":     {"mean": {...}, "std": {...}},   # host-to-device copy per step, default 0
       "eval":    {"mean": {...}, "std": {...}},   # per evaluation batch, default 0
-      "checkpoint_bytes": null                    # null: torch.save of the model's state_dict
+      "checkpoint_bytes": null,                   # null: torch.save of the model's state_dict
+      "batch": "per_accelerator"                  # or "global": b is the batch of all ranks
     }
 
 All times are in seconds.
@@ -36,6 +37,7 @@ import numpy as np
 from workloads.errors import UserError
 
 SCHEMA_VERSION = 1
+BATCH_BASES = ("per_accelerator", "global")
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
 
@@ -88,6 +90,7 @@ class SleepProfile:
     h2d: Normal = Normal()
     eval: Normal = Normal()
     checkpoint_bytes: int | None = None
+    batch: str = "per_accelerator"
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -99,6 +102,18 @@ class SleepProfile:
             )
         if self.checkpoint_bytes is not None and self.checkpoint_bytes < 0:
             raise UserError(f"checkpoint_bytes must not be negative, got {self.checkpoint_bytes}")
+        if self.batch not in BATCH_BASES:
+            raise UserError(
+                f"sleep profile batch must be one of {', '.join(BATCH_BASES)}, got {self.batch!r}"
+            )
+
+    def profile_batch(self, samples: int, accelerators: int) -> int:
+        """The ``b`` of the linear models for a step of ``samples`` per accelerator.
+
+        Fits made against the global batch (DLRM's, whose batch is split over the GPUs) set
+        ``batch`` to ``global``.
+        """
+        return samples * accelerators if self.batch == "global" else samples
 
     def sample(self, rng: np.random.Generator, accelerators: int, batch: int) -> float:
         """Seconds of emulated computation for one training step."""
@@ -148,7 +163,10 @@ class SleepProfile:
             raise UserError(
                 f"{where}: checkpoint_bytes must be a whole number or null, got {ckpt!r}"
             )
-        return cls(**values, checkpoint_bytes=ckpt, schema_version=version)
+        batch = data.get("batch", "per_accelerator")
+        if not isinstance(batch, str):
+            raise UserError(f"{where}: batch must be a string, got {batch!r}")
+        return cls(**values, checkpoint_bytes=ckpt, batch=batch, schema_version=version)
 
 
 def _table(data: Any, where: str, known: set[str]) -> dict[str, Any]:

@@ -1,36 +1,46 @@
 """The workloads twintrace can run, described as data.
 
-Each :class:`WorkloadSpec` says what a workload is, what data it reads, which options it takes,
-how to check a dataset before a container starts and how to run it. Importing this module does
-not import torch: ``run`` imports the training code when called, so the host CLI can list
+Each :class:`WorkloadSpec` says what a workload is, what data it reads (and which generator
+writes it), which options it takes, its default parameters, how to check a dataset before a
+container starts, and which :class:`workloads.training.Task` trains it. Importing this module
+does not import torch: ``run`` imports the training code when called, so the host CLI can list
 workloads and check data quickly.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from workloads.config import WorkloadConfig
+from workloads.bert import files as bert_files
+from workloads.bert.options import BertOptions
+from workloads.config import VARIANTS, WorkloadConfig
 from workloads.data import DataSummary
+from workloads.dlrm import files as dlrm_files
+from workloads.dlrm.options import DLRMOptions
 from workloads.errors import UserError
 from workloads.events import Emitter
+from workloads.images import files as image_files
+from workloads.images.options import ImageOptions
 from workloads.unet3d import files as unet3d_files
 from workloads.unet3d.options import UNet3DOptions
-
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkloadSpec:
     """One workload.
 
-    - ``options_type``: frozen dataclass of the workload's own settings (``config.options``).
+    - ``options_type``: frozen dataclass of the workload's own settings (``config.options``),
+      with a ``from_dict`` that rejects unknown keys.
     - ``check_data(path)``: validate a dataset directory quickly (no full reads); raises
       UserError saying what to do, returns a :class:`DataSummary`.
-    - ``run(config, data_dir, out_dir, emitter)``: train; events go to ``emitter``, files such
-      as checkpoints under ``out_dir``.
+    - ``task``: ``"module:Class"`` of its :class:`workloads.training.Task`, whose
+      ``create(config, data_dir)`` validates the options against the data.
+    - ``defaults``: WorkloadConfig settings that differ from the generic defaults.
+    - ``datagen``: the ``./cli.py datagen`` generator that writes its data.
     """
 
     name: str
@@ -38,23 +48,40 @@ class WorkloadSpec:
     data_format: str
     options_type: type
     check_data: Callable[[Path], DataSummary]
-    run: Callable[[WorkloadConfig, Path, Path, Emitter], None]
+    task: str
+    datagen: str
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    variants: tuple[str, ...] = VARIANTS
 
     def parse_options(self, options: Mapping[str, Any]) -> Any:
         """Build ``options_type`` from a config's ``options`` table (unknown keys rejected)."""
-        from_dict = getattr(self.options_type, "from_dict", None)
-        if from_dict is not None:
-            return from_dict(dict(options))
-        from workloads.config import from_mapping
+        return self.options_type.from_dict(dict(options))
 
-        return from_mapping(self.options_type, dict(options), f"{self.name} options")
+    def config(self, variant: str, **settings: Any) -> WorkloadConfig:
+        """A config of this workload: the generic defaults, then ours, then ``settings``."""
+        return WorkloadConfig(workload=self.name, variant=variant, **{**self.defaults, **settings})
+
+    def default_settings(self) -> dict[str, Any]:
+        """Every default parameter: WorkloadConfig's with ours applied, and the options'."""
+        config = self.config("original").to_dict()
+        for key in ("workload", "variant", "options", "profile"):
+            config.pop(key)
+        return {**config, "options": dataclasses.asdict(self.options_type())}
+
+    def run(self, config: WorkloadConfig, data_dir: Path, out_dir: Path, emitter: Emitter) -> None:
+        """Train (imports torch and the workload's task)."""
+        from workloads import training
+
+        module, _, name = self.task.partition(":")
+        task_type = getattr(importlib.import_module(module), name)
+        task = task_type.create(config, Path(data_dir))
+        training.run(config, task, out_dir, emitter)
 
 
-def _run_unet3d(config: WorkloadConfig, data_dir: Path, out_dir: Path, emitter: Emitter) -> None:
-    from workloads.unet3d import train  # imports torch
-
-    train.run(config, data_dir, out_dir, emitter)
-
+_IMAGE_DESCRIPTION = (
+    "{model} image classification (torch, no torchvision): JPEGs decoded with Pillow, "
+    "RandomResizedCrop, flip, normalise; ImageNet folders or grouped files (one read per group)"
+)
 
 WORKLOADS: dict[str, WorkloadSpec] = {
     "unet3d": WorkloadSpec(
@@ -66,8 +93,48 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         data_format=unet3d_files.DATA_FORMAT,
         options_type=UNet3DOptions,
         check_data=unet3d_files.check_dataset,
-        run=_run_unet3d,
+        task="workloads.unet3d.task:UNet3DTask",
+        datagen="unet3d",
     ),
+    "bert": WorkloadSpec(
+        name="bert",
+        description=(
+            "MLPerf BERT pre-training: transformer encoder with masked-LM and next-sentence "
+            "heads; TFRecord shards read interleaved (cycle 8), records parsed as tf.train.Example"
+        ),
+        data_format=bert_files.DATA_FORMAT,
+        options_type=BertOptions,
+        check_data=bert_files.check_dataset,
+        task="workloads.bert.task:BertTask",
+        datagen="bert",
+        defaults={"batch_size": 4},
+    ),
+    "dlrm": WorkloadSpec(
+        name="dlrm",
+        description=(
+            "MLPerf DLRM (Criteo Terabyte): embedding tables, bottom/top MLPs, dot interaction; "
+            "one contiguous read of batch x 160 bytes per step at a random batch offset"
+        ),
+        data_format=dlrm_files.DATA_FORMAT,
+        options_type=DLRMOptions,
+        check_data=dlrm_files.check_dataset,
+        task="workloads.dlrm.task:DLRMTask",
+        datagen="dlrm",
+        defaults={"batch_size": 2048},
+    ),
+    **{
+        model: WorkloadSpec(
+            name=model,
+            description=_IMAGE_DESCRIPTION.format(model=title),
+            data_format=image_files.DATA_FORMAT,
+            options_type=ImageOptions,
+            check_data=image_files.check_dataset,
+            task="workloads.images.task:ImageTask",
+            datagen="images",
+            defaults={"batch_size": 8},
+        )
+        for model, title in (("resnet18", "ResNet-18"), ("resnet50", "ResNet-50"), ("alexnet", "AlexNet"))
+    },
 }
 
 

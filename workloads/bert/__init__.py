@@ -1,0 +1,1 @@
+"""BERT pre-training (MLPerf): TFRecord shards of tf.train.Example, transformer encoder."""

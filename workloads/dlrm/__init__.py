@@ -1,0 +1,1 @@
+"""DLRM (MLPerf, Criteo Terabyte binary format): embeddings, MLPs, dot interaction."""

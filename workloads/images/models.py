@@ -1,0 +1,207 @@
+"""ResNet-18, ResNet-50 and AlexNet in plain torch, layer for layer as torchvision builds them.
+
+torchvision is not installed in the workload images, so these repeat its architectures: ResNet
+v1.5 (the stride of a bottleneck is on its 3x3 convolution), Kaiming-normal (fan_out) conv
+weights and BatchNorm weight 1 / bias 0 as torchvision initialises ResNets, and AlexNet with
+torch's default initialisation, as torchvision leaves it. At 1000 classes and ``width=64`` the
+parameter counts equal torchvision's (11,689,512; 25,557,032; 61,100,840). ``width`` scales
+every ResNet stage (``width``, 2x, 4x, 8x) to make a cheaper model of the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from workloads.errors import UserError
+
+
+def _conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+
+
+def _conv1x1(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with a residual connection (ResNet-18/34)."""
+
+    expansion = 1
+
+    def __init__(
+        self, in_channels: int, planes: int, stride: int = 1, downsample: nn.Module | None = None
+    ) -> None:
+        super().__init__()
+        self.conv1 = _conv3x3(in_channels, planes, stride)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = _conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x: Tensor) -> Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (strided, v1.5), 1x1 expand by 4, with a residual connection."""
+
+    expansion = 4
+
+    def __init__(
+        self, in_channels: int, planes: int, stride: int = 1, downsample: nn.Module | None = None
+    ) -> None:
+        super().__init__()
+        self.conv1 = _conv1x1(in_channels, planes)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = _conv3x3(planes, planes, stride)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = _conv1x1(planes, planes * self.expansion)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x: Tensor) -> Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+class ResNet(nn.Module):
+    """Stem (7x7/2 conv, max-pool), four stages of residual blocks, global pool, linear."""
+
+    def __init__(
+        self,
+        block: type[BasicBlock | Bottleneck],
+        blocks_per_stage: tuple[int, int, int, int],
+        num_classes: int = 1000,
+        width: int = 64,
+    ) -> None:
+        super().__init__()
+        self.in_channels = width
+        self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.layer1 = self._stage(block, width, blocks_per_stage[0], stride=1)
+        self.layer2 = self._stage(block, width * 2, blocks_per_stage[1], stride=2)
+        self.layer3 = self._stage(block, width * 4, blocks_per_stage[2], stride=2)
+        self.layer4 = self._stage(block, width * 8, blocks_per_stage[3], stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(width * 8 * block.expansion, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def _stage(
+        self, block: type[BasicBlock | Bottleneck], planes: int, blocks: int, stride: int
+    ) -> nn.Sequential:
+        out_channels = planes * block.expansion
+        downsample = None
+        if stride != 1 or self.in_channels != out_channels:
+            downsample = nn.Sequential(
+                _conv1x1(self.in_channels, out_channels, stride), nn.BatchNorm2d(out_channels)
+            )
+        layers = [block(self.in_channels, planes, stride, downsample)]
+        self.in_channels = out_channels
+        layers += [block(out_channels, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(self.avgpool(x).flatten(1))
+
+
+class AlexNet(nn.Module):
+    """torchvision's AlexNet (the one-GPU variant of the paper), 6x6 adaptive pool included."""
+
+    def __init__(self, num_classes: int = 1000, dropout: float = 0.5) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 64, 11, stride=4, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2),
+            nn.Conv2d(64, 192, 5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2),
+            nn.Conv2d(192, 384, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(384, 256, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(256, 256, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2),
+        )
+        # The adaptive pool lets inputs smaller than 224x224 (down to 63x63) reach the classifier.
+        self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
+        self.classifier = nn.Sequential(
+            nn.Dropout(dropout),
+            nn.Linear(256 * 6 * 6, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(4096, 4096),
+            nn.ReLU(inplace=True),
+            nn.Linear(4096, num_classes),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.avgpool(self.features(x)).flatten(1))
+
+
+def _check_sizes(num_classes: int, width: int) -> None:
+    if num_classes < 1:
+        raise UserError(f"num_classes is {num_classes}: set it to at least 1")
+    if width < 1:
+        raise UserError(f"ResNet width is {width}: set it to at least 1 (64 is the standard)")
+
+
+def resnet18(num_classes: int = 1000, width: int = 64) -> ResNet:
+    """ResNet-18: basic blocks (2, 2, 2, 2)."""
+    _check_sizes(num_classes, width)
+    return ResNet(BasicBlock, (2, 2, 2, 2), num_classes, width)
+
+
+def resnet50(num_classes: int = 1000, width: int = 64) -> ResNet:
+    """ResNet-50 (v1.5): bottleneck blocks (3, 4, 6, 3)."""
+    _check_sizes(num_classes, width)
+    return ResNet(Bottleneck, (3, 4, 6, 3), num_classes, width)
+
+
+def alexnet(num_classes: int = 1000) -> AlexNet:
+    """AlexNet as in torchvision."""
+    _check_sizes(num_classes, 1)
+    return AlexNet(num_classes)
+
+
+IMAGE_MODELS: dict[str, Callable[..., nn.Module]] = {
+    "resnet18": resnet18,
+    "resnet50": resnet50,
+    "alexnet": alexnet,
+}
+
+
+def build_image_model(name: str, num_classes: int, width: int = 64) -> nn.Module:
+    """The model called ``name`` (one of :data:`IMAGE_MODELS`); ``width`` is for ResNets only."""
+    if name not in IMAGE_MODELS:
+        raise UserError(
+            f"unknown image model {name!r}: choose one of {', '.join(sorted(IMAGE_MODELS))}"
+        )
+    if name == "alexnet":
+        if width != 64:
+            raise UserError(
+                f"alexnet has fixed widths but width={width} was given: leave width at 64 "
+                "or pick resnet18/resnet50"
+            )
+        return alexnet(num_classes)
+    return IMAGE_MODELS[name](num_classes, width)

@@ -1,0 +1,559 @@
+"""The training loop every workload shares, in one process or one process per rank.
+
+A workload plugs in a :class:`Task`: how to build its model and optimizer, its data loaders,
+how a batch goes to the device, the forward pass, the loss and the evaluation metrics. This
+module does the rest, identically for every workload, so that runs of different workloads have
+the same shape and the same events:
+
+- ``config.batch_size`` is the batch per accelerator; ``config.accelerators`` = G ranks. G == 1
+  runs in the calling process; G > 1 starts G rank processes (torch.multiprocessing, forkserver),
+  each with its own loaders (``config.workers`` DataLoader workers) over its 1/G share of the
+  data. ``original``/``instrumented`` synchronise gradients with DistributedDataParallel (gloo
+  on CPU, nccl on CUDA); ``sleep`` ranks run independently, without a process group.
+- Epochs are numbered from 1, steps within an epoch from 0; ``max_steps`` > 0 ends an epoch
+  after that many steps. With ``eval_every`` > 0 and evaluation data, the task's eval loader
+  runs after every ``eval_every``-th epoch. Every ``checkpoint_every``-th epoch rank 0 writes
+  ``out_dir/checkpoints/ckpt_epoch<E>.pt`` (temporary name, then rename).
+- Events (``workloads/events.py``): every variant logs ``init``, ``run``, ``epoch``, ``eval``
+  and ``checkpoint`` intervals and one ``step_end`` per step and rank. ``instrumented`` adds the
+  per-step durations ``load_batch_mem``, ``load_batch_gpu``, ``model_forward_pass``,
+  ``loss_tensor_calc``, ``model_backward_pass``, ``model_optim_step``, ``cum_loss_fn_calc``,
+  ``all_compute`` and whatever the task's datasets log from the loader workers
+  (``sample_load``/``sample_preproc`` or ``batch_load``/``batch_preproc``); ``sleep`` logs the
+  same data-side events plus ``load_batch_gpu`` and ``accelerator_busy``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import DataLoader
+
+from workloads.config import WorkloadConfig
+from workloads.errors import UserError
+from workloads.events import Emitter
+from workloads.profile import SleepProfile, default_profile, load_profile
+
+Marks = list[tuple[str, int, int]]
+
+
+@dataclasses.dataclass
+class Loader:
+    """A DataLoader and what to call before each pass (seeds the shuffling of that epoch)."""
+
+    loader: DataLoader[Any]
+    set_epoch: Callable[[int], None]
+
+
+class Task(abc.ABC):
+    """One workload's part of a run. Instances are pickled to rank processes: keep them small
+    (paths and settings, no open files or tensors)."""
+
+    @abc.abstractmethod
+    def build_model(self, seed: int) -> nn.Module:
+        """The configured network, initialised from ``seed`` (identical on every rank)."""
+
+    @abc.abstractmethod
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        """The optimizer over ``params`` (the possibly DDP-wrapped model's parameters)."""
+
+    @abc.abstractmethod
+    def train_loader(
+        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
+    ) -> Loader:
+        """This rank's training loader (shuffled per epoch with ``config.seed``)."""
+
+    def eval_loader(
+        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
+    ) -> Loader | None:
+        """This rank's evaluation loader, or None when the task has no evaluation data."""
+        return None
+
+    @abc.abstractmethod
+    def to_device(self, batch: Any, device: torch.device) -> Any:
+        """Move a batch from the loader to ``device`` (the host-to-device copy)."""
+
+    @abc.abstractmethod
+    def forward(self, net: nn.Module, batch: Any) -> Any:
+        """The model's outputs for a device batch."""
+
+    @abc.abstractmethod
+    def loss(self, outputs: Any, batch: Any) -> torch.Tensor:
+        """The training loss (a scalar tensor)."""
+
+    @abc.abstractmethod
+    def eval_metrics(self, outputs: Any, batch: Any) -> dict[str, float]:
+        """Metrics of one evaluation batch, as means over its samples."""
+
+    @abc.abstractmethod
+    def batch_samples(self, batch: Any) -> int:
+        """Samples in a loader batch (the ``step_end`` value and the profile's batch size)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything a rank needs, resolved once in the parent (picklable for spawned ranks)."""
+
+    config: WorkloadConfig
+    task: Task
+    out_dir: Path
+    profile: SleepProfile | None
+    master_port: int = 0
+
+
+def sleep_profile(config: WorkloadConfig) -> SleepProfile | None:
+    """The sleep variant's profile (the config's file or the workload's default), else None."""
+    if config.variant != "sleep":
+        return None
+    profile = load_profile(config.profile) if config.profile else default_profile(config.workload)
+    if profile.workload != config.workload:
+        raise UserError(
+            f"sleep profile {config.profile} is for workload {profile.workload!r}, not "
+            f"{config.workload!r}: give a {config.workload} profile"
+        )
+    return profile
+
+
+def run(config: WorkloadConfig, task: Task, out_dir: Path, emitter: Emitter) -> None:
+    """Train ``task`` as ``config`` says, logging events through ``emitter`` (module doc)."""
+    plan = Plan(config, task, Path(out_dir), sleep_profile(config))
+    if config.accelerators == 1:
+        _rank_main(0, plan, emitter)
+        return
+    plan = dataclasses.replace(plan, master_port=_free_port())
+    # Not fork: forking a process whose torch thread pools (or CUDA) are initialised can
+    # deadlock. A fork server imports torch and the task's module once, before any thread pool
+    # or CUDA context exists, and forks every rank from there.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__, type(task).__module__, "torch._dynamo"])
+    errors = ctx.SimpleQueue()
+    try:
+        mp.start_processes(
+            _rank_entry,
+            args=(plan, emitter, errors),
+            nprocs=config.accelerators,
+            join=True,
+            start_method="forkserver",
+        )
+    except Exception:
+        if not errors.empty():
+            raise UserError(errors.get()) from None
+        raise
+
+
+def _rank_entry(rank: int, plan: Plan, emitter: Emitter, errors: Any) -> None:
+    """Spawned rank: run, and pass a UserError's message to the parent before failing."""
+    em = emitter.for_rank(rank)
+    emitter.close()  # this process's unpickled copy; the rank writes through its own
+    try:
+        _rank_main(rank, plan, em)
+    except UserError as exc:
+        errors.put(str(exc))
+        raise
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_device(config: WorkloadConfig, rank: int) -> torch.device:
+    """``auto``: CUDA when available, else CPU; one GPU per rank."""
+    if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    available = torch.cuda.device_count()
+    if available < config.accelerators:
+        raise UserError(
+            f"device {config.device} with {config.accelerators} accelerator(s) needs as many "
+            f"GPUs, {available} visible: start the container with --gpus or set device to cpu"
+        )
+    return torch.device("cuda", rank)
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup v2 ``cpu.max`` quota.
+
+    Inside a container started with ``--cpus`` the affinity mask still lists every host core;
+    only the quota tells how much CPU time there is.
+    """
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def _rank_main(rank: int, plan: Plan, emitter: Emitter) -> None:
+    config = plan.config
+    em = emitter if emitter.rank == rank else emitter.for_rank(rank)
+    em.start("init")
+    world = config.accelerators
+    # Ranks share the CPUs; DataLoader workers set themselves to one thread each.
+    torch.set_num_threads(max(1, available_cpus() // world))
+    device = resolve_device(config, rank)
+    distributed = world > 1 and plan.profile is None
+    if distributed:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(plan.master_port)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        compute = _make_compute(plan, rank, device, distributed, em.instrumenting)
+        loop = _Loop(plan, rank, device, compute, em)
+        em.stop("init")
+        em.start("run")
+        loop.run()
+        em.stop("run")
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+
+
+def _make_compute(
+    plan: Plan, rank: int, device: torch.device, distributed: bool, instrumenting: bool
+) -> ModelCompute | SleepCompute:
+    config = plan.config
+    if plan.profile is None:
+        return ModelCompute(plan.task, config.seed, device, distributed, sync=instrumenting)
+    # The sleep variant builds the model only to write checkpoints of the real size.
+    needs_model = (
+        rank == 0 and config.checkpoint_every > 0 and plan.profile.checkpoint_bytes is None
+    )
+    model = plan.task.build_model(config.seed) if needs_model else None
+    return SleepCompute(plan.task, plan.profile, config.accelerators, config.seed, rank, model)
+
+
+class ModelCompute:
+    """Host-to-device copy, forward, loss, backward and optimizer step of the real model.
+
+    With ``distributed`` the model is wrapped in DistributedDataParallel (process group already
+    initialised by the caller). ``sync`` waits for the device after each phase so the marks
+    measure GPU work (instrumented variant on CUDA only; a no-op on CPU).
+    """
+
+    def __init__(
+        self, task: Task, seed: int, device: torch.device, distributed: bool, sync: bool
+    ) -> None:
+        self.task = task
+        self.device = device
+        self.distributed = distributed
+        self.sync = sync and device.type == "cuda"
+        self.model = task.build_model(seed).to(device)
+        self.net: nn.Module = self.model
+        if distributed:
+            ids = [device.index] if device.type == "cuda" else None
+            self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.optimizer = task.make_optimizer(self.net.parameters())
+        self.cum_loss = 0.0
+        self._eval: list[tuple[dict[str, float], int]] = []
+
+    def _now(self) -> int:
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        return time.monotonic_ns()
+
+    def train_step(self, batch: Any, marks: Marks) -> None:
+        """One optimisation step on a loader batch."""
+        self.net.train()
+        t0 = time.monotonic_ns()
+        batch = self.task.to_device(batch, self.device)
+        t1 = self._now()
+        outputs = self.task.forward(self.net, batch)
+        t2 = self._now()
+        loss = self.task.loss(outputs, batch)
+        t3 = self._now()
+        loss.backward()
+        t4 = self._now()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        t5 = self._now()
+        # The references average the loss over ranks for their logs; .item() also waits for
+        # the device, so the step really ends here.
+        value = loss.detach()
+        if self.distributed:
+            dist.all_reduce(value)
+            value /= dist.get_world_size()
+        self.cum_loss += float(value.item())
+        t6 = time.monotonic_ns()
+        marks += [
+            ("load_batch_gpu", t0, t1),
+            ("model_forward_pass", t1, t2),
+            ("loss_tensor_calc", t2, t3),
+            ("model_backward_pass", t3, t4),
+            ("model_optim_step", t4, t5),
+            ("cum_loss_fn_calc", t5, t6),
+        ]
+
+    @torch.no_grad()
+    def eval_batch(self, batch: Any) -> None:
+        """Metrics of one evaluation batch (this rank's share; no gradient)."""
+        self.model.eval()
+        samples = self.task.batch_samples(batch)
+        batch = self.task.to_device(batch, self.device)
+        outputs = self.task.forward(self.model, batch)
+        self._eval.append((self.task.eval_metrics(outputs, batch), samples))
+
+    def eval_result(self) -> dict[str, Any] | None:
+        """Sample-weighted means of the metrics since the last call (None when nothing ran)."""
+        done, self._eval = self._eval, []
+        samples = sum(n for _, n in done)
+        if not samples:
+            return None
+        names = done[0][0].keys()
+        result: dict[str, Any] = {
+            name: sum(metrics[name] * n for metrics, n in done) / samples for name in names
+        }
+        result["samples"] = samples
+        return result
+
+    def save_checkpoint(self, path: Path) -> int:
+        """``torch.save`` of the model's state_dict; returns the bytes written."""
+        torch.save(self.model.state_dict(), path)
+        return path.stat().st_size
+
+
+class SleepCompute:
+    """Emulated computation: sleeps drawn from a :class:`SleepProfile`; the model never runs.
+
+    ``model`` is only kept to write realistic checkpoints (``torch.save`` of its untrained
+    state_dict) when the profile does not set ``checkpoint_bytes``.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        profile: SleepProfile,
+        accelerators: int,
+        seed: int,
+        rank: int,
+        model: nn.Module | None,
+    ) -> None:
+        self.task = task
+        self.profile = profile
+        self.accelerators = accelerators
+        self.rng = np.random.default_rng([seed, rank])
+        self.model = model
+        self._eval_batches = 0
+
+    def _batch(self, batch: Any) -> int:
+        return self.profile.profile_batch(self.task.batch_samples(batch), self.accelerators)
+
+    def train_step(self, batch: Any, marks: Marks) -> None:
+        """Sleep for the profile's host-to-device time, then its compute time."""
+        b = self._batch(batch)
+        t0 = time.monotonic_ns()
+        h2d = self.profile.sample_h2d(self.rng, self.accelerators, b)
+        if h2d > 0:
+            time.sleep(h2d)
+        t1 = time.monotonic_ns()
+        compute = self.profile.sample(self.rng, self.accelerators, b)
+        t2 = time.monotonic_ns()
+        time.sleep(compute)
+        t3 = time.monotonic_ns()
+        marks += [("load_batch_gpu", t0, t1), ("accelerator_busy", t2, t3)]
+
+    def eval_batch(self, batch: Any) -> None:
+        """Sleep for the profile's evaluation time of one batch (0 unless it has one)."""
+        seconds = self.profile.sample_eval(self.rng, self.accelerators, self._batch(batch))
+        if seconds > 0:
+            time.sleep(seconds)
+        self._eval_batches += 1
+
+    def eval_result(self) -> dict[str, Any] | None:
+        done, self._eval_batches = self._eval_batches, 0
+        return {"batches": done} if done else None
+
+    def save_checkpoint(self, path: Path) -> int:
+        """Write the model's state_dict, or ``checkpoint_bytes`` random bytes; returns bytes."""
+        size = self.profile.checkpoint_bytes
+        if size is None:
+            assert self.model is not None, "SleepCompute needs a model to save its state_dict"
+            torch.save(self.model.state_dict(), path)
+            return path.stat().st_size
+        # Fresh random chunks: constant data could be compressed or deduplicated by the
+        # filesystem and would not cost the I/O a real checkpoint does.
+        rng = np.random.default_rng()
+        chunk = 8 << 20
+        with path.open("wb") as f:
+            for offset in range(0, size, chunk):
+                f.write(rng.bytes(min(chunk, size - offset)))
+        return size
+
+
+class _Loop:
+    """Epochs of one rank: training steps, evaluation and checkpoints."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        rank: int,
+        device: torch.device,
+        compute: ModelCompute | SleepCompute,
+        em: Emitter,
+    ) -> None:
+        self.plan = plan
+        self.config = plan.config
+        self.task = plan.task
+        self.rank = rank
+        self.compute = compute
+        self.em = em
+        self.train = plan.task.train_loader(plan.config, rank, device, em)
+        self.eval = None
+        if plan.config.eval_every > 0:
+            self.eval = plan.task.eval_loader(plan.config, rank, device, em)
+
+    def run(self) -> None:
+        config = self.config
+        for epoch in range(1, config.epochs + 1):
+            started = time.monotonic()
+            self.em.start("epoch", epoch=epoch)
+            steps, samples = self._train_epoch(epoch)
+            self.em.stop("epoch", epoch=epoch, value={"steps": steps, "samples": samples})
+            if self.rank == 0:
+                print(
+                    f"epoch {epoch}: {steps} steps, {samples} samples on rank 0 in "
+                    f"{time.monotonic() - started:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if self.eval is not None and epoch % config.eval_every == 0:
+                self._evaluate(epoch)
+            if self.rank == 0 and config.checkpoint_every and epoch % config.checkpoint_every == 0:
+                self._checkpoint(epoch)
+
+    def _train_epoch(self, epoch: int) -> tuple[int, int]:
+        self.train.set_epoch(epoch)
+        batches = batches_of(self.train.loader)
+        steps = samples = 0
+        while not self.config.max_steps or steps < self.config.max_steps:
+            t0 = time.monotonic_ns()
+            batch = next(batches, None)
+            if batch is None:
+                break
+            t1 = time.monotonic_ns()
+            marks: Marks = [("load_batch_mem", t0, t1)]
+            size = self.task.batch_samples(batch)
+            self.compute.train_step(batch, marks)
+            marks.append(("all_compute", t1, time.monotonic_ns()))
+            for key, start, end in marks:
+                self.em.duration(key, start, end, epoch=epoch, step=steps)
+            self.em.step_end(epoch=epoch, step=steps, samples=size)
+            steps += 1
+            samples += size
+        batches.close()  # shuts the workers down now when max_steps ended the epoch early
+        return steps, samples
+
+    def _evaluate(self, epoch: int) -> None:
+        assert self.eval is not None
+        self.eval.set_epoch(epoch)
+        self.em.start("eval", epoch=epoch)
+        for batch in batches_of(self.eval.loader):
+            self.compute.eval_batch(batch)
+        self.em.stop("eval", epoch=epoch, value=self.compute.eval_result())
+
+    def _checkpoint(self, epoch: int) -> None:
+        directory = self.plan.out_dir / "checkpoints"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"ckpt_epoch{epoch}.pt"
+        # torch.save names the zip records after the file's stem, so the temporary name keeps
+        # the stem: the bytes are exactly those of torch.save(state, path).
+        tmp = path.with_suffix(".tmp")
+        self.em.start("checkpoint", epoch=epoch)
+        size = self.compute.save_checkpoint(tmp)
+        os.replace(tmp, path)
+        self.em.stop("checkpoint", epoch=epoch, value=size, path=str(path))
+
+
+def batches_of(loader: DataLoader[Any]) -> Iterator[Any]:
+    """Iterate ``loader``, turning a worker's UserError back into a one-line UserError.
+
+    The DataLoader re-raises a worker's exception with the worker's whole traceback as its
+    message; the original message is the text after ``UserError: `` on the last line.
+    """
+    iterator = iter(loader)
+    try:
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except UserError as exc:
+                lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+                marker = f"{UserError.__module__}.{UserError.__name__}: "
+                original = next(
+                    (ln.split(marker, 1)[1] for ln in reversed(lines) if marker in ln), None
+                )
+                raise UserError(original or str(exc)) from None
+            yield batch
+    finally:
+        del iterator
+
+
+def sharded_loader(
+    dataset: Any,
+    config: WorkloadConfig,
+    rank: int,
+    device: torch.device,
+    *,
+    batch_size: int | None,
+    shuffle: bool,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> Loader:
+    """A DataLoader over this rank's share of a map-style ``dataset``.
+
+    The share follows DistributedSampler semantics (shuffled with ``config.seed`` per epoch,
+    padded to equal shares); ``batch_size`` None means each dataset item is already a batch.
+    ``dataset.set_epoch`` (when it has one) is called with the sampler's.
+    """
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = DistributedSampler(
+        dataset, num_replicas=config.accelerators, rank=rank, shuffle=shuffle, seed=config.seed
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=config.workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=False,
+        drop_last=False,
+        collate_fn=collate_fn,
+    )
+
+    def set_epoch(epoch: int) -> None:
+        sampler.set_epoch(epoch)
+        if hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)
+
+    return Loader(loader, set_epoch)
+
+
+def make_optimizer(params: Any, name: str, learning_rate: float) -> torch.optim.Optimizer:
+    """``sgd`` (momentum 0.9), ``adam`` or ``adagrad`` over ``params``."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=learning_rate)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=learning_rate)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=learning_rate, momentum=0.9)
+    raise UserError(f"optimizer must be sgd, adam or adagrad, got {name!r}")
