@@ -32,7 +32,7 @@ import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from workloads.config import VARIANTS, WorkloadConfig  # noqa: E402
+from workloads.config import VARIANTS  # noqa: E402
 from workloads.errors import UserError  # noqa: E402
 from workloads.units import format_size, parse_size  # noqa: E402
 
@@ -119,20 +119,50 @@ def build(workloads: tuple[str, ...], variants: tuple[str, ...], base_image: str
         click.echo(f"{r.tag}\t{r.image_id[7:19]}\t{'built' if r.built else 'up to date'}")
 
 
+@cli.command("workloads")
+@click.option("--json", "as_json", is_flag=True, help="Print the workloads as JSON.")
+@user_errors
+def list_workloads(as_json: bool) -> None:
+    """List the workloads: variants, data format, generator and default parameters.
+
+    Example: ./cli.py workloads
+    """
+    from workloads.registry import WORKLOADS
+
+    rows = [{"name": s.name, "description": s.description, "variants": list(s.variants), "datagen": s.datagen,
+             "data_format": s.data_format, "defaults": s.default_settings()} for s in WORKLOADS.values()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("workload", "variants", "data (./cli.py datagen ...)", "defaults", show_lines=True)
+    for r in rows:
+        defaults = {k: v for k, v in r["defaults"].items() if k != "options"}
+        table.add_row(f"[bold]{r['name']}[/]\n{r['description']}", "\n".join(r["variants"]),
+                      f"[bold]{r['datagen']}[/]: {r['data_format']}",
+                      " ".join(f"{k}={v}" for k, v in defaults.items()) + "\noptions (--set): "
+                      + " ".join(f"{k}={v}" for k, v in r["defaults"]["options"].items()))
+    Console(width=max(120, Console().width)).print(table)
+
+
 @cli.command()
-@click.argument("workload", type=click.Choice(["unet3d"]))
+@click.argument("generator", type=click.Choice(["unet3d", "bert", "dlrm", "images"]))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory (empty, or use --force).")
 @click.option("--size", required=True, help="Total size, e.g. 500MB, 2GiB, 1.5e9.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=int, default=None, help="Processes (default: all cores).")
 @click.option("--force", is_flag=True, help="Replace the contents of a non-empty output directory.")
-@click.option("--scale", type=float, default=1.0, show_default=True,
-              help="Multiply KiTS19 case dimensions by this (e.g. 0.5 for demos: ~8x smaller files).")
+@click.option("--scale", type=float, default=None,
+              help="unet3d: multiply KiTS19 case dimensions by this (e.g. 0.5 for demos: ~8x smaller files).")
+@click.option("--group-size", type=int, default=None,
+              help="images: write the grouped format, G JPEGs per group file plus an index.")
 @user_errors
-def datagen(workload: str, out: Path, size: str, seed: int, workers: int | None, force: bool, scale: float) -> None:
-    """Generate a synthetic dataset in the workload's real on-disk format.
+def datagen(generator: str, out: Path, size: str, seed: int, workers: int | None, force: bool,
+            scale: float | None, group_size: int | None) -> None:
+    """Generate a synthetic dataset in a workload's real on-disk format.
 
-    Example: ./cli.py datagen unet3d --out data/unet3d --size 2GB
+    GENERATOR is unet3d, bert, dlrm or images (read by resnet18, resnet50 and alexnet).
+
+    Example: ./cli.py datagen images --out data/img --size 2GB --group-size 32
     """
     from rich.progress import (
         BarColumn,
@@ -142,15 +172,15 @@ def datagen(workload: str, out: Path, size: str, seed: int, workers: int | None,
         TransferSpeedColumn,
     )
 
-    from datagen.unet3d import UNet3DGenParams, generate_unet3d
+    from datagen.registry import generate
 
     size_bytes = parse_size(size)
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   TimeRemainingColumn(), console=err_console) as bar:
-        task = bar.add_task(f"{workload} -> {out}", total=size_bytes)
-        manifest = generate_unet3d(out, size_bytes, seed=seed, workers=workers, force=force,
-                                   progress=lambda done, total: bar.update(task, completed=done),
-                                   params=UNet3DGenParams.scaled(scale) if scale != 1.0 else None)
+        task = bar.add_task(f"{generator} -> {out}", total=size_bytes)
+        manifest = generate(generator, out, size_bytes, seed=seed, workers=workers, force=force,
+                            progress=lambda done, total: bar.update(task, completed=done, total=total),
+                            scale=scale, group_size=group_size)
     click.echo(f"{len(manifest['files'])} files, {format_size(manifest['total_bytes'])} in {out}")
 
 
@@ -165,7 +195,7 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 
 
 @cli.command(context_settings={"allow_interspersed_args": False})
-@click.option("--workload", default=None, help="Workload to run (see ./cli.py build for the built ones).")
+@click.option("--workload", default=None, help="Workload to run (see ./cli.py workloads).")
 @click.option("--variant", type=click.Choice(VARIANTS), default="original", show_default=True)
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Dataset directory (mounted read-only at /data).")
 @click.option("--epochs", type=int, default=None)
@@ -217,7 +247,7 @@ def trace(workload: str | None, variant: str, data_dir: Path | None, epochs: int
             raise UserError(f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}")
         spec = WORKLOADS[workload]
         if data_dir is None:
-            raise UserError(f"--data is required: generate a dataset with `./cli.py datagen {workload} --out DIR --size 1GB`")
+            raise UserError(f"--data is required: generate a dataset with `./cli.py datagen {spec.datagen} --out DIR --size 1GB`")
         spec.check_data(data_dir)
         given = {"epochs": epochs, "batch_size": batch_size, "workers": workers, "accelerators": accelerators,
                  "max_steps": max_steps, "seed": seed, "eval_every": eval_every, "checkpoint_every": checkpoint_every}
@@ -232,7 +262,7 @@ def trace(workload: str | None, variant: str, data_dir: Path | None, epochs: int
             load_profile(profile_path)
             extra_mounts.append(BindMount(profile_path.resolve(), f"{CTL_MOUNT}-profile/profile.json", True))
             settings["profile"] = f"{CTL_MOUNT}-profile/profile.json"
-        config = WorkloadConfig(workload=workload, variant=variant, options=options, **settings)
+        config = spec.config(variant, options=options, **settings)
         request = TraceRequest(image=workload_tag(workload, variant), command=None, label=workload,
                                runs_root=runs_root, config=config, data_dir=data_dir, mounts=tuple(extra_mounts),
                                memory_limit=memory_limit, cpus=cpus, sample_interval=sample_interval, timeout_s=timeout)

@@ -35,7 +35,8 @@ BASE_TAG = "twintrace/base:latest"
 OS_TAG = "twintrace/os:bookworm"
 REGISTRY_BASE = "python:3.11-slim"
 HASH_LABEL = "twintrace.inputs-hash"
-IMAGE_WORKLOADS = ("unet3d",)
+# One image per workload and variant: images/<workload>/Dockerfile.
+IMAGE_WORKLOADS = ("unet3d", "bert", "dlrm", "resnet18", "resnet50", "alexnet")
 
 Log = Callable[[str], None]
 

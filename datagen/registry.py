@@ -1,0 +1,58 @@
+"""The dataset generators by name, with the options each one takes (used by ``./cli.py datagen``).
+
+Every generator has the same core signature (``out, size_bytes, seed, workers, force, progress,
+params``); the few generator-specific options (``scale`` for unet3d, ``group_size`` for images)
+are turned into that generator's params here, and refused for the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from datagen.common import ProgressCallback
+from workloads.errors import UserError
+
+# name -> (module, function, workloads that read it)
+GENERATORS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "unet3d": ("datagen.unet3d", "generate_unet3d", ("unet3d",)),
+    "bert": ("datagen.bert", "generate_bert", ("bert",)),
+    "dlrm": ("datagen.dlrm", "generate_dlrm", ("dlrm",)),
+    "images": ("datagen.images", "generate_images", ("resnet18", "resnet50", "alexnet")),
+}
+
+
+def generate(
+    name: str,
+    out: Path,
+    size_bytes: int,
+    *,
+    seed: int = 0,
+    workers: int | None = None,
+    force: bool = False,
+    progress: ProgressCallback | None = None,
+    scale: float | None = None,
+    group_size: int | None = None,
+) -> dict[str, Any]:
+    """Run generator ``name`` and return its manifest (see each generator's module)."""
+    if name not in GENERATORS:
+        raise UserError(f"unknown generator {name!r}: choose one of {', '.join(GENERATORS)}")
+    if scale is not None and name != "unet3d":
+        raise UserError(f"--scale applies to unet3d only, not {name}: leave it out")
+    if group_size is not None and name != "images":
+        raise UserError(f"--group-size applies to images only, not {name}: leave it out")
+    params: Any = None
+    if name == "unet3d" and scale is not None and scale != 1.0:
+        from datagen.unet3d import UNet3DGenParams
+
+        params = UNet3DGenParams.scaled(scale)
+    if name == "images" and group_size is not None:
+        from datagen.images import ImageGenParams
+
+        params = ImageGenParams(group_size=group_size)
+    module, function, _ = GENERATORS[name]
+    generator = getattr(importlib.import_module(module), function)
+    return generator(
+        Path(out), size_bytes, seed=seed, workers=workers, force=force, progress=progress, params=params
+    )
