@@ -1,6 +1,7 @@
-"""Is dataset generation limited by the disk? UNet3D generator vs dd, same size, same disk.
+"""Is dataset generation limited by the disk? Each generator vs dd, same size, same disk.
 
-Usage: python bench/datagen_speed.py --size 2GB --dir DIR [--rounds 3] [--workers N]
+Usage: python bench/datagen_speed.py --size 2GB --dir DIR [--generator NAME ...] [--rounds 3]
+       [--workers N]        (default: every generator: unet3d, bert, dlrm, images)
 
 Method. Each round times two writers of the same size into DIR, in alternating order (round 1:
 dd then generator, round 2: generator then dd, ...) so that drift in the disk's speed (thermal,
@@ -8,8 +9,8 @@ SLC cache, a noisy neighbour on a VM) does not favour either:
 
 - dd:        ``dd if=/dev/zero of=DIR/dd.bin bs=4M count=N conv=fdatasync`` then ``sync``,
              N = ceil(size / 4 MiB);
-- generator: ``generate_unet3d(DIR/unet3d, size, force=True)`` (KiTS19 shapes, one worker per
-             CPU unless --workers) then ``sync``.
+- generator: ``datagen.registry.generate(NAME, DIR/NAME, size, force=True)`` (default
+             parameters, one worker per CPU unless --workers) then ``sync``.
 
 Each time runs until ``sync`` returns, so data still in the page cache is counted for both: dd
 flushes its own file (fdatasync), while the generator leaves write-back to the kernel (it does not
@@ -18,10 +19,10 @@ the output is deleted, ``sync``ed and the disk left idle for a second (untimed),
 write-back or discards do not slow the next. A small untimed warm-up generation starts the
 worker server first (its start-up, reported on its own, is paid once per process).
 
-Output: per round, MB/s (10^6 bytes per second) of each writer and the ratio generator/dd;
-then the medians. A ratio near 1 means the generator runs at disk speed; the line "array
-creation" gives the generator's CPU-only rate in one process (written to /dev/null), i.e. how
-far the CPU is from being the limit.
+Output: per generator and round, MB/s (10^6 bytes per second) of each writer and the ratio
+generator/dd; then the medians per generator. A ratio near 1 means the generator runs at disk
+speed; for unet3d the line "array creation" gives its CPU-only rate in one process (written to
+/dev/null), i.e. how far the CPU is from being the limit.
 """
 
 from __future__ import annotations
@@ -41,12 +42,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from datagen.common import FileSink  # noqa: E402
-from datagen.unet3d import (  # noqa: E402
-    UNet3DGenParams,
-    generate_unet3d,
-    write_case_x,
-    write_case_y,
-)
+from datagen.registry import GENERATORS, generate  # noqa: E402
+from datagen.unet3d import write_case_x, write_case_y  # noqa: E402
 from workloads.errors import UserError  # noqa: E402
 from workloads.units import format_size, parse_size  # noqa: E402
 
@@ -70,12 +67,12 @@ def time_dd(directory: Path, size: int) -> tuple[float, int]:
 
 
 def time_generator(
-    directory: Path, size: int, workers: int | None, seed: int
+    name: str, directory: Path, size: int, workers: int | None, seed: int
 ) -> tuple[float, int, float]:
     """Seconds (generation + sync), bytes, and seconds of the sync alone, for one dataset."""
-    out = directory / "unet3d"
+    out = directory / name
     started = time.perf_counter()
-    manifest = generate_unet3d(out, size, seed=seed, workers=workers, force=True)
+    manifest = generate(name, out, size, seed=seed, workers=workers, force=True)
     generated = time.perf_counter()
     os.sync()
     finished = time.perf_counter()
@@ -108,6 +105,9 @@ def main() -> int:
     parser.add_argument("--dir", required=True, type=Path, help="directory on the disk to test")
     parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (default 3)")
     parser.add_argument("--workers", type=int, default=None, help="generator processes")
+    parser.add_argument(
+        "--generator", action="append", choices=sorted(GENERATORS), help="repeatable; default: all"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     try:
@@ -117,7 +117,8 @@ def main() -> int:
         if args.rounds < 1:
             raise UserError("--rounds must be at least 1")
         args.dir.mkdir(parents=True, exist_ok=True)
-        for name in ("dd.bin", "unet3d"):
+        args.generators = args.generator or list(GENERATORS)
+        for name in ("dd.bin", *args.generators):
             if (args.dir / name).exists():
                 raise UserError(f"{args.dir / name} exists: remove it or choose another --dir")
         return run(args, size)
@@ -129,13 +130,25 @@ def main() -> int:
 def run(args: argparse.Namespace, size: int) -> int:
     directory: Path = args.dir
     print(f"size {format_size(size)} per writer, dir {directory}, {args.rounds} rounds")
-    print(f"array creation (CPU only, 1 process): {array_creation_rate():.0f} MB/s")
+    medians = {}
+    for name in args.generators:
+        medians[name] = bench_generator(name, args, size)
+    print("summary (median generator/dd):")
+    for name, ratio in medians.items():
+        print(f"  {name:>7}: {ratio:.2f}")
+    return 0
 
+
+def bench_generator(name: str, args: argparse.Namespace, size: int) -> float:
+    directory: Path = args.dir
+    print(f"== {name}")
+    if name == "unet3d":
+        print(f"array creation (CPU only, 1 process): {array_creation_rate():.0f} MB/s")
     settle()
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         warm = Path(tmp) / "warmup"
         started = time.perf_counter()
-        generate_unet3d(warm, 10 << 20, params=UNet3DGenParams.scaled(0.25), workers=args.workers)
+        generate(name, warm, 24 << 20, workers=args.workers, scale=0.25 if name == "unet3d" else None)
         print(f"worker start-up + warm-up dataset: {time.perf_counter() - started:.2f} s")
     settle()
 
@@ -149,7 +162,7 @@ def run(args: argparse.Namespace, size: int) -> int:
                 seconds, nbytes = time_dd(directory, size)
                 results["dd"] = (nbytes / seconds / 1e6, 0.0)
             else:
-                seconds, nbytes, sync_s = time_generator(directory, size, args.workers, args.seed)
+                seconds, nbytes, sync_s = time_generator(name, directory, size, args.workers, args.seed)
                 results["gen"] = (nbytes / seconds / 1e6, sync_s)
             settle()
         gen, sync_s = results["gen"]
@@ -159,12 +172,12 @@ def run(args: argparse.Namespace, size: int) -> int:
         ratios.append(gen / dd)
         order = "gen,dd" if gen_first else "dd,gen"
         print(f"{r + 1:>5} {order:>9} {gen:>9.0f} {sync_s:>9.2f} {dd:>8.0f} {gen / dd:>7.2f}")
+    ratio = statistics.median(ratios)
     print(
-        f"median: generator {statistics.median(gen_rates):.0f} MB/s, "
-        f"dd {statistics.median(dd_rates):.0f} MB/s, "
-        f"ratio generator/dd {statistics.median(ratios):.2f}"
+        f"median: {name} {statistics.median(gen_rates):.0f} MB/s, "
+        f"dd {statistics.median(dd_rates):.0f} MB/s, ratio generator/dd {ratio:.2f}"
     )
-    return 0
+    return ratio
 
 
 if __name__ == "__main__":

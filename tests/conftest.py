@@ -37,7 +37,7 @@ def images() -> dict[str, str]:
     from images.build import build
     from tracing.container import client
 
-    results = build(client(), ["unet3d"], None)
+    results = build(client(), None, None)
     return {r.tag: r.image_id for r in results}
 
 

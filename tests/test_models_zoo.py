@@ -15,6 +15,16 @@ from workloads.errors import UserError
 from workloads.images.models import alexnet, build_image_model, resnet18, resnet50
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Run these tiny models on one thread: with two threads on a busy 2-core machine, OpenMP
+    workers wait on each other and a DLRM step takes 30x longer."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -85,7 +95,9 @@ def bert_batch(config: BertConfig, batch: int = 4, seq: int = 32, predictions: i
     input_ids[:, seq - 8 :] = 0
     segment_ids = torch.zeros(batch, seq, dtype=torch.int64)
     segment_ids[:, seq // 2 : seq - 8] = 1
-    positions = torch.stack([torch.randperm(seq - 8, generator=g)[:predictions] for _ in range(batch)])
+    positions = torch.stack(
+        [torch.randperm(seq - 8, generator=g)[:predictions] for _ in range(batch)]
+    )
     masked_lm_ids = torch.randint(1, config.vocab_size, (batch, predictions), generator=g)
     weights = torch.ones(batch, predictions)
     weights[:, -1] = 0  # the last slot is padding in every row
@@ -243,12 +255,15 @@ def test_dlrm_interaction_is_pairwise_dots_and_indices_wrap() -> None:
 def test_dlrm_loss_and_accuracy_formulas() -> None:
     logits = torch.tensor([2.0, -1.0, 0.5, -3.0])
     labels = torch.tensor([1.0, 1.0, 0.0, 0.0])
-    expected = -(
-        math.log(torch.sigmoid(torch.tensor(2.0)).item())
-        + math.log(torch.sigmoid(torch.tensor(-1.0)).item())
-        + math.log(1 - torch.sigmoid(torch.tensor(0.5)).item())
-        + math.log(1 - torch.sigmoid(torch.tensor(-3.0)).item())
-    ) / 4
+    expected = (
+        -(
+            math.log(torch.sigmoid(torch.tensor(2.0)).item())
+            + math.log(torch.sigmoid(torch.tensor(-1.0)).item())
+            + math.log(1 - torch.sigmoid(torch.tensor(0.5)).item())
+            + math.log(1 - torch.sigmoid(torch.tensor(-3.0)).item())
+        )
+        / 4
+    )
     assert dlrm.loss(logits, labels).item() == pytest.approx(expected, rel=1e-6)
     assert dlrm.accuracy(logits, labels).item() == pytest.approx(0.5)
 

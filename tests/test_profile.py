@@ -15,7 +15,7 @@ from workloads.profile import Linear, Normal, SleepProfile, default_profile, loa
 def test_default_unet3d_profile_is_the_published_v100_fit() -> None:
     profile = default_profile("unet3d")
     assert (profile.workload, profile.accelerator, profile.schema_version) == ("unet3d", "V100", 1)
-    assert "vldb-reproduce" in profile.source and "REFERENCE.md section 1" in profile.source
+    assert "vldb-reproduce" in profile.source and "8xV100" in profile.source
     assert profile.compute.mean == Linear(0.00211888, 0.27448834, 0.27738914)
     assert profile.compute.std == Linear(0.00429292, 0.00705136, -0.02411223)
     assert profile.h2d.is_zero and profile.checkpoint_bytes is None

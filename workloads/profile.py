@@ -3,7 +3,7 @@
 The sleep variant keeps the real data pipeline and replaces each step's computation by
 ``time.sleep(t)``, with ``t`` drawn from Normal(mean, std) where mean and std are linear in the
 number of accelerators ``g`` and the per-accelerator batch size ``b`` (the fit published for the
-VLDB real-vs-emulated study, REFERENCE.md section 1). Fits can make std negative at small
+McGill DISCS VLDB real-vs-emulated training I/O study, artifact "vldb-reproduce"; see docs/profiles.md). Fits can make std negative at small
 configurations, so std is clipped at 0, and a drawn time is clipped at 0.
 
 File format (JSON), every key optional except ``workload``, ``accelerator``, ``source`` and

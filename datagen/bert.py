@@ -1,0 +1,421 @@
+"""Synthetic MLPerf BERT pre-training data: TFRecord shards of ``tf.train.Example``.
+
+Layout (as the MLCommons BERT reference reads it): files ``part-%05d-of-%05d`` in one directory,
+each a TFRecord file of Examples with the features of :data:`workloads.bert.files.FEATURES`:
+input_ids, input_mask, segment_ids (int64 x seq_length), masked_lm_positions, masked_lm_ids
+(int64 x max_predictions), masked_lm_weights (float x max_predictions), next_sentence_labels
+(int64 x 1). A default record is about 2.6 kB.
+
+Content of one record, shaped like the output of BERT's ``create_pretraining_data.py``:
+
+- a real length L uniform in [max(5, seq_length // 8), seq_length], then zero padding;
+- ``[CLS] A [SEP] B [SEP]`` with the split uniform (A and B at least one token); segment_ids 0
+  over ``[CLS] A [SEP]``, 1 over ``B [SEP]``, 0 in the padding; input_mask 1 over the L tokens;
+- word ids Zipf-like over the WordPiece vocabulary: rank r = floor((V' + 1)^u) - 1 for u uniform
+  (P(r) ~ 1 / (r + 1.5), Zipf with exponent 1), id = 999 + r, so frequent words have small ids
+  and take 2-byte varints, rare ones (ids >= 16384, ~6%) 3 bytes, as in the real files;
+- round(15%) of the non-special tokens masked, at most max_predictions: sorted positions, their
+  original ids in masked_lm_ids, weights 1.0 then 0.0 padding; at a masked position input_ids
+  holds [MASK] (80%), a random word (10%) or the original (10%);
+- next_sentence_labels 0 or 1 with equal probability.
+
+Determinism: record j of shard i is a function of (seed, i, j) and the params only (blocks of up to
+:data:`BLOCK_RECORDS` records, each from its own generator), whatever the number of workers.
+
+Size: every shard but the last holds ``records_per_file`` records; the last is filled with whole
+records up to the bytes that remain, so the total is at most ``size_bytes`` and usually short of
+it by less than one record. Record sizes vary (varints), so the number of shards is planned from
+the mean record size measured on a calibration sample, keeping a reserve for sampling error (see
+:func:`plan_bert_shards`); the full shards are written first, in parallel, then the last one.
+
+Speed: records are drawn and encoded a block at a time with numpy
+(:func:`workloads.bert.records.encode_examples_buffer`); see the module's docstring there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datagen.common import (
+    FileSink,
+    FileTask,
+    ProgressCallback,
+    prepare_output_dir,
+    run_file_tasks,
+    write_manifest,
+)
+from workloads.bert.files import FEATURES, SHARD_FORMAT
+from workloads.bert.records import encode_examples_buffer
+from workloads.errors import UserError
+from workloads.units import format_size
+
+GENERATOR = "bert"
+# Bump when the content written for a given (seed, params) changes: recorded in the manifest so
+# that two datasets from the same seed can be told apart.
+CONTENT_VERSION = 1
+
+# Records drawn and encoded together: ~2.7 MB of output, ~25 MB of temporaries.
+BLOCK_RECORDS = 1024
+PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 101, 102, 103
+# First id of the WordPiece vocabulary after [PAD], [unused*], [UNK], [CLS], [SEP], [MASK].
+FIRST_WORD_ID = 999
+MASKED_FRACTION = 0.15
+# [CLS] a [SEP] b [SEP]: the shortest record with both segments.
+MIN_TOKENS = 5
+CALIBRATION_RECORDS = 4096
+# Generator streams: data blocks are (seed, 0, shard, block), the calibration sample (seed, 1).
+_DATA_STREAM = 0
+_CALIBRATION_STREAM = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BertGenParams:
+    """Shape of the generated records and shards (defaults: MLPerf BERT, Wikipedia 2020-01-01).
+
+    ``records_per_file`` is the record count of every shard but the last (MLPerf's 500 shards
+    hold ~313k records each; the default keeps a shard near 40 MB).
+    """
+
+    seq_length: int = 512
+    max_predictions: int = 76
+    records_per_file: int = 16384
+    vocab_size: int = 30522
+
+    def __post_init__(self) -> None:
+        for name in ("seq_length", "max_predictions", "records_per_file", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UserError(f"{name} must be a whole number, got {value!r}")
+        if not MIN_TOKENS <= self.seq_length <= 0xFFFF:
+            raise UserError(
+                f"seq_length must be between {MIN_TOKENS} and 65535, got {self.seq_length}"
+            )
+        if not 1 <= self.max_predictions <= self.seq_length - 3:
+            raise UserError(
+                f"max_predictions must be between 1 and seq_length - 3 ({self.seq_length - 3}), "
+                f"got {self.max_predictions}"
+            )
+        if self.records_per_file < 1:
+            raise UserError(f"records_per_file must be at least 1, got {self.records_per_file}")
+        if not FIRST_WORD_ID < self.vocab_size <= 2**31:
+            raise UserError(
+                f"vocab_size must be between {FIRST_WORD_ID + 1} and 2^31 (word ids start at "
+                f"{FIRST_WORD_ID}, as in BERT's vocabulary), got {self.vocab_size}"
+            )
+
+    @property
+    def min_tokens(self) -> int:
+        """The shortest real length a record is drawn with."""
+        return max(MIN_TOKENS, self.seq_length // 8)
+
+
+# --------------------------------------------------------------------------------------------
+# Content
+
+
+def _words(rng: np.random.Generator, shape: tuple[int, ...], vocab_size: int) -> np.ndarray:
+    # Inverse CDF of the continuous 1/x law on [1, V'+1]: one exp per value, where a table
+    # lookup of a discrete Zipf law misses the cache and searchsorted costs ~15 compares.
+    words = vocab_size - FIRST_WORD_ID
+    u = rng.random(shape, dtype=np.float32)
+    u *= np.float32(math.log(words + 1))
+    ranks = np.exp(u, out=u).astype(np.int32)
+    # floor(x) - 1 for x in [1, V'+1]; float32 rounding may reach V'+1 itself.
+    np.minimum(ranks, words, out=ranks)
+    ranks += FIRST_WORD_ID - 1
+    return ranks
+
+
+def draw_records(rng: np.random.Generator, n: int, params: BertGenParams) -> dict[str, np.ndarray]:
+    """``n`` records drawn from ``rng``: feature name -> (n, length) array, in MLPerf order."""
+    s, p = params.seq_length, params.max_predictions
+    lengths = rng.integers(params.min_tokens, s, size=n, endpoint=True)
+    # Tokens of segment A: uniform in [1, L - 4] (B gets the rest, at least one).
+    a = 1 + (rng.random(n) * (lengths - 4)).astype(np.int64)
+    next_sentence = rng.integers(0, 2, size=(n, 1), dtype=np.int32)
+
+    pos = np.arange(s, dtype=np.int32)
+    real = pos < lengths[:, None]
+    first_sep = (a + 1)[:, None]
+    special = (pos == 0) | (pos == first_sep) | (pos == (lengths - 1)[:, None])
+    ids = _words(rng, (n, s), params.vocab_size)
+    ids[special] = SEP_ID
+    ids[:, 0] = CLS_ID
+    ids[~real] = PAD_ID
+    segment_ids = ((pos > first_sep) & real).view(np.uint8)
+
+    # Masked positions: the k candidates with the smallest random keys, k = round(15%) capped.
+    candidates = lengths - 3
+    k = np.clip(np.floor(candidates * MASKED_FRACTION + 0.5).astype(np.int64), 1, p)
+    keys = rng.integers(0, 0xFFFF, size=(n, s), dtype=np.uint32)
+    keys <<= np.uint32(16)
+    keys |= pos.astype(np.uint32)
+    keys[~real | special] = 0xFFFFFFFF
+    if p < s:
+        keys = np.partition(keys, p - 1, axis=1)[:, :p]
+    keys.sort(axis=1)
+    valid = np.arange(p) < k[:, None]
+    positions = np.where(valid, (keys & np.uint32(0xFFFF)).astype(np.int32), s)
+    positions.sort(axis=1)  # the k chosen ones first, sorted; the sentinel s after them
+    positions[~valid] = 0
+
+    rows = np.arange(n)[:, None]
+    at_positions = ids[rows, positions]
+    masked_ids = np.where(valid, at_positions, PAD_ID)
+    draw = rng.random((n, p), dtype=np.float32)
+    replaced = np.where(
+        draw < 0.8,
+        MASK_ID,
+        np.where(draw < 0.9, _words(rng, (n, p), params.vocab_size), at_positions),
+    )
+    # Unused slots point at position 0 and write back its own [CLS].
+    ids[rows, positions] = np.where(valid, replaced, at_positions)
+
+    out = {
+        "input_ids": ids,
+        "input_mask": real.view(np.uint8),
+        "segment_ids": segment_ids,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": masked_ids,
+        "masked_lm_weights": valid.astype(np.float32),
+        "next_sentence_labels": next_sentence,
+    }
+    assert list(out) == list(FEATURES)
+    return out
+
+
+def block_records(params: BertGenParams) -> int:
+    """Records per block: a shard is written as blocks of this many records (the last cut)."""
+    return min(BLOCK_RECORDS, params.records_per_file)
+
+
+def write_shard(
+    sink: FileSink,
+    seed: int,
+    shard: int,
+    records: int,
+    budget: int | None,
+    params: BertGenParams,
+) -> dict[str, Any]:
+    """Write shard ``shard``: ``records`` records, or fewer if ``budget`` bytes are reached first.
+
+    Blocks are always drawn whole, so a shard cut short holds a prefix of the same shard written
+    in full.
+    """
+    block = block_records(params)
+    written = 0
+    remaining = budget
+    for index in range(math.ceil(records / block)):
+        rng = np.random.default_rng([seed, _DATA_STREAM, shard, index])
+        buffer, ends = encode_examples_buffer(draw_records(rng, block, params))
+        keep = min(block, records - written)
+        if remaining is not None:
+            keep = min(keep, int(np.searchsorted(ends, remaining, side="right")))
+        if keep:
+            end = int(ends[keep - 1])
+            sink.write(buffer[:end])
+            written += keep
+            if remaining is not None:
+                remaining -= end
+        if keep < block:
+            break
+    return {"records": written}
+
+
+# --------------------------------------------------------------------------------------------
+# Plan
+
+
+def max_record_bytes(params: BertGenParams | None = None) -> int:
+    """An upper bound of one record's size (every varint at its widest): the minimum dataset size.
+
+    Varints and length prefixes grow with their values, so the record of the largest values
+    is the largest.
+    """
+    params = params or BertGenParams()
+    s, p = params.seq_length, params.max_predictions
+    high = params.vocab_size - 1
+    worst = {
+        "input_ids": np.full((1, s), high),
+        "input_mask": np.ones((1, s), dtype=np.int64),
+        "segment_ids": np.ones((1, s), dtype=np.int64),
+        "masked_lm_positions": np.full((1, p), s - 1),
+        "masked_lm_ids": np.full((1, p), high),
+        "masked_lm_weights": np.ones((1, p), dtype=np.float32),
+        "next_sentence_labels": np.ones((1, 1), dtype=np.int64),
+    }
+    return int(encode_examples_buffer(worst)[1][-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class BertPlan:
+    """How :func:`generate_bert` lays out a dataset.
+
+    ``shards - 1`` shards of ``records_per_file`` records, then the last shard filled with
+    whole records (at most ``records_per_file``) up to the requested size. ``mean_record_bytes``
+    and ``record_bytes_std`` come from the calibration sample; ``reserve_bytes`` is what the
+    full shards are planned to leave unused at least (sampling error, and room for one record),
+    which bounds the shortfall when the last shard is full.
+    """
+
+    shards: int
+    records_per_file: int
+    mean_record_bytes: float
+    record_bytes_std: float
+    reserve_bytes: int
+
+
+def calibrate(seed: int, params: BertGenParams) -> tuple[float, float]:
+    """(mean, standard deviation) of the record size over a sample drawn like the dataset."""
+    rng = np.random.default_rng([seed, _CALIBRATION_STREAM])
+    _, ends = encode_examples_buffer(draw_records(rng, CALIBRATION_RECORDS, params))
+    sizes = np.diff(ends, prepend=0)
+    return float(sizes.mean()), float(sizes.std())
+
+
+def plan_bert_shards(
+    size_bytes: int, seed: int = 0, params: BertGenParams | None = None
+) -> BertPlan:
+    """The shard layout :func:`generate_bert` writes for this size, seed and params.
+
+    With n records in the full shards, mean m and deviation s of a record's size measured on
+    a sample of N = :data:`CALIBRATION_RECORDS`, the full shards must leave at least
+    ``n * 4 s / sqrt(N) + 6 s sqrt(n) + max_record_bytes`` bytes (4 standard errors of the
+    estimated mean, 6 standard deviations of the sum, one record for the last shard); shards
+    are dropped from the estimate ``ceil(size / (records_per_file * m))`` until they do. So the
+    total falls short by less than one record, unless the last shard is full, when it falls
+    short by at most the reserve (well under 1% of the size for more than a few shards).
+    """
+    params = params or BertGenParams()
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserError(f"seed must be a whole number >= 0, got {seed!r}")
+    _check_size(size_bytes, params)
+    mean, std = calibrate(seed, params)
+    per_shard = params.records_per_file * mean
+    largest = max_record_bytes(params)
+
+    def reserve(full: int) -> int:
+        n = full * params.records_per_file
+        return math.ceil(n * 4 * std / math.sqrt(CALIBRATION_RECORDS) + 6 * std * math.sqrt(n))
+
+    full = max(0, math.ceil(size_bytes / per_shard) - 1)
+    while full > 0 and size_bytes - full * per_shard < reserve(full) + largest:
+        full -= 1
+    return BertPlan(
+        shards=full + 1,
+        records_per_file=params.records_per_file,
+        mean_record_bytes=mean,
+        record_bytes_std=std,
+        reserve_bytes=reserve(full) + largest,
+    )
+
+
+def _check_size(size_bytes: int, params: BertGenParams) -> None:
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int):
+        raise UserError(
+            f"dataset size must be a whole number of bytes, got {size_bytes!r}: convert text "
+            "such as '2GiB' with workloads.units.parse_size"
+        )
+    if size_bytes <= 0:
+        raise UserError(f"dataset size must be greater than zero, got {size_bytes}")
+    minimum = max_record_bytes(params)
+    if size_bytes < minimum:
+        raise UserError(
+            f"dataset size {size_bytes} bytes ({format_size(size_bytes)}) may not hold one BERT "
+            f"record of seq_length {params.seq_length}: ask for at least {minimum} bytes "
+            f"({format_size(minimum)})"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Generator
+
+
+def shard_name(index: int, shards: int) -> str:
+    """``part-%05d-of-%05d``, the name of shard ``index`` of ``shards``."""
+    return SHARD_FORMAT % (index, shards)
+
+
+def generate_bert(
+    out: Path,
+    size_bytes: int,
+    seed: int = 0,
+    workers: int | None = None,
+    force: bool = False,
+    progress: ProgressCallback | None = None,
+    params: BertGenParams | None = None,
+    fsync: bool = False,
+) -> dict[str, Any]:
+    """Generate a BERT dataset of about ``size_bytes`` in ``out`` and return its manifest.
+
+    The shards are those of :func:`plan_bert_shards` (the total never exceeds ``size_bytes``),
+    written by ``workers`` processes (default: one per CPU) and reported through
+    ``progress(done_bytes, total_bytes)``. ``out`` must be empty unless ``force`` (see
+    :func:`datagen.common.prepare_output_dir`). The manifest is written last: if generation
+    fails or is interrupted, the exception propagates, no temporary or partial file is left, and
+    the directory has no ``manifest.json``, which marks it incomplete. ``fsync``: see
+    :func:`datagen.common.atomic_file`.
+    """
+    params = params or BertGenParams()
+    # Validate everything before touching the directory: a bad request must not clear it.
+    plan = plan_bert_shards(size_bytes, seed, params)
+    if workers is not None and workers < 1:
+        raise UserError(f"workers must be at least 1, got {workers}")
+    out = prepare_output_dir(Path(out), force)
+    started = time.monotonic()
+    rpf = params.records_per_file
+    full_hint = round(rpf * plan.mean_record_bytes)
+    last_hint = min(full_hint, size_bytes - (plan.shards - 1) * full_hint)
+    full_tasks = [
+        FileTask(shard_name(i, plan.shards), write_shard, (seed, i, rpf, None, params), full_hint)
+        for i in range(plan.shards - 1)
+    ]
+
+    def progress_full(done: int, total: int) -> None:
+        if progress is not None:
+            progress(done, total + last_hint)
+
+    files = run_file_tasks(out, full_tasks, workers=workers, progress=progress_full, fsync=fsync)
+    # The last shard gets what the full ones left; it is written alone, after them.
+    used = sum(f["bytes"] for f in files)
+    budget = size_bytes - used
+    last = plan.shards - 1
+
+    def progress_last(done: int, total: int) -> None:
+        if progress is not None:
+            progress(used + done, used + total)
+
+    files += run_file_tasks(
+        out,
+        [FileTask(shard_name(last, plan.shards), write_shard, (seed, last, rpf, budget, params))],
+        workers=1,
+        progress=progress_last,
+        fsync=fsync,
+    )
+    if files[-1]["records"] == 0:
+        # The plan's reserve is many standard deviations wide: reaching this is a bug.
+        raise RuntimeError(
+            f"the full shards left {budget} bytes, too few for one record of the last shard"
+        )
+    records = sum(f["records"] for f in files)
+    return write_manifest(
+        out,
+        generator=GENERATOR,
+        seed=seed,
+        requested_bytes=size_bytes,
+        files=files,
+        params={
+            **dataclasses.asdict(params),
+            "records": records,
+            "shards": plan.shards,
+            "content_version": CONTENT_VERSION,
+        },
+        duration_s=time.monotonic() - started,
+        fsync=fsync,
+    )

@@ -1,0 +1,648 @@
+"""Generator of ImageNet-like image-classification datasets: JPEG class folders or grouped files.
+
+Layouts (read by :mod:`workloads.images.files`):
+
+- folder (``group_size=0``), the ImageNet layout torchvision's ImageFolder reads:
+  ``train/<wnid>/<wnid>_<k>.JPEG`` and ``val/<wnid>/ILSVRC2012_val_<j>.JPEG``, with class
+  folders named like ImageNet wnids (``n%08d``, so that sorted names give the label order);
+- grouped (``group_size=G``, the gpufs "file grouping"): per split, ``<split>/groups/
+  group_%06d.bin``, each the concatenation of G whole JPEG files, and ONE ``<split>/index.csv``
+  (header ``group,offset,size,label,path``; ``path`` is the name relative to the dataset
+  directory the image would have had in the folder layout). Only full groups are written: the
+  number of images of each split is a multiple of G.
+
+Sizes: file sizes are drawn from a lognormal distribution of mean ``mean_kb`` (ImageNet's
+training JPEGs average ~110 kB) and log-spread ``size_sigma``, raised to at least ``min_kb``.
+Every file has exactly its drawn size, so the total is known before anything is encoded: the
+folder layout fills ``size_bytes`` up to less than ``min_kb`` (the last image is shrunk to
+fit); the grouped layout falls short by less than one group. Images are split into train and
+val (the last ``val_fraction`` of them, whole groups in the grouped layout; at least one when
+there are two or more); labels go round-robin over the classes in each split, so every class
+has a val image as soon as the val split has as many images as there are classes. Only the
+classes that receive an image get a folder.
+
+Why a pool of distinct images: Pillow encodes a 500x375 JPEG at ~2-4 ms per image (25-50 MB/s
+per core), far below disk speed (~400-700 MB/s here). So ``distinct_images`` (P) images are
+drawn and encoded once per dataset, in parallel (a first round of worker tasks writing them to
+a temporary directory outside the dataset), and every file is one of them made unique: after
+the JFIF APP0 segment it carries JPEG COM (comment) segments holding the file's index and
+random bytes, sized so that the file has exactly its drawn size. The result is still a valid
+JPEG that Pillow/libjpeg decode to the pool image. Pool image ``j`` is made for a size cap
+c_j (the (j+0.5)/P quantile of the size distribution, a little under it) and never exceeds
+it; a file of size T uses one of the few largest pool images with c_j <= T - overhead, so the
+padding is a small part of a typical file and decoding costs what a real file of that size
+would (the pixels come from an image of about that size). Consequences worth knowing: files
+are byte-unique (whole-file dedup and fixed-block dedup see different data, since the padding
+shifts the image data by an unaligned amount), but a content-defined-chunking deduplicator or
+a compressor of the whole dataset would find the repeated pool images. The manifest records
+``distinct_images``.
+
+Image content: a smooth random colour field (bilinear interpolation of a coarse random grid),
+random ellipses and rectangles, a mid-frequency luminance texture and per-pixel noise whose
+amplitude sets the bytes per pixel; resolutions are ImageNet-like (aspect 3:4..4:3, long sides
+mostly 300-600, larger for the largest files), RGB, baseline JPEG with 4:2:0 subsampling at
+``quality``.
+
+Determinism: the plan (sizes, splits, labels, which pool image each file uses) is drawn in the
+calling process from streams seeded by ``seed``; pool image ``j`` depends on (seed, j, its cap,
+quality) only; the random bytes of file ``i`` on (seed, i). The output is identical whatever the
+number of workers.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from datagen.common import (
+    FileSink,
+    FileTask,
+    ProgressCallback,
+    atomic_file,
+    prepare_output_dir,
+    run_file_tasks,
+    write_manifest,
+)
+from workloads.errors import UserError
+from workloads.units import format_size
+
+GENERATOR = "images"
+# Bump when the content written for a given (seed, params) changes.
+CONTENT_VERSION = 1
+
+INDEX_HEADER = ("group", "offset", "size", "label", "path")
+# COM segment: marker (2 bytes) + length (2 bytes, counting itself) + payload.
+_COM_MARKER = b"\xff\xfe"
+_COM_MAX_PAYLOAD = 65535 - 2
+_TAG_FORMAT = "twintrace image {:012d}\n"
+_TAG_BYTES = len(_TAG_FORMAT.format(0))
+# The smallest addition to a pool image: one COM segment holding the tag.
+OVERHEAD_BYTES = 4 + _TAG_BYTES
+# A file uses one of the _PICK_SPREAD largest pool images that fit its size, so that files of
+# similar sizes do not all repeat the same image.
+_PICK_SPREAD = 4
+# Pool images encoded per pool task (tasks are spread over the workers).
+_POOL_CHUNK = 8
+# Draws per block of the plan's random streams: block-wise drawing keeps image i's draws the
+# same whatever the dataset size.
+_BLOCK = 1 << 16
+# Pool images are made for ~this fraction of their cap, so that most land under it first time.
+_AIM = 0.9
+_MIN_CAP = 2_000
+# Seeds of the independent random streams (the second entry of the seed sequence).
+_SIZES, _PICKS, _POOL, _PADDING = 1, 2, 3, 4
+
+# Bytes per pixel of our content at quality 90 as a function of the noise amplitude (measured
+# with Pillow 13 / libjpeg-turbo 3 on 500x375 images): used to choose the amplitude that gives
+# a pool image the bytes per pixel drawn for it.
+_BPP_TABLE = np.array([0.27, 0.30, 0.38, 0.47, 0.53, 0.63, 0.70, 0.78, 0.88])
+_AMP_TABLE = np.array([0.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0])
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageGenParams:
+    """What the generated images look like.
+
+    ``mean_kb``, ``size_sigma``, ``min_kb``: the file sizes (kB = 1000 bytes) are lognormal with
+    this mean and log standard deviation, raised to ``min_kb``. ``quality``: JPEG quality of the
+    pool images. ``group_size``: 0 for the folder layout, G > 0 for grouped files of G images.
+    ``val_fraction``: share of the images in the val split (0 to 0.5). ``distinct_images``:
+    how many distinct images are encoded (see the module docstring); at most one per file.
+    """
+
+    classes: int = 1000
+    mean_kb: float = 110.0
+    size_sigma: float = 0.5
+    min_kb: float = 8.0
+    quality: int = 90
+    group_size: int = 0
+    val_fraction: float = 0.02
+    distinct_images: int = 256
+
+    def __post_init__(self) -> None:
+        whole = (
+            ("classes", 1, 99_999_999),  # n%08d folder names
+            ("quality", 1, 100),
+            ("group_size", 0, 65_536),
+            ("distinct_images", 1, 10_000_000),
+        )
+        for name, low, high in whole:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise UserError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+        real = (
+            ("min_kb", 4.0, 1e6),
+            ("mean_kb", 2.0 * self.min_kb if _is_real(self.min_kb) else 8.0, 1e6),
+            ("size_sigma", 0.0, 1.5),
+            ("val_fraction", 0.0, 0.5),
+        )
+        for name, low, high in real:
+            value = getattr(self, name)
+            if not (_is_real(value) and low <= value <= high):
+                raise UserError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}")
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Plan
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagePlan:
+    """Every image of a dataset, in order: train images first, then val.
+
+    ``sizes[i]`` is the exact size of image ``i`` in bytes, ``pool[i]`` the pool image it uses;
+    ``caps[j]`` the size cap of pool image ``j``. ``group_size`` is 0 (folder layout) or G.
+    """
+
+    sizes: np.ndarray
+    pool: np.ndarray
+    caps: np.ndarray
+    n_train: int
+    classes: int
+    group_size: int
+
+    @property
+    def images(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def n_val(self) -> int:
+        return self.images - self.n_train
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.sizes.sum())
+
+    def split_of(self, i: int) -> tuple[str, int]:
+        """(split, index within the split) of image ``i``."""
+        return ("train", i) if i < self.n_train else ("val", i - self.n_train)
+
+    def label(self, i: int) -> int:
+        return self.split_of(i)[1] % self.classes
+
+    def relative_path(self, i: int) -> str:
+        """The image's name in the folder layout, relative to the dataset directory."""
+        split, k = self.split_of(i)
+        wnid = class_name(k % self.classes)
+        if split == "train":
+            return f"train/{wnid}/{wnid}_{k}.JPEG"
+        return f"val/{wnid}/ILSVRC2012_val_{k + 1:08d}.JPEG"
+
+
+def class_name(label: int) -> str:
+    """The wnid-like folder name of class ``label``: sorted names give the label order."""
+    return f"n{label:08d}"
+
+
+def _lognormal_mu(params: ImageGenParams) -> float:
+    # The mean of a lognormal is exp(mu + sigma^2 / 2).
+    return math.log(params.mean_kb * 1000) - params.size_sigma**2 / 2
+
+
+def _draw_blocks(stream: np.random.Generator, n: int, draw: Any) -> np.ndarray:
+    blocks = [draw(stream, _BLOCK) for _ in range(-(-n // _BLOCK))]
+    return np.concatenate(blocks)[:n] if blocks else np.empty(0)
+
+
+def pool_caps(params: ImageGenParams, count: int) -> np.ndarray:
+    """Size caps of ``count`` pool images: quantiles of the size distribution, a bit under.
+
+    The smallest cap leaves room for the tag in a file of ``min_kb``, so every file has a pool
+    image that fits.
+    """
+    dist = statistics.NormalDist(_lognormal_mu(params), max(params.size_sigma, 1e-9))
+    q = [dist.inv_cdf((j + 0.5) / count) for j in range(count)]
+    caps = np.exp(np.array(q)) * 0.97
+    floor = params.min_kb * 1000 - OVERHEAD_BYTES
+    caps = np.clip(caps, _MIN_CAP, None)
+    caps[0] = min(caps[0], floor)
+    return np.maximum.accumulate(caps).astype(np.int64)
+
+
+def plan_images(
+    size_bytes: int, seed: int = 0, params: ImageGenParams | None = None
+) -> ImagePlan:
+    """The images :func:`generate_images` writes for this size, seed and params.
+
+    Sizes are drawn in order while they fit. Folder layout: the first that does not fit is
+    shrunk to what remains if that is at least ``min_kb``, and is the last image. Grouped
+    layout: whole groups of G consecutive images are taken while they fit.
+    """
+    params = params or ImageGenParams()
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserError(f"seed must be a whole number >= 0, got {seed!r}")
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int):
+        raise UserError(
+            f"dataset size must be a whole number of bytes, got {size_bytes!r}: convert text "
+            "such as '2GiB' with workloads.units.parse_size"
+        )
+    if size_bytes <= 0:
+        raise UserError(f"dataset size must be greater than zero, got {size_bytes}")
+    floor = round(params.min_kb * 1000)
+    mu, sigma = _lognormal_mu(params), params.size_sigma
+    unit = max(1, params.group_size)
+    # Blocks are drawn until they hold more than the requested size (and one group).
+    size_stream = np.random.default_rng([seed, _SIZES])
+    sizes_parts: list[np.ndarray] = []
+    total = drawn_count = 0
+    while total <= size_bytes or drawn_count < unit:
+        block = size_stream.lognormal(mu, sigma, _BLOCK)
+        block = np.maximum(np.rint(block), floor).astype(np.int64)
+        sizes_parts.append(block)
+        total += int(block.sum())
+        drawn_count += len(block)
+    drawn = np.concatenate(sizes_parts)
+    if params.group_size:
+        usable = len(drawn) // unit * unit
+        group_totals = drawn[:usable].reshape(-1, unit).sum(axis=1)
+        n_groups = int(np.searchsorted(np.cumsum(group_totals), size_bytes, side="right"))
+        if n_groups == 0:
+            need = int(group_totals[0])
+            raise UserError(
+                f"dataset size {size_bytes} bytes ({format_size(size_bytes)}) is smaller than "
+                f"one group of {unit} images ({need} bytes for this seed): ask for at least "
+                f"{need} bytes or use a smaller group_size"
+            )
+        sizes = drawn[: n_groups * unit].copy()
+        units = n_groups
+    else:
+        count = int(np.searchsorted(np.cumsum(drawn), size_bytes, side="right"))
+        sizes = drawn[:count].copy()
+        remaining = size_bytes - int(sizes.sum())
+        if remaining >= floor:
+            sizes = np.append(sizes, remaining)
+        if len(sizes) == 0:
+            raise UserError(
+                f"dataset size {size_bytes} bytes is smaller than one image of min_kb "
+                f"({floor} bytes): ask for at least {floor} bytes"
+            )
+        units = len(sizes)
+    val_units = round(units * params.val_fraction)
+    if params.val_fraction > 0 and units >= 2:
+        val_units = min(max(val_units, 1), units - 1)
+    n_train = (units - val_units) * unit
+
+    count = len(sizes)
+    caps = pool_caps(params, min(params.distinct_images, count))
+    largest_fitting = np.searchsorted(caps, sizes - OVERHEAD_BYTES, side="right") - 1
+    pick_stream = np.random.default_rng([seed, _PICKS])
+    jitter = _draw_blocks(
+        pick_stream, count, lambda g, n: g.integers(0, _PICK_SPREAD, n, dtype=np.int64)
+    )
+    pool = np.maximum(largest_fitting - jitter.astype(np.int64), 0)
+    return ImagePlan(
+        sizes=sizes,
+        pool=pool,
+        caps=caps,
+        n_train=n_train,
+        classes=params.classes,
+        group_size=params.group_size,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Pool images
+
+
+def _interp_index(n: int, knots: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each of n pixels: the knot on its left and its weight on the right one (float32)."""
+    pos = (np.arange(n, dtype=np.float32) + 0.5) * np.float32((knots - 1) / n)
+    low = np.minimum(pos.astype(np.intp), knots - 2)
+    return low, pos - low.astype(np.float32)
+
+
+def _smooth_field(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A smooth random RGB field (h, w, 3) uint8: bilinear interpolation of a coarse grid."""
+    gh, gw = (int(v) for v in rng.integers(2, 7, 2))
+    grid = rng.uniform(0, 255, (gh, gw, 3)).astype(np.float32)
+    # Interpolate along x on the few knot rows first, then gather whole rows along y: every
+    # full-size pass is then contiguous (no matrix product either, so no BLAS threads competing
+    # with the other writer processes).
+    xlow, xfrac = _interp_index(width, gw)
+    knot_rows = grid[:, xlow] * (1 - xfrac)[None, :, None] + grid[:, xlow + 1] * xfrac[None, :, None]
+    ylow, yfrac = _interp_index(height, gh)
+    field = np.empty((height, width, 3), dtype=np.float32)
+    for k in range(gh - 1):
+        # Rows between knots k and k+1: a + (b - a) * t, one broadcast pass each.
+        rows = np.flatnonzero(ylow == k)
+        if len(rows):
+            part = field[rows[0] : rows[-1] + 1]
+            np.multiply(knot_rows[k + 1] - knot_rows[k], yfrac[rows, None, None], out=part)
+            part += knot_rows[k]
+    return field.astype(np.uint8)
+
+
+def pool_image(seed: int, j: int, width: int, height: int, amplitude: float) -> Image.Image:
+    """Pool image ``j``: colour field, shapes, texture and noise of ``amplitude`` (0-128)."""
+    rng = np.random.default_rng([seed, _POOL, j])
+    img = Image.fromarray(_smooth_field(rng, height, width), "RGB")
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(3, 12))):
+        xs = np.sort(rng.integers(-width // 4, width + width // 4, 2))
+        ys = np.sort(rng.integers(-height // 4, height + height // 4, 2))
+        box = (int(xs[0]), int(ys[0]), int(xs[1]), int(ys[1]))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        if rng.random() < 0.5:
+            draw.ellipse(box, fill=colour)
+        else:
+            draw.rectangle(box, fill=colour)
+    # Per-pixel noise, whose amplitude sets how many bytes a pixel costs ...
+    noise = np.frombuffer(rng.bytes(height * width * 3), np.int8).reshape(height, width, 3)
+    pixels = noise.astype(np.int16)
+    pixels *= int(amplitude)
+    pixels >>= 7
+    pixels += np.asarray(img)
+    # ... and a mid-frequency luminance texture (quarter-resolution noise, upsampled).
+    th, tw = height // 4 + 1, width // 4 + 1
+    coarse = np.frombuffer(rng.bytes(th * tw), np.uint8).reshape(th, tw)
+    texture = np.asarray(
+        Image.fromarray(coarse, "L").resize((width, height), Image.Resampling.BILINEAR)
+    ).astype(np.int16)
+    texture -= 128
+    texture *= 5
+    texture >>= 4
+    pixels += texture[:, :, None]
+    np.clip(pixels, 0, 255, out=pixels)
+    return Image.fromarray(pixels.astype(np.uint8), "RGB")
+
+
+def _encode(img: Image.Image, quality: int) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def encode_pool_image(seed: int, j: int, cap: int, quality: int) -> bytes:
+    """The JPEG bytes of pool image ``j``: about ``_AIM`` x ``cap`` bytes, never above ``cap``.
+
+    The bytes per pixel and aspect ratio are drawn for ``j``; the resolution follows from the
+    cap. When the encoded size misses (the shapes and field vary), the resolution is scaled and
+    the image encoded again: a handful of tries, then smaller and smaller images until it fits.
+    """
+    rng = np.random.default_rng([seed, _POOL, j, 1])
+    bpp = float(rng.uniform(0.32, 0.8))
+    aspect = float(np.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3))))
+    amplitude = float(np.interp(bpp, _BPP_TABLE, _AMP_TABLE))
+    pixels = _AIM * cap / bpp
+    best = b""
+    for _ in range(6):
+        width = max(8, round(math.sqrt(pixels * aspect)))
+        height = max(8, round(width / aspect))
+        data = _encode(pool_image(seed, j, width, height, amplitude), quality)
+        if len(data) <= cap and len(data) > len(best):
+            best = data
+        ratio = len(data) / cap
+        if 0.8 <= ratio <= 1.0:
+            return data
+        pixels *= _AIM / ratio
+    if best:
+        return best
+    side = 64
+    while True:
+        # Only reached for very small caps: a plain image is a few hundred bytes.
+        data = _encode(Image.new("RGB", (side, side), (128, 128, 128)), quality)
+        if len(data) <= cap or side == 8:
+            return data
+        side //= 2
+
+
+def write_pool_chunk(
+    sink: FileSink, seed: int, quality: int, first: int, caps: tuple[int, ...]
+) -> dict[str, Any]:
+    """Write pool images ``first``, ``first + 1``, ... (one per cap) back to back."""
+    sizes = []
+    for k, cap in enumerate(caps):
+        data = encode_pool_image(seed, first + k, cap, quality)
+        sink.write(data)
+        sizes.append(len(data))
+    return {"sizes": sizes}
+
+
+# --------------------------------------------------------------------------------------------
+# Dataset files
+
+PoolRef = tuple[str, int, int]
+"""Where a pool image lies: (pool chunk file, offset, length)."""
+
+# Pool chunk files read by this worker process: each is read once, then sliced.
+_chunk_cache: dict[str, bytes] = {}
+
+
+def _pool_bytes(ref: PoolRef) -> bytes:
+    path, offset, length = ref
+    data = _chunk_cache.get(path)
+    if data is None:
+        data = _chunk_cache[path] = Path(path).read_bytes()
+    return data[offset : offset + length]
+
+
+def unique_jpeg(jpeg: bytes, size: int, seed: int, index: int) -> list[bytes]:
+    """``jpeg`` with COM segments (tag of ``index`` + random bytes) inserted: ``size`` bytes.
+
+    Returned as pieces to write in order. The segments go after the JFIF APP0 segment, which
+    must stay first; ``size - len(jpeg)`` must be at least :data:`OVERHEAD_BYTES`.
+    """
+    pad = size - len(jpeg)
+    if pad < OVERHEAD_BYTES:
+        raise ValueError(f"image {index}: {pad} bytes of padding, need {OVERHEAD_BYTES}")
+    at = 2
+    if jpeg[2:4] == b"\xff\xe0":
+        at = 4 + int.from_bytes(jpeg[4:6], "big")
+    # Split the padding evenly over as few segments as the 64 KiB segment limit allows.
+    n_seg = -(-pad // (4 + _COM_MAX_PAYLOAD))
+    base, extra = divmod(pad, n_seg)
+    payload = _TAG_FORMAT.format(index).encode() + np.random.default_rng(
+        [seed, _PADDING, index]
+    ).bytes(pad - 4 * n_seg - _TAG_BYTES)
+    segments = []
+    start = 0
+    for s in range(n_seg):
+        length = base + (1 if s < extra else 0) - 4
+        segments.append(_COM_MARKER + (length + 2).to_bytes(2, "big"))
+        segments.append(payload[start : start + length])
+        start += length
+    return [jpeg[:at], *segments, jpeg[at:]]
+
+
+def write_image_file(
+    sink: FileSink, seed: int, index: int, size: int, ref: PoolRef
+) -> dict[str, Any]:
+    """Write image ``index`` (``size`` bytes, made from pool image ``ref``) as one JPEG file."""
+    sink.write(b"".join(unique_jpeg(_pool_bytes(ref), size, seed, index)))
+    return {}
+
+
+def write_group_file(
+    sink: FileSink, seed: int, members: tuple[tuple[int, int, PoolRef], ...]
+) -> dict[str, Any]:
+    """Write a group file: the JPEGs of ``members`` ((index, size, pool ref), ...) back to back."""
+    for index, size, ref in members:
+        sink.write(b"".join(unique_jpeg(_pool_bytes(ref), size, seed, index)))
+    return {"images": len(members)}
+
+
+def _pool_tasks(caps: np.ndarray, seed: int, quality: int) -> list[FileTask]:
+    return [
+        FileTask(
+            name=f"pool_{first // _POOL_CHUNK:05d}.bin",
+            write=write_pool_chunk,
+            args=(seed, quality, first, tuple(int(c) for c in caps[first : first + _POOL_CHUNK])),
+            size_hint=int(caps[first : first + _POOL_CHUNK].sum() * _AIM),
+        )
+        for first in range(0, len(caps), _POOL_CHUNK)
+    ]
+
+
+def _pool_refs(pool_dir: Path, records: list[dict[str, Any]]) -> list[PoolRef]:
+    refs: list[PoolRef] = []
+    for record in records:
+        path = str(pool_dir / record["name"])
+        offset = 0
+        for size in record["sizes"]:
+            refs.append((path, offset, size))
+            offset += size
+    return refs
+
+
+def image_tasks(plan: ImagePlan, seed: int, refs: list[PoolRef]) -> list[FileTask]:
+    """The file-writing tasks of a plan: one per image, or one per group of G images."""
+    sizes = plan.sizes.tolist()
+    pool = plan.pool.tolist()
+    if not plan.group_size:
+        return [
+            FileTask(
+                name=plan.relative_path(i),
+                write=write_image_file,
+                args=(seed, i, sizes[i], refs[pool[i]]),
+                size_hint=sizes[i],
+            )
+            for i in range(plan.images)
+        ]
+    tasks = []
+    g = plan.group_size
+    for first in range(0, plan.images, g):
+        split, k = plan.split_of(first)
+        members = tuple((i, sizes[i], refs[pool[i]]) for i in range(first, first + g))
+        tasks.append(
+            FileTask(
+                name=group_name(split, k // g),
+                write=write_group_file,
+                args=(seed, members),
+                size_hint=sum(sizes[first : first + g]),
+            )
+        )
+    return tasks
+
+
+def group_name(split: str, group: int) -> str:
+    """The name of group file ``group`` of ``split``, relative to the dataset directory."""
+    return f"{split}/groups/group_{group:06d}.bin"
+
+
+def write_index(out: Path, plan: ImagePlan, split: str, fsync: bool) -> dict[str, Any]:
+    """Write ``<split>/index.csv`` of a grouped plan; return its manifest record."""
+    g = plan.group_size
+    first, stop = (0, plan.n_train) if split == "train" else (plan.n_train, plan.images)
+    sizes = plan.sizes[first:stop]
+    # Offsets restart at 0 in every group: the exclusive cumulative sum within each row of G.
+    within = sizes.reshape(-1, g)
+    offsets = (np.cumsum(within, axis=1) - within).ravel()
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(INDEX_HEADER)
+    for n, i in enumerate(range(first, stop)):
+        writer.writerow(
+            (n // g, int(offsets[n]), int(sizes[n]), plan.label(i), plan.relative_path(i))
+        )
+    name = f"{split}/index.csv"
+    data = buf.getvalue().encode()
+    with atomic_file(out / name, fsync=fsync) as f:
+        f.write(data)
+    return {"name": name, "bytes": len(data), "rows": stop - first}
+
+
+# --------------------------------------------------------------------------------------------
+# Generator
+
+
+def generate_images(
+    out: Path,
+    size_bytes: int,
+    seed: int = 0,
+    workers: int | None = None,
+    force: bool = False,
+    progress: ProgressCallback | None = None,
+    params: ImageGenParams | None = None,
+    fsync: bool = False,
+) -> dict[str, Any]:
+    """Generate an image-classification dataset of about ``size_bytes`` in ``out``.
+
+    The images are those of :func:`plan_images` (see there and the module docstring for the
+    layouts and the total). First the pool of distinct images is encoded by ``workers``
+    processes into a temporary directory (removed at the end), then the dataset files are
+    written, reported through ``progress(done_bytes, total_bytes)``, then (grouped layout) the
+    index files, then the manifest, last. ``out`` must be empty unless ``force`` (see
+    :func:`datagen.common.prepare_output_dir`); on failure or interruption the exception
+    propagates and ``out`` has no ``manifest.json``. ``fsync``: see
+    :func:`datagen.common.atomic_file`.
+    """
+    params = params or ImageGenParams()
+    # Validate everything before touching the directory: a bad request must not clear it.
+    plan = plan_images(size_bytes, seed, params)
+    if workers is not None and workers < 1:
+        raise UserError(f"workers must be at least 1, got {workers}")
+    out = prepare_output_dir(Path(out), force)
+    started = time.monotonic()
+    pool_dir = Path(tempfile.mkdtemp(prefix="twintrace-image-pool-"))
+    try:
+        pool_records = run_file_tasks(
+            pool_dir, _pool_tasks(plan.caps, seed, params.quality), workers=workers
+        )
+        refs = _pool_refs(pool_dir, pool_records)
+        files = run_file_tasks(
+            out, image_tasks(plan, seed, refs), workers=workers, progress=progress, fsync=fsync
+        )
+    finally:
+        shutil.rmtree(pool_dir, ignore_errors=True)
+    if plan.group_size:
+        files.append(write_index(out, plan, "train", fsync))
+        if plan.n_val:
+            files.append(write_index(out, plan, "val", fsync))
+    pool_sizes = [s for r in pool_records for s in r["sizes"]]
+    return write_manifest(
+        out,
+        generator=GENERATOR,
+        seed=seed,
+        requested_bytes=size_bytes,
+        files=files,
+        params={
+            **dataclasses.asdict(params),
+            "layout": "grouped" if plan.group_size else "folder",
+            "images": plan.images,
+            "train_images": plan.n_train,
+            "val_images": plan.n_val,
+            "classes_used": min(plan.classes, plan.n_train) if plan.n_train else 0,
+            "groups": plan.images // plan.group_size if plan.group_size else 0,
+            "mean_image_bytes": round(plan.total_bytes / plan.images, 1),
+            "distinct_images": len(plan.caps),
+            "mean_distinct_image_bytes": round(sum(pool_sizes) / len(pool_sizes), 1),
+            "content_version": CONTENT_VERSION,
+        },
+        duration_s=time.monotonic() - started,
+        fsync=fsync,
+    )

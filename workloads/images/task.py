@@ -1,0 +1,96 @@
+"""Image classification's part of the shared training loop (``workloads/training.py``).
+
+One task serves the resnet18, resnet50 and alexnet workloads (the model is the workload's
+name). Folder datasets: each loader item is one JPEG (open, read, decode, RandomResizedCrop,
+flip, normalise). Grouped datasets: each item is one group file of G JPEGs read at once, so a
+step of ``batch_size`` images reads ``batch_size / G`` groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from workloads.config import WorkloadConfig
+from workloads.errors import UserError
+from workloads.events import Emitter
+from workloads.images.dataset import GroupedImageDataset, ImageFolderDataset, collate_groups
+from workloads.images.files import ImageData, load_image_data
+from workloads.images.models import build_image_model
+from workloads.images.options import ImageOptions
+from workloads.training import Loader, Task, make_optimizer, sharded_loader
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageTask(Task):
+    model_name: str
+    options: ImageOptions
+    data: ImageData
+
+    @classmethod
+    def create(cls, config: WorkloadConfig, data_dir: Path) -> ImageTask:
+        options = ImageOptions.from_dict(config.options)
+        data = load_image_data(data_dir)
+        if data.layout == "grouped" and config.batch_size % data.group_size:
+            raise UserError(
+                f"batch_size {config.batch_size} is not a multiple of the group size "
+                f"{data.group_size} of {data_dir} (each loader item is one group): use a batch "
+                f"size of {data.group_size * max(1, round(config.batch_size / data.group_size))}"
+            )
+        return cls(config.workload, options, data)
+
+    def build_model(self, seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return build_image_model(self.model_name, len(self.data.classes), width=self.options.width)
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
+
+    def _loader(
+        self, items: tuple[Any, ...], train: bool, config: WorkloadConfig, rank: int,
+        device: torch.device, emitter: Emitter,
+    ) -> Loader:
+        common = {"image_size": self.options.image_size, "train": train, "seed": config.seed, "emitter": emitter}
+        if self.data.layout == "grouped":
+            dataset: Any = GroupedImageDataset(items, **common)
+            return sharded_loader(
+                dataset, config, rank, device, batch_size=config.batch_size // self.data.group_size,
+                shuffle=train, collate_fn=collate_groups,
+            )
+        dataset = ImageFolderDataset(items, **common)
+        return sharded_loader(dataset, config, rank, device, batch_size=config.batch_size, shuffle=train)
+
+    def train_loader(
+        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
+    ) -> Loader:
+        return self._loader(self.data.train, True, config, rank, device, emitter)
+
+    def eval_loader(
+        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
+    ) -> Loader | None:
+        if not self.data.val:
+            return None
+        return self._loader(self.data.val, False, config, rank, device, emitter)
+
+    def to_device(self, batch: Any, device: torch.device) -> Any:
+        x, y = batch
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    def forward(self, net: nn.Module, batch: Any) -> Any:
+        return net(batch[0])
+
+    def loss(self, outputs: Any, batch: Any) -> torch.Tensor:
+        return nn.functional.cross_entropy(outputs, batch[1])
+
+    def eval_metrics(self, outputs: Any, batch: Any) -> dict[str, float]:
+        return {
+            "loss": float(nn.functional.cross_entropy(outputs, batch[1]).item()),
+            "top1": float((outputs.argmax(1) == batch[1]).float().mean().item()),
+        }
+
+    def batch_samples(self, batch: Any) -> int:
+        return int(batch[0].shape[0])
