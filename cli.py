@@ -360,5 +360,69 @@ def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path)
     click.echo(str(target))
 
 
+@cli.group()
+def profile() -> None:
+    """Sleep profiles: fit them to instrumented runs or measure a workload's compute natively."""
+
+
+@profile.command("fit")
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Profile JSON to write.")
+@click.option("--accelerator", default=None, help="Accelerator name to record (default: from the runs).")
+@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@user_errors
+def profile_fit(runs: tuple[str, ...], out_path: Path, accelerator: str | None, runs_root: Path) -> None:
+    """Fit a sleep profile to the all_compute times of instrumented runs; print its path.
+
+    Example: ./cli.py profile fit runs/RUN_B2 runs/RUN_B4 --out profiles/unet3d-cpu.json
+    """
+    from analysis.profiles import fit_runs
+    from analysis.rundir import load_run, resolve_run
+
+    fitted, warnings = fit_runs([load_run(resolve_run(r, runs_root)) for r in runs], accelerator)
+    _report_profile(fitted, warnings, out_path)
+
+
+@profile.command("measure")
+@click.option("--workload", required=True, help="Workload whose compute to measure (see ./cli.py workloads).")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), required=True, help="A dataset of the workload (one batch is read).")
+@click.option("--batch-sizes", required=True, help="Comma-separated batch sizes, e.g. 1,2,4,8.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--set", "sets", multiple=True, help="Workload option KEY=VALUE (repeatable).")
+@click.option("--cv", "cv_target", type=float, default=0.05, show_default=True, help="Stop when the mean's coefficient of variation is under this.")
+@click.option("--max-seconds", type=float, default=60.0, show_default=True, help="Time limit per batch size.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Profile JSON to write.")
+@user_errors
+def profile_measure(workload: str, data_dir: Path, batch_sizes: str, device: str, sets: tuple[str, ...],
+                    cv_target: float, max_seconds: float, out_path: Path) -> None:
+    """Measure a workload's compute per step natively (warm-up excluded) and write a profile.
+
+    Example: ./cli.py profile measure --workload resnet18 --data data/img --batch-sizes 2,4,8 --out resnet18-cpu.json
+    """
+    from workloads.measure import MeasureSettings, measure
+
+    try:
+        sizes = tuple(int(v) for v in batch_sizes.split(","))
+    except ValueError:
+        raise UserError(f"--batch-sizes {batch_sizes!r}: give whole numbers separated by commas, e.g. 1,2,4") from None
+    settings = MeasureSettings(batch_sizes=sizes, device=device, cv_target=cv_target, max_seconds=max_seconds)
+    command = "./cli.py profile measure " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["profile", "measure"] else sys.argv[1:])
+    measured, warnings = measure(workload, data_dir, settings, _parse_sets(sets),
+                                 progress=lambda line: err_console.print(line, highlight=False), command=command)
+    _report_profile(measured, warnings, out_path)
+
+
+def _report_profile(prof: Any, warnings: list[str], out_path: Path) -> None:
+    for warning in warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    mean, std = prof.compute.mean, prof.compute.std
+    err_console.print(f"mean = {mean.g:.6g} g + {mean.b:.6g} b + {mean.const:.6g} s (R^2 {prof.fit.get('mean_r2')}); "
+                      f"std = {std.g:.6g} g + {std.b:.6g} b + {std.const:.6g} s; {len(prof.table)} table point(s)",
+                      highlight=False)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    prof.save(out_path)
+    click.echo(str(out_path))
+
+
 if __name__ == "__main__":
     cli()

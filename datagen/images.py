@@ -103,11 +103,17 @@ _MIN_CAP = 2_000
 # Seeds of the independent random streams (the second entry of the seed sequence).
 _SIZES, _PICKS, _POOL, _PADDING = 1, 2, 3, 4
 
-# Bytes per pixel of our content at quality 90 as a function of the noise amplitude (measured
-# with Pillow 13 / libjpeg-turbo 3 on 500x375 images): used to choose the amplitude that gives
-# a pool image the bytes per pixel drawn for it.
-_BPP_TABLE = np.array([0.27, 0.30, 0.38, 0.47, 0.53, 0.63, 0.70, 0.78, 0.88])
-_AMP_TABLE = np.array([0.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0])
+# Bytes per pixel of our content at quality 90 as a function of the texture strength (in
+# sixteenths) and the noise amplitude (measured with Pillow 13 / libjpeg-turbo 3 on 500x375
+# images): used to choose the detail that gives a pool image the bytes per pixel drawn for it.
+_BPP_TABLE = np.array(
+    [0.064, 0.14, 0.18, 0.21, 0.27, 0.30, 0.38, 0.47, 0.53, 0.63, 0.70, 0.78, 0.88]
+)
+_TEX_TABLE = np.array([0.0, 1.0, 2.0, 3.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0])
+_AMP_TABLE = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0])
+# Pool images have at least this many pixels (about 250x190): the smallest files get smoother
+# images rather than thumbnails.
+_MIN_PIXELS = 48_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +146,9 @@ class ImageGenParams:
         for name, low, high in whole:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise UserError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+                raise UserError(
+                    f"{name} must be a whole number from {low} to {high}, got {value!r}"
+                )
         real = (
             ("min_kb", 4.0, 1e6),
             ("mean_kb", 2.0 * self.min_kb if _is_real(self.min_kb) else 8.0, 1e6),
@@ -234,9 +242,7 @@ def pool_caps(params: ImageGenParams, count: int) -> np.ndarray:
     return np.maximum.accumulate(caps).astype(np.int64)
 
 
-def plan_images(
-    size_bytes: int, seed: int = 0, params: ImageGenParams | None = None
-) -> ImagePlan:
+def plan_images(size_bytes: int, seed: int = 0, params: ImageGenParams | None = None) -> ImagePlan:
     """The images :func:`generate_images` writes for this size, seed and params.
 
     Sizes are drawn in order while they fit. Folder layout: the first that does not fit is
@@ -305,6 +311,9 @@ def plan_images(
         pick_stream, count, lambda g, n: g.integers(0, _PICK_SPREAD, n, dtype=np.int64)
     )
     pool = np.maximum(largest_fitting - jitter.astype(np.int64), 0)
+    # Never a much smaller image than the largest that fits (the pool is coarse at the tails).
+    too_small = caps[pool] < 0.75 * caps[largest_fitting]
+    pool[too_small] = largest_fitting[too_small]
     return ImagePlan(
         sizes=sizes,
         pool=pool,
@@ -334,7 +343,9 @@ def _smooth_field(rng: np.random.Generator, height: int, width: int) -> np.ndarr
     # full-size pass is then contiguous (no matrix product either, so no BLAS threads competing
     # with the other writer processes).
     xlow, xfrac = _interp_index(width, gw)
-    knot_rows = grid[:, xlow] * (1 - xfrac)[None, :, None] + grid[:, xlow + 1] * xfrac[None, :, None]
+    knot_rows = (
+        grid[:, xlow] * (1 - xfrac)[None, :, None] + grid[:, xlow + 1] * xfrac[None, :, None]
+    )
     ylow, yfrac = _interp_index(height, gh)
     field = np.empty((height, width, 3), dtype=np.float32)
     for k in range(gh - 1):
@@ -347,8 +358,11 @@ def _smooth_field(rng: np.random.Generator, height: int, width: int) -> np.ndarr
     return field.astype(np.uint8)
 
 
-def pool_image(seed: int, j: int, width: int, height: int, amplitude: float) -> Image.Image:
-    """Pool image ``j``: colour field, shapes, texture and noise of ``amplitude`` (0-128)."""
+def pool_image(
+    seed: int, j: int, width: int, height: int, texture: float, amplitude: float
+) -> Image.Image:
+    """Pool image ``j``: colour field, shapes, a luminance texture of strength ``texture``
+    (sixteenths of full scale, 0-5) and per-pixel noise of ``amplitude`` (0-128)."""
     rng = np.random.default_rng([seed, _POOL, j])
     img = Image.fromarray(_smooth_field(rng, height, width), "RGB")
     draw = ImageDraw.Draw(img)
@@ -370,13 +384,13 @@ def pool_image(seed: int, j: int, width: int, height: int, amplitude: float) -> 
     # ... and a mid-frequency luminance texture (quarter-resolution noise, upsampled).
     th, tw = height // 4 + 1, width // 4 + 1
     coarse = np.frombuffer(rng.bytes(th * tw), np.uint8).reshape(th, tw)
-    texture = np.asarray(
+    luma = np.asarray(
         Image.fromarray(coarse, "L").resize((width, height), Image.Resampling.BILINEAR)
     ).astype(np.int16)
-    texture -= 128
-    texture *= 5
-    texture >>= 4
-    pixels += texture[:, :, None]
+    luma -= 128
+    luma *= round(texture * 4)
+    luma >>= 6
+    pixels += luma[:, :, None]
     np.clip(pixels, 0, 255, out=pixels)
     return Image.fromarray(pixels.astype(np.uint8), "RGB")
 
@@ -397,13 +411,18 @@ def encode_pool_image(seed: int, j: int, cap: int, quality: int) -> bytes:
     rng = np.random.default_rng([seed, _POOL, j, 1])
     bpp = float(rng.uniform(0.32, 0.8))
     aspect = float(np.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3))))
-    amplitude = float(np.interp(bpp, _BPP_TABLE, _AMP_TABLE))
     pixels = _AIM * cap / bpp
+    if pixels < _MIN_PIXELS:
+        # A small cap: fewer bytes per pixel (smoother content) instead of a tiny image.
+        pixels = _MIN_PIXELS
+        bpp = max(float(_BPP_TABLE[0]), _AIM * cap / pixels)
+    texture = float(np.interp(bpp, _BPP_TABLE, _TEX_TABLE))
+    amplitude = float(np.interp(bpp, _BPP_TABLE, _AMP_TABLE))
     best = b""
     for _ in range(6):
         width = max(8, round(math.sqrt(pixels * aspect)))
         height = max(8, round(width / aspect))
-        data = _encode(pool_image(seed, j, width, height, amplitude), quality)
+        data = _encode(pool_image(seed, j, width, height, texture, amplitude), quality)
         if len(data) <= cap and len(data) > len(best):
             best = data
         ratio = len(data) / cap

@@ -95,3 +95,29 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     default = default_profile("unet3d")
     default.save(path)
     assert load_profile(path) == default
+
+
+def test_measured_table_points_override_the_fit_and_others_use_it() -> None:
+    profile = default_profile("dlrm")
+    assert profile.batch == "global"
+    rng = np.random.default_rng(0)
+    # 1 GPU, global batch 2048: the published measurement, not the fit's 0.0058 s.
+    assert profile.compute_params(1, 2048) == (0.0106, 0.0)
+    assert profile.sample(rng, 1, 2048) == 0.0106
+    mean, _ = profile.compute_params(2, 4096)
+    assert mean == pytest.approx(6.31850988e-3 * 2 + 1.47435947e-6 * 4096 - 0.00356714)
+    # A rank of a 4-accelerator run with 1024 samples per step sees the global batch 4096.
+    assert profile.profile_batch(1024, 4) == 4096
+
+
+def test_table_points_are_validated(tmp_path: Path) -> None:
+    data = json.loads((Path("workloads/profiles/dlrm.json")).read_text())
+    data["table"] = [{"g": 0, "b": 2, "mean": 0.1}]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="table point"):
+        load_profile(path)
+    data["table"] = [{"g": 1, "b": 2}]
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"table\[0\]: missing mean"):
+        load_profile(path)

@@ -19,8 +19,16 @@ File format (JSON), every key optional except ``workload``, ``accelerator``, ``s
       "h2d":     {"mean": {...}, "std": {...}},   # host-to-device copy per step, default 0
       "eval":    {"mean": {...}, "std": {...}},   # per evaluation batch, default 0
       "checkpoint_bytes": null,                   # null: torch.save of the model's state_dict
-      "batch": "per_accelerator"                  # or "global": b is the batch of all ranks
+      "batch": "per_accelerator",                 # or "global": b is the batch of all ranks
+      "table": [{"g": 1, "b": 2048, "mean": 0.0106, "std": 0.001, "n": 40}, ...],
+      "fit": {"mean_r2": 0.9996, "std_r2": 0.93, "warnings": [...]},
+      "measured": {"command": ..., "device": ..., "versions": {...}}
     }
+
+``table`` holds measured (accelerators, batch) points of the compute time: a step whose
+configuration is in the table draws from that point's Normal(mean, std), any other from the
+linear model (so a poor fit never overrides a measurement). ``fit`` and ``measured`` are
+free-form records of how the profile was made (``./cli.py profile fit`` / ``profile measure``).
 
 All times are in seconds.
 """
@@ -76,6 +84,24 @@ class Normal:
 
 
 @dataclasses.dataclass(frozen=True)
+class TablePoint:
+    """A measured configuration: ``g`` accelerators, batch ``b``, compute time mean/std (s)."""
+
+    g: int
+    b: int
+    mean: float
+    std: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        if self.g < 1 or self.b < 1 or self.mean < 0 or self.std < 0 or self.n < 0:
+            raise UserError(
+                f"sleep profile table point {dataclasses.asdict(self)} is invalid: g and b must "
+                "be at least 1, mean, std and n not negative"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class SleepProfile:
     """Per-step compute (and optional host-to-device and eval) times for the sleep variant.
 
@@ -91,6 +117,9 @@ class SleepProfile:
     eval: Normal = Normal()
     checkpoint_bytes: int | None = None
     batch: str = "per_accelerator"
+    table: tuple[TablePoint, ...] = ()
+    fit: dict[str, Any] | None = None
+    measured: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -115,9 +144,18 @@ class SleepProfile:
         """
         return samples * accelerators if self.batch == "global" else samples
 
+    def compute_params(self, accelerators: int, batch: int) -> tuple[float, float]:
+        """(mean, std) of the compute time: the measured table point, else the linear model."""
+        for point in self.table:
+            if point.g == accelerators and point.b == batch:
+                return point.mean, point.std
+        return self.compute.params(accelerators, batch)
+
     def sample(self, rng: np.random.Generator, accelerators: int, batch: int) -> float:
-        """Seconds of emulated computation for one training step."""
-        return self.compute.sample(rng, accelerators, batch)
+        """Seconds of emulated computation for one training step (clipped at 0)."""
+        mean, std = self.compute_params(accelerators, batch)
+        value = rng.normal(mean, std) if std > 0 else mean
+        return max(0.0, float(value))
 
     def sample_h2d(self, rng: np.random.Generator, accelerators: int, batch: int) -> float:
         """Seconds of emulated host-to-device copy for one step (0 unless the profile has one)."""
@@ -166,7 +204,21 @@ class SleepProfile:
         batch = data.get("batch", "per_accelerator")
         if not isinstance(batch, str):
             raise UserError(f"{where}: batch must be a string, got {batch!r}")
-        return cls(**values, checkpoint_bytes=ckpt, batch=batch, schema_version=version)
+        table = tuple(
+            _point(item, f"{where}: table[{i}]") for i, item in enumerate(data.get("table") or ())
+        )
+        for name in ("fit", "measured"):
+            if data.get(name) is not None and not isinstance(data[name], dict):
+                raise UserError(f"{where}: {name} must be a JSON object, got {data[name]!r}")
+        return cls(
+            **values,
+            checkpoint_bytes=ckpt,
+            batch=batch,
+            table=table,
+            fit=data.get("fit"),
+            measured=data.get("measured"),
+            schema_version=version,
+        )
 
 
 def _table(data: Any, where: str, known: set[str]) -> dict[str, Any]:
@@ -179,6 +231,25 @@ def _table(data: Any, where: str, known: set[str]) -> dict[str, Any]:
             f"known keys: {', '.join(sorted(known))}"
         )
     return data
+
+
+def _point(data: Any, where: str) -> TablePoint:
+    data = _table(data, where, {f.name for f in dataclasses.fields(TablePoint)})
+    missing = sorted({"g", "b", "mean"} - set(data))
+    if missing:
+        raise UserError(f"{where}: missing {', '.join(missing)}")
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"{where}.{name}: expected a number, got {value!r}")
+        if name in ("g", "b", "n") and int(value) != value:
+            raise UserError(f"{where}.{name}: expected a whole number, got {value!r}")
+    return TablePoint(
+        g=int(data["g"]),
+        b=int(data["b"]),
+        mean=float(data["mean"]),
+        std=float(data.get("std", 0.0)),
+        n=int(data.get("n", 0)),
+    )
 
 
 def _normal(data: Any, where: str) -> Normal:

@@ -26,7 +26,8 @@ class DLRMOptions:
 
     - ``size``: ``small`` (the shape below: trains on 2 CPU cores) or ``mlperf`` (embedding
       dimension 128, bottom 512-256-128, top 1024-1024-512-256-1, tables of up to 40 M rows,
-      ~24 GB of parameters; the other model settings are then ignored).
+      about 100 GB of float32 parameters with the Terabyte counts; the other model settings
+      are then ignored).
     - ``embedding_dim``, ``bottom_mlp``, ``top_mlp`` (widths joined by ``-``; the bottom MLP ends
       at ``embedding_dim``, the top MLP at 1), ``max_ind_range``: rows per embedding table at
       most (indices are taken modulo it, as the reference's ``--max-ind-range``).
