@@ -424,5 +424,40 @@ def _report_profile(prof: Any, warnings: list[str], out_path: Path) -> None:
     click.echo(str(out_path))
 
 
+@cli.group()
+def experiment() -> None:
+    """Experiment grids described in TOML files (see docs/experiments.md)."""
+
+
+@experiment.command("run")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/experiments"),
+              show_default=True, help="Experiments directory: runs, data and outputs go to OUT/NAME.")
+@click.option("--dry-run", is_flag=True, help="List the runs the grid makes and exit.")
+@user_errors
+def experiment_run(path: Path, out_root: Path, dry_run: bool) -> None:
+    """Run (or resume) every run of an experiment grid, then write its timelines, breakdowns and
+    comparisons; print a table of every run. Completed runs are skipped on a second run.
+
+    Example: ./cli.py experiment run experiments/timelines.toml
+    """
+    from tracing.experiment import load_experiment, run_experiment
+
+    exp = load_experiment(path)
+    if dry_run:
+        for i, spec in enumerate(exp.runs, 1):
+            click.echo(f"[{i}/{len(exp.runs)}] {spec.key}")
+        return
+    outcomes = run_experiment(exp, out_root, log=lambda line: err_console.print(line, highlight=False))
+    table = Table("run", "status", "duration", "run directory / error")
+    for o in outcomes:
+        colour = {"completed": "green", "skipped": "cyan", "failed": "red"}[o.status]
+        table.add_row(o.key, f"[{colour}]{o.status}[/]", _fmt_s(o.duration_s), o.error or o.run_dir or "")
+    Console(width=max(140, Console().width)).print(table)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        raise UserError(f"{len(failed)} of {len(outcomes)} runs failed (see the table); run the experiment again to retry them")
+
+
 if __name__ == "__main__":
     cli()

@@ -77,89 +77,93 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+def _unsigned(values: np.ndarray) -> np.ndarray:
+    """Integers as the unsigned values protobuf encodes (two's complement for negatives).
+
+    uint32 when they fit, since every later pass over them is then half the memory traffic.
+    """
+    if values.size and values.min() >= 0 and values.max() < 2**32:
+        return values.astype(np.uint32, copy=False)
+    return values.astype(np.int64, copy=False).view(np.uint64)
+
+
 def _varint_widths(values: np.ndarray) -> np.ndarray:
-    """Varint size of each uint64 value: 1 + the number of 7-bit thresholds it reaches."""
-    widths = np.ones(values.shape, dtype=np.int64)
-    top = int(values.max(initial=0))
-    for k in range(1, varint_size(top)):
-        widths += values >= np.uint64(1 << (7 * k))
+    """Varint size of each unsigned value: 1 + the number of 7-bit thresholds it reaches."""
+    widths = np.ones(values.shape, dtype=np.int32)
+    for k in range(1, varint_size(int(values.max(initial=0)))):
+        widths += values >= values.dtype.type(1 << (7 * k))
     return widths
 
 
-def _varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Varint bytes of uint64 ``values`` (shape S): (bytes (*S, W), mask (*S, W), widths S).
-
-    Byte k of a value is kept where ``k < width``; all but the last kept byte carry the
-    continuation bit. W is the widest varint present, so narrow data costs a single plane.
-    """
-    widths = _varint_widths(values)
-    planes = varint_size(int(values.max(initial=0)))
-    if planes == 1:
-        return values.astype(np.uint8)[..., None], np.ones((*values.shape, 1), bool), widths
+def _varint_planes(values: np.ndarray, widths: np.ndarray, planes: int) -> np.ndarray:
+    """(*S, planes) bytes of values that all have the varint width ``planes``."""
     out = np.empty((*values.shape, planes), dtype=np.uint8)
-    keep = np.empty((*values.shape, planes), dtype=bool)
     for k in range(planes):
-        byte = (values >> np.uint64(7 * k)).astype(np.uint8) & np.uint8(0x7F)
-        # Continuation bit on every byte but the last of the value.
-        byte |= (widths > k + 1).astype(np.uint8) << np.uint8(7)
-        out[..., k] = byte
-        keep[..., k] = widths > k
-    return out, keep, widths
+        out[..., k] = (values >> values.dtype.type(7 * k)).astype(np.uint8) & np.uint8(0x7F)
+        if k < planes - 1:
+            out[..., k] |= np.uint8(0x80)
+    return out
 
 
-class _Pieces:
-    """Per-record byte pieces laid side by side, compacted into consecutive records at the end.
+def _scatter_varints(out: np.ndarray, positions: np.ndarray, values: np.ndarray, widths: np.ndarray) -> None:
+    """Write varint ``values`` (any shape) starting at ``positions`` into the zeroed ``out``.
 
-    Each piece is a (records, W) uint8 array with a (records, W) mask of the bytes that belong
-    to the record; concatenating the pieces along axis 1 and taking the masked bytes in row-major
-    order gives every record's bytes in piece order, records one after the other.
+    One pass per byte plane, each over only the values that have that byte, so nothing is
+    written outside a value's own bytes. Zero values are skipped: their byte is already 0.
     """
+    keep = values != 0
+    if not keep.all():
+        positions, values, widths = positions[keep], values[keep], widths[keep]
+    else:
+        positions, values, widths = positions.ravel(), values.ravel(), widths.ravel()
+    one = values.dtype.type(1)
+    for k in range(int(widths.max(initial=0))):
+        if k:
+            keep = widths > k
+            if not keep.all():
+                positions, values, widths = positions[keep], values[keep], widths[keep]
+        byte = (values >> values.dtype.type(7 * k)).astype(np.uint8) & np.uint8(0x7F)
+        byte |= (widths > k + 1).view(np.uint8) << np.uint8(7)
+        out[positions + k] = byte
+        del one
 
-    def __init__(self, records: int) -> None:
-        self.records = records
-        self.data: list[np.ndarray] = []
-        self.masks: list[np.ndarray] = []
 
-    def fixed(self, data: bytes | np.ndarray) -> None:
-        """Bytes that every record has (``bytes``) or a (records, W) array kept in full."""
-        if isinstance(data, bytes | bytearray):
-            row = np.frombuffer(bytes(data), dtype=np.uint8)
-            data = np.broadcast_to(row, (self.records, row.size))
-        self.data.append(data)
-        self.masks.append(np.broadcast_to(np.True_, data.shape))
+class _Writer:
+    """Writes pieces of every record of a block at once, at a per-record cursor, into ``out``."""
+
+    def __init__(self, out: np.ndarray, starts: np.ndarray) -> None:
+        self.out = out
+        self.cursor = starts.copy()
+
+    def const(self, data: bytes) -> None:
+        for j, byte in enumerate(data):
+            if byte:
+                self.out[self.cursor + j] = byte
+        self.cursor += len(data)
 
     def varint(self, values: np.ndarray) -> None:
-        """One varint per record, ``values`` of shape (records,)."""
-        data, keep, _ = _varint_bytes(values.astype(np.uint64))
-        self.data.append(data)
-        self.masks.append(keep)
+        values = _unsigned(values)
+        widths = _varint_widths(values)
+        _scatter_varints(self.out, self.cursor, values, widths)
+        self.cursor += widths
 
-    def packed(self, data: np.ndarray, keep: np.ndarray) -> None:
-        """The varint bytes of a (records, n) array, from :func:`_varint_bytes`."""
-        self.data.append(data.reshape(self.records, -1))
-        self.masks.append(keep.reshape(self.records, -1))
+    def packed(self, values: np.ndarray, widths: np.ndarray) -> None:
+        # Each value's offset in its record's list: the sum of the widths before it.
+        offsets = np.cumsum(widths, axis=1, dtype=np.int64)
+        offsets -= widths
+        offsets += self.cursor[:, None]
+        _scatter_varints(self.out, offsets, values, widths)
+        self.cursor += offsets[:, -1] - self.cursor + widths[:, -1] if widths.shape[1] else 0
 
-    def compact(self) -> np.ndarray:
-        return np.concatenate(self.data, axis=1)[np.concatenate(self.masks, axis=1)]
-
-
-def _payload(array: np.ndarray) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
-    """(kind, bytes, mask, byte length per record) of one feature's packed values."""
-    records = array.shape[0]
-    if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
-        # int64 varints are two's complement: a negative value takes 10 bytes, like protobuf.
-        values = array.astype(np.int64, copy=False).view(np.uint64)
-        data, keep, widths = _varint_bytes(values)
-        return "int64", data, keep, widths.sum(axis=1)
-    if np.issubdtype(array.dtype, np.floating):
-        data = np.ascontiguousarray(array, dtype="<f4").view(np.uint8).reshape(records, -1)
-        lengths = np.full(records, data.shape[1], dtype=np.int64)
-        return "float", data, np.broadcast_to(np.True_, data.shape), lengths
-    raise TypeError(f"feature of dtype {array.dtype} is neither integer nor floating point")
+    def skip(self, n: int | np.ndarray) -> np.ndarray:
+        """Leave ``n`` bytes to be filled later; returns where they start in each record."""
+        where = self.cursor.copy()
+        self.cursor += n
+        return where
 
 
 def _vsize(lengths: np.ndarray) -> np.ndarray:
-    return _varint_widths(lengths.astype(np.uint64))
+    return _varint_widths(_unsigned(lengths)).astype(np.int64)
 
 
 def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -169,73 +173,117 @@ def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarr
     ``int64_list`` features, floating-point arrays ``float_list`` (float32). Record ``i`` of the
     result is ``buffer[ends[i - 1]:ends[i]]`` (``ends[-1]`` is the buffer's size), framing and
     CRCs included, so a caller may keep any prefix of whole records.
+
+    Layout: features whose encoded size is the same in every record of the block (floats,
+    integers whose varints all have one width) come first, as one run of bytes per record
+    copied in place; the others follow, their varints scattered byte plane by byte plane into a
+    zeroed buffer (zero values, such as padding, cost nothing).
     """
     if not features:
         raise ValueError("an Example needs at least one feature")
     arrays = {name: np.asarray(a) for name, a in features.items()}
-    records = {a.shape[0] if a.ndim == 2 else -1 for a in arrays.values()}
-    if len(records) != 1 or -1 in records:
+    shapes = {a.shape[0] if a.ndim == 2 else -1 for a in arrays.values()}
+    if len(shapes) != 1 or -1 in shapes:
         raise ValueError("every feature must be a 2-D array with the same number of records")
-    n = records.pop()
+    n = shapes.pop()
     if n == 0:
         return np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.int64)
 
-    # Lengths first, innermost out, all as (records,) arrays.
-    encoded = []
+    fixed: list[np.ndarray] = []  # (n, W) bytes of each fixed-size entry, header included
+    variable = []
     features_len = np.zeros(n, dtype=np.int64)
     for name, array in arrays.items():
-        kind, data, keep, payload_len = _payload(array)
         key = name.encode()
         key_part = bytes([_TAG_1]) + _varint(len(key)) + key + bytes([_TAG_2])
+        if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
+            tag = _TAG_3
+            values = _unsigned(array)
+            widths = _varint_widths(values)
+            payload_len = widths.sum(axis=1, dtype=np.int64)
+            lo, hi = (int(widths.min()), int(widths.max())) if widths.size else (1, 1)
+            payload = (
+                _varint_planes(values, widths, lo).reshape(n, -1) if lo == hi else None
+            )
+        elif np.issubdtype(array.dtype, np.floating):
+            tag = _TAG_2
+            payload = np.ascontiguousarray(array, dtype="<f4").view(np.uint8).reshape(n, -1)
+            payload_len = np.full(n, payload.shape[1], dtype=np.int64)
+        else:
+            raise TypeError(f"feature {name!r} of dtype {array.dtype} is neither integer nor float")
         list_len = 1 + _vsize(payload_len) + payload_len
         feature_len = 1 + _vsize(list_len) + list_len
         entry_len = len(key_part) + _vsize(feature_len) + feature_len
         features_len += 1 + _vsize(entry_len) + entry_len
-        encoded.append((kind, key_part, data, keep, payload_len, list_len, feature_len, entry_len))
+        if payload is not None:
+            header = (
+                bytes([_TAG_1])
+                + _varint(int(entry_len[0]))
+                + key_part
+                + _varint(int(feature_len[0]))
+                + bytes([tag])
+                + _varint(int(list_len[0]))
+                + bytes([_TAG_1])
+                + _varint(int(payload_len[0]))
+            )
+            row = np.frombuffer(header, dtype=np.uint8)
+            fixed += [np.broadcast_to(row, (n, row.size)), payload]
+        else:
+            variable.append((key_part, tag, values, widths, payload_len, list_len, feature_len, entry_len))
     example_len = 1 + _vsize(features_len) + features_len
-
-    pieces = _Pieces(n)
-    pieces.fixed(example_len.astype("<u8").view(np.uint8).reshape(n, 8))
-    pieces.fixed(np.zeros((n, 4), dtype=np.uint8))  # CRC of the length, filled in below
-    pieces.fixed(bytes([_TAG_1]))
-    pieces.varint(features_len)
-    for kind, key_part, data, keep, payload_len, list_len, feature_len, entry_len in encoded:
-        pieces.fixed(bytes([_TAG_1]))
-        pieces.varint(entry_len)
-        pieces.fixed(key_part)
-        pieces.varint(feature_len)
-        pieces.fixed(bytes([_TAG_3 if kind == "int64" else _TAG_2]))
-        pieces.varint(list_len)
-        pieces.fixed(bytes([_TAG_1]))
-        pieces.varint(payload_len)
-        pieces.packed(data, keep)
-    pieces.fixed(np.zeros((n, 4), dtype=np.uint8))  # CRC of the data, filled in below
-    buffer = pieces.compact()
-
     sizes = HEADER_BYTES + example_len + FOOTER_BYTES
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    view = memoryview(buffer)
-    # The only per-record Python work: two calls into the (hardware) CRC-32C.
-    length_crcs = [crc32c.crc32c(view[s : s + 8]) for s in starts.tolist()]
+
+    out = np.zeros(int(ends[-1]), dtype=np.uint8)
+    length_bytes = example_len.astype("<u8").view(np.uint8).reshape(n, 8)
+    for j in range(8):
+        if length_bytes[:, j].any():
+            out[starts + j] = length_bytes[:, j]
+    w = _Writer(out, starts + 8)
+    w.skip(4)  # CRC of the length, filled in below
+    w.const(bytes([_TAG_1]))
+    w.varint(features_len)
+    fixed_block = np.concatenate(fixed, axis=1) if fixed else np.empty((n, 0), np.uint8)
+    fixed_at = w.skip(fixed_block.shape[1])
+    for key_part, tag, values, widths, payload_len, list_len, feature_len, entry_len in variable:
+        w.const(bytes([_TAG_1]))
+        w.varint(entry_len)
+        w.const(key_part)
+        w.varint(feature_len)
+        w.const(bytes([tag]))
+        w.varint(list_len)
+        w.const(bytes([_TAG_1]))
+        w.varint(payload_len)
+        w.packed(values, widths)
+
+    # The only per-record Python work: copying the fixed run and two calls into the (hardware)
+    # CRC-32C.
+    width = fixed_block.shape[1]
+    if width:
+        for row, at in zip(fixed_block, fixed_at.tolist(), strict=True):
+            out[at : at + width] = row
+    view = memoryview(out)
+    starts_list, ends_list = starts.tolist(), ends.tolist()
+    length_crcs = [crc32c.crc32c(view[s : s + 8]) for s in starts_list]
     data_crcs = [
         crc32c.crc32c(view[s + HEADER_BYTES : e - FOOTER_BYTES])
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+        for s, e in zip(starts_list, ends_list, strict=True)
     ]
     four = np.arange(4)
-    length_bytes = _mask_crcs(np.array(length_crcs)).astype("<u4").view(np.uint8).reshape(n, 4)
-    data_bytes = _mask_crcs(np.array(data_crcs)).astype("<u4").view(np.uint8).reshape(n, 4)
-    buffer[(starts + 8)[:, None] + four] = length_bytes
-    buffer[(ends - FOOTER_BYTES)[:, None] + four] = data_bytes
-    return buffer, ends
+    out[(starts + 8)[:, None] + four] = (
+        _mask_crcs(np.array(length_crcs)).astype("<u4").view(np.uint8).reshape(n, 4)
+    )
+    out[(ends - FOOTER_BYTES)[:, None] + four] = (
+        _mask_crcs(np.array(data_crcs)).astype("<u4").view(np.uint8).reshape(n, 4)
+    )
+    return out, ends
 
 
 def encode_examples(features: Mapping[str, np.ndarray]) -> bytes:
     """Framed TFRecord bytes of a block of ``tf.train.Example`` records, one per row.
 
     ``features`` maps names to 2-D arrays (records, values); see
-    :func:`encode_examples_buffer`. Map field order in each Example is the order of
-    ``features``.
+    :func:`encode_examples_buffer`.
     """
     return encode_examples_buffer(features)[0].tobytes()
 

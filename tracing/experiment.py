@@ -1,0 +1,367 @@
+"""Experiment grids: ``./cli.py experiment run experiments/NAME.toml``.
+
+An experiment file describes, as data, the datasets to generate, a grid of traced runs and what
+to produce from them (docs/experiments.md documents the format)::
+
+    [experiment]
+    name = "timelines"
+    description = "real vs emulated timelines"
+
+    [[datasets]]                       # generated when missing (a complete manifest.json)
+    name = "unet3d"
+    generator = "unet3d"
+    size = "300MB"
+    scale = 0.5
+
+    [grid]                             # the cross product is the list of runs
+    workload = ["unet3d"]
+    variant = ["original", "sleep"]
+    batch_size = [2]
+    accelerators = [1]
+    workers = [2]
+    memory_limit = [""]                # "" = no limit
+    repetitions = 1
+
+    [settings]                         # fixed WorkloadConfig settings for every run
+    epochs = 1
+
+    [workloads.unet3d]                 # per workload: its dataset, options, settings
+    dataset = "unet3d"
+    options = {patch_size = 64}
+
+    [produce]
+    timelines = true                   # one timeline per configuration, variants stacked
+    breakdown = true                   # one breakdown plot per workload (instrumented/sleep)
+    compare = true                     # original vs sleep, per configuration and repetition
+
+Runs go to ``<out>/<name>/runs`` and outputs to ``<out>/<name>/``. The state of every run is
+kept in ``<out>/<name>/state.json`` (written atomically after each run): a run whose state
+says ``completed`` and whose run directory still says so is skipped when the experiment is run
+again, so an interrupted experiment resumes where it stopped. A failed run is recorded with its
+error and the others go on; the exit status is non-zero when any run failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from workloads.config import VARIANTS
+from workloads.errors import UserError
+from workloads.registry import WORKLOADS
+from workloads.units import parse_size
+
+GRID_KEYS = ("workload", "variant", "batch_size", "accelerators", "workers", "memory_limit")
+SETTINGS_KEYS = ("epochs", "max_steps", "seed", "eval_every", "checkpoint_every")
+PRODUCE_KEYS = ("timelines", "breakdown", "compare")
+STATE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    name: str
+    generator: str
+    size: str
+    scale: float | None = None
+    group_size: int | None = None
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One cell of the grid (and one repetition)."""
+
+    workload: str
+    variant: str
+    batch_size: int
+    accelerators: int
+    workers: int
+    memory_limit: str
+    repetition: int
+
+    @property
+    def key(self) -> str:
+        """A stable name for the state file and the outputs."""
+        mem = f"-mem{self.memory_limit}" if self.memory_limit else ""
+        return (
+            f"{self.workload}-{self.variant}-b{self.batch_size}-g{self.accelerators}"
+            f"-w{self.workers}{mem}-r{self.repetition}"
+        )
+
+    @property
+    def config_key(self) -> tuple[Any, ...]:
+        """The configuration without the variant: runs that differ only in it are compared."""
+        return (self.workload, self.batch_size, self.accelerators, self.workers, self.memory_limit, self.repetition)
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    datasets: tuple[Dataset, ...]
+    runs: tuple[RunSpec, ...]
+    settings: Mapping[str, Any]
+    workloads: Mapping[str, Mapping[str, Any]]
+    produce: Mapping[str, bool]
+    path: Path
+
+    def dataset_for(self, workload: str) -> Dataset:
+        name = self.workloads.get(workload, {}).get("dataset")
+        for d in self.datasets:
+            if d.name == name:
+                return d
+        raise UserError(f"{self.path}: workload {workload} has no dataset (set [workloads.{workload}] dataset)")
+
+
+def _table(data: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a table, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(known)}")
+    return data
+
+
+def _list(value: Any, where: str, kind: type) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values or any(not isinstance(v, kind) or isinstance(v, bool) for v in values):
+        raise UserError(f"{where}: expected a non-empty list of {kind.__name__}, got {value!r}")
+    return values
+
+
+def load_experiment(path: Path) -> Experiment:
+    """Parse and validate an experiment file (every problem is a one-line UserError)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"experiment file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"experiment file {path} is not valid TOML: {exc}") from None
+    _table(data, str(path), ("experiment", "datasets", "grid", "settings", "workloads", "produce"))
+    head = _table(data.get("experiment", {}), f"{path}: [experiment]", ("name", "description"))
+    name = head.get("name") or path.stem
+    datasets = []
+    for i, item in enumerate(data.get("datasets", [])):
+        where = f"{path}: datasets[{i}]"
+        item = _table(item, where, tuple(f.name for f in dataclasses.fields(Dataset)))
+        if not {"name", "generator", "size"} <= set(item):
+            raise UserError(f"{where}: needs name, generator and size")
+        parse_size(item["size"])
+        datasets.append(Dataset(**item))
+    grid = _table(data.get("grid", {}), f"{path}: [grid]", (*GRID_KEYS, "repetitions"))
+    axes = {
+        "workload": _list(grid.get("workload", []), f"{path}: grid.workload", str),
+        "variant": _list(grid.get("variant", list(VARIANTS)), f"{path}: grid.variant", str),
+        "batch_size": _list(grid.get("batch_size", [0]), f"{path}: grid.batch_size", int),
+        "accelerators": _list(grid.get("accelerators", [1]), f"{path}: grid.accelerators", int),
+        "workers": _list(grid.get("workers", [2]), f"{path}: grid.workers", int),
+        "memory_limit": _list(grid.get("memory_limit", [""]), f"{path}: grid.memory_limit", str),
+    }
+    for w in axes["workload"]:
+        if w not in WORKLOADS:
+            raise UserError(f"{path}: unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
+    for v in axes["variant"]:
+        if v not in VARIANTS:
+            raise UserError(f"{path}: unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+    for m in axes["memory_limit"]:
+        if m:
+            parse_size(m)
+    repetitions = grid.get("repetitions", 1)
+    if not isinstance(repetitions, int) or repetitions < 1:
+        raise UserError(f"{path}: grid.repetitions must be a whole number >= 1")
+    settings = _table(data.get("settings", {}), f"{path}: [settings]", SETTINGS_KEYS)
+    workloads = _table(data.get("workloads", {}), f"{path}: [workloads]", tuple(WORKLOADS))
+    for w, table in workloads.items():
+        _table(table, f"{path}: [workloads.{w}]", ("dataset", "options", *SETTINGS_KEYS))
+    produce = _table(data.get("produce", {}), f"{path}: [produce]", PRODUCE_KEYS)
+    runs = []
+    for values in itertools.product(*axes.values(), range(1, repetitions + 1)):
+        spec = RunSpec(*values)
+        if spec.batch_size == 0:  # the workload's default
+            spec = dataclasses.replace(spec, batch_size=WORKLOADS[spec.workload].config("original").batch_size)
+        runs.append(spec)
+    experiment = Experiment(
+        name=name, description=head.get("description", ""), datasets=tuple(datasets), runs=tuple(runs),
+        settings=settings, workloads=workloads, produce={k: bool(produce.get(k, False)) for k in PRODUCE_KEYS},
+        path=path,
+    )
+    for w in axes["workload"]:
+        experiment.dataset_for(w)
+        WORKLOADS[w].parse_options(workloads.get(w, {}).get("options", {}))
+    if len({r.key for r in runs}) != len(runs):
+        raise UserError(f"{path}: the grid lists the same run twice (duplicate values on an axis)")
+    return experiment
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+@dataclasses.dataclass
+class Outcome:
+    key: str
+    status: str  # completed, failed, skipped (already completed)
+    run_dir: str | None
+    error: str | None
+    duration_s: float | None
+
+
+Log = Callable[[str], None]
+
+
+def _write_state(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {"schema_version": STATE_VERSION, "runs": {}}
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON ({exc}): move it away to start the experiment afresh") from None
+    if state.get("schema_version") != STATE_VERSION:
+        raise UserError(f"{path} has schema_version {state.get('schema_version')!r}, this twintrace reads {STATE_VERSION}")
+    return state
+
+
+def _completed(run_dir: str | None) -> bool:
+    if not run_dir:
+        return False
+    try:
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return manifest.get("status") == "completed"
+
+
+def ensure_datasets(experiment: Experiment, data_root: Path, log: Log) -> dict[str, Path]:
+    """Generate every dataset the runs need that is not already complete; name -> path."""
+    from datagen.registry import generate
+
+    paths = {}
+    needed = {experiment.dataset_for(w).name for w in {r.workload for r in experiment.runs}}
+    for d in experiment.datasets:
+        if d.name not in needed:
+            continue
+        path = data_root / d.name
+        paths[d.name] = path
+        if (path / "manifest.json").exists():
+            continue
+        log(f"generating dataset {d.name} ({d.generator}, {d.size}) in {path}")
+        generate(d.generator, path, parse_size(d.size), seed=d.seed, force=path.exists(), scale=d.scale,
+                 group_size=d.group_size)
+    return paths
+
+
+def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> list[Outcome]:
+    """Run (or resume) every run of the grid, then produce the outputs; return the outcomes."""
+    import time
+
+    from images.build import workload_tag
+    from tracing.runner import TraceRequest, trace
+
+    home = Path(out_root) / experiment.name
+    runs_root = home / "runs"
+    runs_root.mkdir(parents=True, exist_ok=True)
+    state_path = home / "state.json"
+    state = _load_state(state_path)
+    datasets = ensure_datasets(experiment, home / "data", log)
+    outcomes = []
+    total = len(experiment.runs)
+    for i, spec in enumerate(experiment.runs, 1):
+        entry = state["runs"].get(spec.key, {})
+        if entry.get("status") == "completed" and _completed(entry.get("run_dir")):
+            log(f"[{i}/{total}] {spec.key}: already completed, skipped")
+            outcomes.append(Outcome(spec.key, "skipped", entry["run_dir"], None, entry.get("duration_s")))
+            continue
+        log(f"[{i}/{total}] {spec.key}")
+        per_workload = experiment.workloads.get(spec.workload, {})
+        settings = {**experiment.settings, **{k: v for k, v in per_workload.items() if k in SETTINGS_KEYS}}
+        config = WORKLOADS[spec.workload].config(
+            spec.variant, batch_size=spec.batch_size, accelerators=spec.accelerators, workers=spec.workers,
+            options=dict(per_workload.get("options", {})), **settings,
+        )
+        data = datasets[experiment.dataset_for(spec.workload).name]
+        started = time.monotonic()
+        before = set(runs_root.iterdir())
+        run_dir: Path | None = None
+        error = None
+        try:
+            run_dir = trace(TraceRequest(
+                image=workload_tag(spec.workload, spec.variant), command=None, label=spec.workload,
+                runs_root=runs_root, config=config, data_dir=data, memory_limit=spec.memory_limit or None,
+            ))
+            status = "completed"
+        except UserError as exc:
+            status, error = "failed", str(exc)
+            new = sorted(set(runs_root.iterdir()) - before)
+            run_dir = new[-1] if new else None
+            log(f"[{i}/{total}] {spec.key} failed: {error}")
+        duration = time.monotonic() - started
+        state["runs"][spec.key] = {
+            "status": status, "run_dir": str(run_dir) if run_dir else None, "error": error,
+            "duration_s": round(duration, 2), "spec": dataclasses.asdict(spec),
+        }
+        _write_state(state_path, state)
+        outcomes.append(Outcome(spec.key, status, str(run_dir) if run_dir else None, error, duration))
+    produce_outputs(experiment, state, home, log)
+    return outcomes
+
+
+def produce_outputs(experiment: Experiment, state: dict[str, Any], home: Path, log: Log) -> list[Path]:
+    """Timelines, breakdowns and comparisons of the completed runs, as the file asks."""
+    from analysis.rundir import load_run
+
+    done: dict[str, Any] = {}
+    for spec in experiment.runs:
+        entry = state["runs"].get(spec.key, {})
+        if entry.get("status") == "completed" and _completed(entry.get("run_dir")):
+            done[spec.key] = (spec, load_run(Path(entry["run_dir"])))
+    written: list[Path] = []
+    by_config: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for spec, run in done.values():
+        by_config.setdefault(spec.config_key, {})[spec.variant] = run
+    if experiment.produce.get("timelines"):
+        from analysis.timeline import write_timeline
+
+        for key, runs in by_config.items():
+            ordered = [runs[v] for v in VARIANTS if v in runs]
+            name = "-".join(str(k) for k in key if k != "")
+            written.append(write_timeline(ordered, home / "timelines" / f"{name}.html"))
+    if experiment.produce.get("breakdown"):
+        from analysis.breakdown import write_breakdown
+
+        for workload in sorted({s.workload for s, _ in done.values()}):
+            runs = [r for s, r in done.values() if s.workload == workload and s.variant in ("instrumented", "sleep")]
+            for variant in ("instrumented", "sleep"):
+                chosen = [r for r in runs if r.variant == variant]
+                if chosen:
+                    written.append(write_breakdown(chosen, home / "breakdowns" / f"{workload}-{variant}.html"))
+    if experiment.produce.get("compare"):
+        from analysis.compare_report import write_comparison_report
+        from analysis.similarity import compare_runs
+
+        scores = {}
+        for key, runs in by_config.items():
+            if "original" in runs and "sleep" in runs:
+                comparison = compare_runs(runs["original"], runs["sleep"])
+                name = "-".join(str(k) for k in key if k != "")
+                written.append(write_comparison_report(
+                    runs["original"], runs["sleep"], comparison, home / "comparisons" / f"{name}.html"))
+                scores[name] = comparison.to_dict()
+        if scores:
+            path = home / "comparisons" / "scores.json"
+            path.write_text(json.dumps(scores, indent=2) + "\n")
+            written.append(path)
+    for path in written:
+        log(f"wrote {path}")
+    return written
