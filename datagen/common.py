@@ -335,16 +335,17 @@ def run_file_tasks(
         pending: set[Future[dict[str, Any]]] = set(futures)
         while pending:
             done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_EXCEPTION)
-            for fut in done:
-                exc = fut.exception()
-                if exc is not None:
-                    raise exc
+            errors = [exc for fut in done if (exc := fut.exception()) is not None]
+            # Rename the shared files whose last part is done before raising a failure seen in
+            # the same round, as a worker renames its completed file: it is whole and stays.
             for fut in done:
                 name = task_of[fut].name
-                if name in parts_left:
+                if name in parts_left and fut.exception() is None:
                     parts_left[name] -= 1
                     if parts_left[name] == 0:
                         _finish_shared(shared_temp[name], out / name, fsync)
+            if errors:
+                raise errors[0]
             if progress is not None:
                 progress(min(counter.value, total), total)
         succeeded = True

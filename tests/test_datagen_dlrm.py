@@ -1,5 +1,9 @@
 """Tests of the DLRM dataset generator and of files written in parts by several processes.
 
+No torch here: the worker processes' fork server imports this module (its task functions), and
+importing torch there would cost seconds per session. The reader's tests are in
+test_dlrm_reader.py.
+
 Parts are shrunk (SMALL: 1500 records each) so that a dataset of about 2 MB has several parts
 per file and the whole file runs in a few seconds.
 """
@@ -34,14 +38,12 @@ from datagen.dlrm import (
     minimum_dataset_bytes,
     plan_dlrm,
 )
-from workloads.dlrm.dataset import DLRMBatches
 from workloads.dlrm.files import (
     COUNTS_NAME,
     RECORD_BYTES,
     TEST_NAME,
     TRAIN_NAME,
     check_dataset,
-    decode_batch,
     load_dataset,
 )
 from workloads.errors import UserError
@@ -146,7 +148,8 @@ def test_values_are_in_range_and_distributed_as_documented(dataset: tuple[Path, 
     assert set(np.unique(labels)) == {0, 1}
     rate = labels.mean()
     assert abs(rate - SMALL.positive_rate) < 5 * math.sqrt(0.034 * 0.966 / n)
-    assert dense.min() >= 0 and dense.max() <= dense_max(SMALL)
+    # dense_max is exact arithmetic; float32 rounding may add a unit or two.
+    assert dense.min() >= 0 and dense.max() <= dense_max(SMALL) * (1 + 1e-6)
     # Many zeros where the median is at most 1 (as Criteo's missing values), few elsewhere.
     zeros = (dense == 0).mean(axis=0)
     small_median = np.asarray(SMALL.dense_medians) <= 1
@@ -165,20 +168,6 @@ def test_values_are_in_range_and_distributed_as_documented(dataset: tuple[Path, 
     # A feature with 3 categories uses all of them; the 40M ones reach past 1M.
     assert set(np.unique(sparse[:, 5])) == {0, 1, 2}
     assert sparse[:, 0].max() > 1_000_000
-
-
-def test_reader_returns_what_the_generator_wrote(dataset: tuple[Path, dict]) -> None:
-    out, _ = dataset
-    data = load_dataset(out)
-    ds = DLRMBatches.from_data(data, batch_size=100, max_ind_range=10_000)
-    raw = (out / TRAIN_NAME).read_bytes()
-    for i in (0, len(ds) - 1):
-        dense, sparse, labels = ds[i]
-        chunk = raw[i * 100 * RECORD_BYTES : (i + 1) * 100 * RECORD_BYTES]
-        want = decode_batch(chunk, data.counts, 10_000)
-        for got, expected in zip((dense, sparse, labels), want, strict=True):
-            assert np.array_equal(got.numpy(), expected)
-        assert sparse.max() < 10_000
 
 
 # --------------------------------------------------------------------------------------------

@@ -75,9 +75,7 @@ def test_folder_layout_names_splits_and_round_robin_labels(folder: tuple[Path, d
     assert p["layout"] == "folder" and p["images"] == n_train + n_val > 20
     assert n_val == round(p["images"] * 0.1)
     expected = {f"train/{class_name(k % 5)}/{class_name(k % 5)}_{k}.JPEG" for k in range(n_train)}
-    expected |= {
-        f"val/{class_name(k % 5)}/ILSVRC2012_val_{k + 1:08d}.JPEG" for k in range(n_val)
-    }
+    expected |= {f"val/{class_name(k % 5)}/ILSVRC2012_val_{k + 1:08d}.JPEG" for k in range(n_val)}
     assert set(data_files(out)) == expected
     assert sorted(os.listdir(out / "train")) == [class_name(c) for c in range(5)]
 
@@ -101,7 +99,7 @@ def test_every_file_is_a_decodable_realistic_jpeg(folder: tuple[Path, dict]) -> 
     for name, data in data_files(out).items():
         pixels = decode_rgb(data)
         h, w, _ = pixels.shape
-        assert 100 <= min(w, h) and max(w, h) <= 1500, (name, w, h)
+        assert min(w, h) >= 100 and max(w, h) <= 1500, (name, w, h)
         assert 0.7 <= w / h <= 1.45, (name, w, h)
         # Real content, not a flat image: JPEG sizes depend on it.
         assert pixels.std() > 20
@@ -205,7 +203,10 @@ def test_group_files_are_exactly_the_concatenation_the_index_describes(
                 label = k_split % GROUPED.classes
                 assert int(row["label"]) == label
                 if split == "train":
-                    assert row["path"] == f"train/{class_name(label)}/{class_name(label)}_{k_split}.JPEG"
+                    assert (
+                        row["path"]
+                        == f"train/{class_name(label)}/{class_name(label)}_{k_split}.JPEG"
+                    )
                 else:
                     assert row["path"] == (
                         f"val/{class_name(label)}/ILSVRC2012_val_{k_split + 1:08d}.JPEG"
@@ -224,7 +225,7 @@ def test_grouped_and_folder_layouts_hold_the_same_images(tmp_path: Path) -> None
     rows = read_index(tmp_path / "g" / "train" / "index.csv")
     assert len(rows) <= a["params"]["images"] and b["params"]["images"] == len(rows)
     for row in rows:
-        group = (tmp_path / "g" / "train" / "groups" / f"group_{int(row['group']):06d}.bin")
+        group = tmp_path / "g" / "train" / "groups" / f"group_{int(row['group']):06d}.bin"
         member = group.read_bytes()[int(row["offset"]) :][: int(row["size"])]
         assert member == (tmp_path / "f" / row["path"]).read_bytes()
 

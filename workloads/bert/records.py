@@ -78,58 +78,80 @@ def _varint(value: int) -> bytes:
 
 
 def _unsigned(values: np.ndarray) -> np.ndarray:
-    """Integers as the unsigned values protobuf encodes (two's complement for negatives).
+    """Integers as the unsigned values protobuf encodes: a view when they are non-negative.
 
-    uint32 when they fit, since every later pass over them is then half the memory traffic.
+    Negative values are two's complement 64-bit, as in protobuf (10-byte varints).
     """
-    if values.size and values.min() >= 0 and values.max() < 2**32:
-        return values.astype(np.uint32, copy=False)
-    return values.astype(np.int64, copy=False).view(np.uint64)
+    if values.dtype.kind == "u":
+        return values
+    if values.dtype.kind == "b":
+        return values.view(np.uint8)
+    if values.size == 0 or values.min() >= 0:
+        return values.view(values.dtype.str.replace("i", "u"))
+    return values.astype(np.int64).view(np.uint64)
+
+
+def _build_luts() -> tuple[np.ndarray, np.ndarray]:
+    values = np.arange(1 << 16, dtype=np.uint32)
+    widths = (1 + (values >= 1 << 7) + (values >= 1 << 14)).astype(np.uint8)
+    planes = np.zeros((3, values.size), dtype=np.uint8)
+    for k in range(3):
+        byte = ((values >> (7 * k)) & 0x7F) | ((widths > k + 1) << 7)
+        planes[k] = np.where(widths > k, byte, 0)
+    return widths, planes
+
+
+# Varint widths and bytes (one table per byte plane, 0 past a value's last byte) of every value
+# below 2^16: one gather from a 64 KiB table costs less than the shifts, masks and compares
+# that compute a plane.
+_LUT_WIDTHS, _LUT_PLANES = _build_luts()
 
 
 def _varint_widths(values: np.ndarray) -> np.ndarray:
-    """Varint size of each unsigned value: 1 + the number of 7-bit thresholds it reaches."""
-    widths = np.ones(values.shape, dtype=np.int32)
+    """Varint size (uint8) of each unsigned value."""
+    if values.dtype.itemsize <= 2:
+        return _LUT_WIDTHS[values]
+    widths = np.ones(values.shape, dtype=np.uint8)
     for k in range(1, varint_size(int(values.max(initial=0)))):
-        widths += values >= values.dtype.type(1 << (7 * k))
+        widths += (values >= values.dtype.type(1 << (7 * k))).view(np.uint8)
     return widths
 
 
-def _varint_planes(values: np.ndarray, widths: np.ndarray, planes: int) -> np.ndarray:
-    """(*S, planes) bytes of values that all have the varint width ``planes``."""
-    out = np.empty((*values.shape, planes), dtype=np.uint8)
-    for k in range(planes):
-        out[..., k] = (values >> values.dtype.type(7 * k)).astype(np.uint8) & np.uint8(0x7F)
-        if k < planes - 1:
-            out[..., k] |= np.uint8(0x80)
-    return out
+def _varint_plane(values: np.ndarray, widths: np.ndarray, k: int) -> np.ndarray:
+    """Byte k of each value's varint, 0 where the varint is shorter."""
+    if values.dtype.itemsize <= 2:
+        return _LUT_PLANES[k][values]
+    byte = (values >> values.dtype.type(7 * k)).astype(np.uint8)
+    byte &= np.uint8(0x7F)
+    byte |= (widths > k + 1).view(np.uint8) << np.uint8(7)
+    return byte
 
 
-def _scatter_varints(out: np.ndarray, positions: np.ndarray, values: np.ndarray, widths: np.ndarray) -> None:
+def _scatter_varints(
+    out: np.ndarray, positions: np.ndarray, values: np.ndarray, widths: np.ndarray
+) -> None:
     """Write varint ``values`` (any shape) starting at ``positions`` into the zeroed ``out``.
 
-    One pass per byte plane, each over only the values that have that byte, so nothing is
-    written outside a value's own bytes. Zero values are skipped: their byte is already 0.
+    One scatter per byte plane, highest first, over every value: plane k of a value narrower
+    than k + 1 bytes is a zero byte landing on a later value's plane m < k (rewritten after it)
+    or up to width - 1 bytes past the last value, which the caller must write afterwards (see
+    :class:`_Writer`). This costs fewer passes than selecting the values of each plane. Zero
+    values are skipped: their one byte is already 0.
     """
     keep = values != 0
-    if not keep.all():
-        positions, values, widths = positions[keep], values[keep], widths[keep]
-    else:
-        positions, values, widths = positions.ravel(), values.ravel(), widths.ravel()
-    one = values.dtype.type(1)
-    for k in range(int(widths.max(initial=0))):
-        if k:
-            keep = widths > k
-            if not keep.all():
-                positions, values, widths = positions[keep], values[keep], widths[keep]
-        byte = (values >> values.dtype.type(7 * k)).astype(np.uint8) & np.uint8(0x7F)
-        byte |= (widths > k + 1).view(np.uint8) << np.uint8(7)
-        out[positions + k] = byte
-        del one
+    positions, values, widths = positions[keep], values[keep], widths[keep]
+    for k in reversed(range(varint_size(int(values.max(initial=0))))):
+        # Through a view starting k bytes in: no temporary positions + k array.
+        out[k:][positions] = _varint_plane(values, widths, k)
 
 
 class _Writer:
-    """Writes pieces of every record of a block at once, at a per-record cursor, into ``out``."""
+    """Writes one piece of every record of a block at a time, at a per-record cursor.
+
+    Pieces must be written in record order, since a varint piece may scribble zeros up to 9
+    bytes past its end (see :func:`_scatter_varints`); a record's last piece spills at most
+    into its CRC and the next record's 12-byte header, which the caller writes last.
+    """
 
     def __init__(self, out: np.ndarray, starts: np.ndarray) -> None:
         self.out = out
@@ -138,7 +160,7 @@ class _Writer:
     def const(self, data: bytes) -> None:
         for j, byte in enumerate(data):
             if byte:
-                self.out[self.cursor + j] = byte
+                self.out[j:][self.cursor] = byte
         self.cursor += len(data)
 
     def varint(self, values: np.ndarray) -> None:
@@ -148,12 +170,19 @@ class _Writer:
         self.cursor += widths
 
     def packed(self, values: np.ndarray, widths: np.ndarray) -> None:
-        # Each value's offset in its record's list: the sum of the widths before it.
-        offsets = np.cumsum(widths, axis=1, dtype=np.int64)
-        offsets -= widths
-        offsets += self.cursor[:, None]
-        _scatter_varints(self.out, offsets, values, widths)
-        self.cursor += offsets[:, -1] - self.cursor + widths[:, -1] if widths.shape[1] else 0
+        records, count = widths.shape
+        if not count:
+            return
+        # A value's position: its record's cursor plus the widths before it in the record, from
+        # one flat cumulative sum (numpy's cumsum along axis 1 is many times slower).
+        ends = np.cumsum(widths.ravel(), dtype=np.int64).reshape(records, count)
+        before = np.empty(records, dtype=np.int64)
+        before[0] = 0
+        before[1:] = ends[:-1, -1]
+        positions = ends - widths
+        positions += (self.cursor - before)[:, None]
+        _scatter_varints(self.out, positions, values, widths)
+        self.cursor += ends[:, -1] - before
 
     def skip(self, n: int | np.ndarray) -> np.ndarray:
         """Leave ``n`` bytes to be filled later; returns where they start in each record."""
@@ -198,19 +227,30 @@ def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarr
         if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
             tag = _TAG_3
             values = _unsigned(array)
-            widths = _varint_widths(values)
-            payload_len = widths.sum(axis=1, dtype=np.int64)
-            lo, hi = (int(widths.min()), int(widths.max())) if widths.size else (1, 1)
-            payload = (
-                _varint_planes(values, widths, lo).reshape(n, -1) if lo == hi else None
-            )
+            if values.size == 0 or values.max() < 0x80:
+                # One byte per value, the value itself (0/1 masks and labels).
+                widths = None
+                payload_len = np.full(n, values.shape[1], dtype=np.int64)
+                payload = values.astype(np.uint8)
+            else:
+                widths = _varint_widths(values)
+                payload_len = widths.sum(axis=1, dtype=np.int64)
+                lo, hi = int(widths.min()), int(widths.max())
+                payload = (
+                    np.stack([_varint_plane(values, widths, k) for k in range(lo)], axis=-1)
+                    if lo == hi
+                    else None
+                )
+            if payload is not None:
+                payload = payload.reshape(n, -1)
         elif np.issubdtype(array.dtype, np.floating):
             tag = _TAG_2
             payload = np.ascontiguousarray(array, dtype="<f4").view(np.uint8).reshape(n, -1)
             payload_len = np.full(n, payload.shape[1], dtype=np.int64)
         else:
             raise TypeError(f"feature {name!r} of dtype {array.dtype} is neither integer nor float")
-        list_len = 1 + _vsize(payload_len) + payload_len
+        # Like protobuf, an empty list has no packed field at all.
+        list_len = np.where(payload_len > 0, 1 + _vsize(payload_len) + payload_len, 0)
         feature_len = 1 + _vsize(list_len) + list_len
         entry_len = len(key_part) + _vsize(feature_len) + feature_len
         features_len += 1 + _vsize(entry_len) + entry_len
@@ -222,8 +262,7 @@ def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarr
                 + _varint(int(feature_len[0]))
                 + bytes([tag])
                 + _varint(int(list_len[0]))
-                + bytes([_TAG_1])
-                + _varint(int(payload_len[0]))
+                + (bytes([_TAG_1]) + _varint(int(payload_len[0])) if payload_len[0] else b"")
             )
             row = np.frombuffer(header, dtype=np.uint8)
             fixed += [np.broadcast_to(row, (n, row.size)), payload]
@@ -234,13 +273,9 @@ def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarr
     ends = np.cumsum(sizes)
     starts = ends - sizes
 
-    out = np.zeros(int(ends[-1]), dtype=np.uint8)
-    length_bytes = example_len.astype("<u8").view(np.uint8).reshape(n, 8)
-    for j in range(8):
-        if length_bytes[:, j].any():
-            out[starts + j] = length_bytes[:, j]
-    w = _Writer(out, starts + 8)
-    w.skip(4)  # CRC of the length, filled in below
+    # Slack for what the last record's varints may scribble past its end (see _Writer).
+    out = np.zeros(int(ends[-1]) + 16, dtype=np.uint8)
+    w = _Writer(out, starts + HEADER_BYTES)
     w.const(bytes([_TAG_1]))
     w.varint(features_len)
     fixed_block = np.concatenate(fixed, axis=1) if fixed else np.empty((n, 0), np.uint8)
@@ -256,8 +291,11 @@ def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarr
         w.varint(payload_len)
         w.packed(values, widths)
 
-    # The only per-record Python work: copying the fixed run and two calls into the (hardware)
-    # CRC-32C.
+    # Written after the varints, which may have scribbled zeros over them: the length, the
+    # fixed run, then the CRCs. The only per-record Python work: copying the fixed run and two
+    # calls into the (hardware) CRC-32C.
+    length_bytes = example_len.astype("<u8").view(np.uint8).reshape(n, 8)
+    out[starts[:, None] + np.arange(8)] = length_bytes
     width = fixed_block.shape[1]
     if width:
         for row, at in zip(fixed_block, fixed_at.tolist(), strict=True):
@@ -276,7 +314,7 @@ def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarr
     out[(ends - FOOTER_BYTES)[:, None] + four] = (
         _mask_crcs(np.array(data_crcs)).astype("<u4").view(np.uint8).reshape(n, 4)
     )
-    return out, ends
+    return out[: ends[-1]], ends
 
 
 def encode_examples(features: Mapping[str, np.ndarray]) -> bytes:

@@ -54,6 +54,9 @@ class DLRMBatches(Dataset[Batch]):
         emitter: Emitter | None = None,
         counts: Sequence[int] | None = None,
     ) -> None:
+        # First, so that __del__ works even when a check below fails.
+        self._fd = -1
+        self._pid = -1
         self.path = Path(path)
         if batch_size < 1:
             raise UserError(f"DLRM batch_size must be at least 1, got {batch_size}")
@@ -62,6 +65,15 @@ class DLRMBatches(Dataset[Batch]):
                 f"{self.path} has {records} records, fewer than one batch of {batch_size}: "
                 f"lower batch_size or {REGENERATE} with a larger size"
             )
+        try:
+            size = self.path.stat().st_size
+        except OSError as exc:
+            raise UserError(f"cannot open {self.path} ({exc.strerror}): {REGENERATE}") from None
+        if size < records * RECORD_BYTES:
+            raise UserError(
+                f"{self.path} is {size} bytes, shorter than its {records} records of "
+                f"{RECORD_BYTES} bytes: the file is truncated; {REGENERATE}"
+            )
         self.records = records
         self.batch_size = batch_size
         self.batch_bytes = batch_size * RECORD_BYTES
@@ -69,8 +81,6 @@ class DLRMBatches(Dataset[Batch]):
         self.emitter = emitter
         self.counts = tuple(counts) if counts is not None else None
         self.epoch = -1
-        self._fd = -1
-        self._pid = -1
 
     @classmethod
     def from_data(
@@ -128,7 +138,7 @@ class DLRMBatches(Dataset[Batch]):
             ) from None
         if len(data) != self.batch_bytes:
             raise UserError(
-                f"{self.path} ends at offset {offset + len(data)}, inside the batch at offset "
+                f"{self.path} is {os.fstat(fd).st_size} bytes, too short for the batch at offset "
                 f"{offset} ({self.batch_bytes} bytes): the file is truncated; {REGENERATE}"
             )
         return data
@@ -165,4 +175,6 @@ class DLRMBatches(Dataset[Batch]):
         return {**self.__dict__, "_fd": -1, "_pid": -1}
 
     def __del__(self) -> None:
-        self.close()
+        # At interpreter exit the os module may already be torn down: nothing left to do then.
+        with contextlib.suppress(Exception):
+            self.close()

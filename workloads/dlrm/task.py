@@ -59,8 +59,11 @@ class DLRMTask(Task):
         return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
 
     def _dataset(self, path: Path, records: int, batch_size: int, emitter: Emitter) -> DLRMBatches:
+        # With the counts, a corrupt index or label is an error naming the file and offset
+        # rather than an embedding IndexError deep in the model.
         return DLRMBatches(
-            path, records, batch_size, max_ind_range=self.model_config.max_ind_range, emitter=emitter
+            path, records, batch_size, max_ind_range=self.model_config.max_ind_range,
+            emitter=emitter, counts=self.data.counts,
         )
 
     def train_loader(

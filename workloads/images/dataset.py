@@ -144,14 +144,16 @@ class GroupedImageDataset(_Base, Dataset[tuple[torch.Tensor, torch.Tensor]]):
         t0 = time.monotonic_ns()
         data = read_whole(group.path)
         t1 = time.monotonic_ns()
-        rng = self._rng(i)
-        images = []
         for m in group.members:
+            # Checked before decoding anything: a short read means a truncated or replaced file.
             if m.offset + m.size > len(data):
                 raise UserError(
                     f"{group.path} is truncated: {m.name} needs bytes {m.offset}.."
                     f"{m.offset + m.size} but the file has {len(data)}: {REGENERATE}"
                 )
+        rng = self._rng(i)
+        images = []
+        for m in group.members:
             where = f"{m.name} in {group.path} (offset {m.offset})"
             images.append(self._transform(data[m.offset : m.offset + m.size], where, rng))
         batch = torch.stack(images)
