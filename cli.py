@@ -360,6 +360,48 @@ def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path)
     click.echo(str(target))
 
 
+@cli.command()
+@click.argument("real")
+@click.argument("emulated")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON breakdown on stdout (overall score under `overall`).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for compare.html and comparison.json (default: the emulated run's directory).")
+@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@user_errors
+def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_root: Path) -> None:
+    """Score how closely an emulated run stresses the storage stack like a real one: per
+    resource and aspect in [0, 1] and overall (docs/similarity.md); write an HTML report.
+
+    Example: ./cli.py compare runs/RUN_ORIGINAL runs/RUN_SLEEP --json
+    """
+    from analysis.compare_report import write_comparison_report
+    from analysis.rundir import load_run, resolve_run
+    from analysis.similarity import compare_runs
+
+    real_run = load_run(resolve_run(real, runs_root))
+    emulated_run = load_run(resolve_run(emulated, runs_root))
+    with err_console.status("comparing runs"):
+        comparison = compare_runs(real_run, emulated_run)
+    target = out_dir or emulated_run.path
+    target.mkdir(parents=True, exist_ok=True)
+    name = "compare.html" if out_dir else f"compare-{real_run.run_id}.html"
+    report = write_comparison_report(real_run, emulated_run, comparison, target / name)
+    data = comparison.to_dict()
+    from tracing.rundir import atomic_write_json
+
+    atomic_write_json(target / name.replace(".html", ".json").replace("compare", "comparison", 1), data)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        table = Table("aspect", "resource", "score", "measure")
+        for a in comparison.aspects:
+            score = f"skipped: {a.skipped}" if a.score is None else f"{a.score:.3f}"
+            table.add_row(a.title, a.resource, score, a.measure)
+        Console().print(table)
+        click.echo(f"overall {comparison.overall:.3f}")
+    err_console.print(f"report: {report}")
+
+
 @cli.group()
 def profile() -> None:
     """Sleep profiles: fit them to instrumented runs or measure a workload's compute natively."""

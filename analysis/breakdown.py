@@ -143,7 +143,7 @@ def step_table(run: Run) -> pd.DataFrame:
             "(load_batch_mem, all_compute): trace the instrumented or sleep variant "
             "for a step breakdown"
         )
-    steps = load.join(compute, how="inner", lsuffix="_load", rsuffix="_compute")
+    steps = load.add_suffix("_load").join(compute.add_suffix("_compute"), how="inner")
     ends = phases[
         phases["key"].eq("step_end").to_numpy(dtype=bool, na_value=False)
         & (phases["step"].to_numpy() >= 0)

@@ -36,7 +36,7 @@ from scipy.spatial.distance import jensenshannon
 from scipy.stats import kendalltau, ks_2samp, wasserstein_distance
 
 from analysis.rundir import Run
-from analysis.timeline import READ_KINDS, WRITE_KINDS, _step_intervals
+from analysis.timeline import READ_KINDS, WRITE_KINDS, step_intervals
 from workloads.errors import UserError
 
 #: Points each time series is resampled to over its run's own [start, end].
@@ -477,8 +477,9 @@ class RunProfile:
 
     ``series``: name -> :data:`N_POINTS`-long array over the run's [start, end] (bytes per bin
     for I/O, mean per bin for samples); absent when the run has no such data. ``read_gaps_ns``:
-    every read inter-arrival time. ``files_read``: per path read, in first-read order, columns
-    ``bytes``; ``opens``: successful opens per path. Durations are seconds.
+    every read inter-arrival time. ``files_read``: bytes read per path (non-empty reads), in
+    first-read order; ``opens``: successful opens per path; both limited to ``file_scope``.
+    Durations are seconds.
     """
 
     run_id: str
@@ -637,7 +638,7 @@ def run_profile(run: Run, points: int = N_POINTS, file_scope: Sequence[str] = ()
     totals["closes"] = float((mask(("close",)) & ok).sum())
 
     phases = run.phases
-    steps = _step_intervals(phases)
+    steps = step_intervals(phases)
     step_s = (
         steps["end_ns"].to_numpy(dtype=np.int64) - steps["ts_ns"].to_numpy(dtype=np.int64)
     ) * 1e-9

@@ -450,7 +450,7 @@ def _interval_rows(phases: pd.DataFrame, key: str) -> pd.DataFrame:
     return phases[_is(phases["kind"], "interval") & _is(phases["key"], key)]
 
 
-def _step_intervals(phases: pd.DataFrame) -> pd.DataFrame:
+def step_intervals(phases: pd.DataFrame) -> pd.DataFrame:
     """Step intervals (``ts_ns``, ``end_ns``, ``epoch``, ``step``) of the lowest rank.
 
     ``step`` interval rows when the workload logs them; otherwise derived from ``step_end``
@@ -498,7 +498,7 @@ def _phase_lane(phases: pd.DataFrame, clock: _Clock) -> _Lane:
                 hovertemplate=hover,
             )
         )
-    steps = _step_intervals(phases)
+    steps = step_intervals(phases)
     if len(steps) > MAX_STEPS:
         lane.note = f"{len(steps):,} steps not drawn (more than {MAX_STEPS:,})"
     elif len(steps):

@@ -358,6 +358,11 @@ def _smooth_field(rng: np.random.Generator, height: int, width: int) -> np.ndarr
     return field.astype(np.uint8)
 
 
+def _random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` random bytes (uint8 array): the raw 64-bit draws, ~4x faster than ``rng.bytes``."""
+    return rng.bit_generator.random_raw(-(-n // 8)).view(np.uint8)[:n]
+
+
 def pool_image(
     seed: int, j: int, width: int, height: int, texture: float, amplitude: float
 ) -> Image.Image:
@@ -376,14 +381,14 @@ def pool_image(
         else:
             draw.rectangle(box, fill=colour)
     # Per-pixel noise, whose amplitude sets how many bytes a pixel costs ...
-    noise = np.frombuffer(rng.bytes(height * width * 3), np.int8).reshape(height, width, 3)
+    noise = _random_bytes(rng, height * width * 3).view(np.int8).reshape(height, width, 3)
     pixels = noise.astype(np.int16)
     pixels *= int(amplitude)
     pixels >>= 7
     pixels += np.asarray(img)
     # ... and a mid-frequency luminance texture (quarter-resolution noise, upsampled).
     th, tw = height // 4 + 1, width // 4 + 1
-    coarse = np.frombuffer(rng.bytes(th * tw), np.uint8).reshape(th, tw)
+    coarse = _random_bytes(rng, th * tw).reshape(th, tw)
     luma = np.asarray(
         Image.fromarray(coarse, "L").resize((width, height), Image.Resampling.BILINEAR)
     ).astype(np.int16)
@@ -485,9 +490,10 @@ def unique_jpeg(jpeg: bytes, size: int, seed: int, index: int) -> list[bytes]:
     # Split the padding evenly over as few segments as the 64 KiB segment limit allows.
     n_seg = -(-pad // (4 + _COM_MAX_PAYLOAD))
     base, extra = divmod(pad, n_seg)
-    payload = _TAG_FORMAT.format(index).encode() + np.random.default_rng(
-        [seed, _PADDING, index]
-    ).bytes(pad - 4 * n_seg - _TAG_BYTES)
+    noise = _random_bytes(
+        np.random.default_rng([seed, _PADDING, index]), pad - 4 * n_seg - _TAG_BYTES
+    )
+    payload = _TAG_FORMAT.format(index).encode() + noise.tobytes()
     segments = []
     start = 0
     for s in range(n_seg):
@@ -627,6 +633,9 @@ def generate_images(
         raise UserError(f"workers must be at least 1, got {workers}")
     out = prepare_output_dir(Path(out), force)
     started = time.monotonic()
+    if progress is not None:
+        # The pool is encoded before any dataset byte is written: show the total meanwhile.
+        progress(0, plan.total_bytes)
     pool_dir = Path(tempfile.mkdtemp(prefix="twintrace-image-pool-"))
     try:
         pool_records = run_file_tasks(

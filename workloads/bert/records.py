@@ -8,17 +8,18 @@ with ``masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8 (mod 2^32)`` over 
 
 Why a hand-written encoder: the ``tfrecord`` package's ``TFRecordWriter`` runs at ~7 MB/s per
 core and building ``Example`` messages with protobuf at ~21 MB/s, far below disk speed. A BERT
-record is nearly all packed integer lists, so a whole block of records can be encoded with a
-few numpy passes: varint bytes of every value at once, per-record length prefixes as arrays, and
-one boolean-mask compaction that lays the records out end to end. Only the CRCs are computed per
-record (by the ``crc32c`` package, hardware-accelerated). Parsing goes through protobuf
-(``tfrecord.example_pb2``), the reference decoder.
+record is nearly all packed integer lists, so a whole block of records is encoded at once with
+numpy: length prefixes as per-record arrays, varint bytes from lookup tables scattered into
+place one byte plane at a time, fixed-size features copied as one run per record. Only the data
+CRCs are computed per record (by the ``crc32c`` package, hardware-accelerated). Parsing goes
+through protobuf (``tfrecord.example_pb2``), the reference decoder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import crc32c
@@ -60,6 +61,34 @@ def _mask_crcs(crcs: np.ndarray) -> np.ndarray:
 # Encoding
 
 
+@dataclasses.dataclass(frozen=True)
+class Padded:
+    """An int64 list feature given as each record's leading values, then zeros up to ``length``.
+
+    ``values`` (1-D) holds the leading values of every record, one record after the other, and
+    ``counts[i]`` how many belong to record i. The cheap way to pass zero-padded sequences such
+    as BERT's input_ids: the encoder does no work for the padding (one zero byte per value).
+    """
+
+    values: np.ndarray
+    counts: np.ndarray
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.values.ndim != 1 or self.counts.ndim != 1:
+            raise ValueError("Padded values and counts must be 1-D arrays")
+        if int(self.counts.sum()) != self.values.size:
+            raise ValueError("Padded counts must add up to the number of values")
+        if self.counts.size and (self.counts.min() < 0 or self.counts.max() > self.length):
+            raise ValueError(f"Padded counts must be between 0 and length ({self.length})")
+
+    def dense(self) -> np.ndarray:
+        """The (records, length) int64 array this stands for."""
+        out = np.zeros((self.counts.size, self.length), dtype=np.int64)
+        out[np.arange(self.length) < self.counts[:, None]] = self.values
+        return out
+
+
 def varint_size(value: int) -> int:
     """Bytes of the protobuf varint of a non-negative ``value``."""
     return max(1, (int(value).bit_length() + 6) // 7)
@@ -80,7 +109,7 @@ def _varint(value: int) -> bytes:
 def _unsigned(values: np.ndarray) -> np.ndarray:
     """Integers as the unsigned values protobuf encodes: a view when they are non-negative.
 
-    Negative values are two's complement 64-bit, as in protobuf (10-byte varints).
+    Negative values become two's complement 64-bit, as in protobuf (10-byte varints).
     """
     if values.dtype.kind == "u":
         return values
@@ -102,8 +131,8 @@ def _build_luts() -> tuple[np.ndarray, np.ndarray]:
 
 
 # Varint widths and bytes (one table per byte plane, 0 past a value's last byte) of every value
-# below 2^16: one gather from a 64 KiB table costs less than the shifts, masks and compares
-# that compute a plane.
+# below 2^16: a gather from a 64 KiB table costs less than the shifts, masks and compares that
+# compute a plane.
 _LUT_WIDTHS, _LUT_PLANES = _build_luts()
 
 
@@ -132,17 +161,23 @@ def _scatter_varints(
 ) -> None:
     """Write varint ``values`` (any shape) starting at ``positions`` into the zeroed ``out``.
 
-    One scatter per byte plane, highest first, over every value: plane k of a value narrower
-    than k + 1 bytes is a zero byte landing on a later value's plane m < k (rewritten after it)
-    or up to width - 1 bytes past the last value, which the caller must write afterwards (see
-    :class:`_Writer`). This costs fewer passes than selecting the values of each plane. Zero
-    values are skipped: their one byte is already 0.
+    One scatter per byte plane, highest first. Plane k of a value narrower than k + 1 bytes is
+    a zero byte, landing either on a later value's plane m < k (rewritten after it) or at most
+    width - 1 bytes past the last value, which the caller writes afterwards (see
+    :class:`_Writer`); so a plane that most values have is written for all of them, which costs
+    less than selecting them. Zero values are skipped: their one byte is already 0.
     """
-    keep = values != 0
-    positions, values, widths = positions[keep], values[keep], widths[keep]
-    for k in reversed(range(varint_size(int(values.max(initial=0))))):
+    positions, values, widths = positions.ravel(), values.ravel(), widths.ravel()
+    if np.count_nonzero(values) < values.size:
+        keep = values != 0
+        positions, values, widths = positions[keep], values[keep], widths[keep]
+    for k in reversed(range(int(widths.max(initial=0)))):
+        at, these, sizes = positions, values, widths
+        if k and np.count_nonzero(widths > k) * 4 < widths.size:
+            keep = widths > k
+            at, these, sizes = positions[keep], values[keep], widths[keep]
         # Through a view starting k bytes in: no temporary positions + k array.
-        out[k:][positions] = _varint_plane(values, widths, k)
+        out[k:][at] = _varint_plane(these, sizes, k)
 
 
 class _Writer:
@@ -170,6 +205,7 @@ class _Writer:
         self.cursor += widths
 
     def packed(self, values: np.ndarray, widths: np.ndarray) -> None:
+        """Varints of a (records, count) array, each record's one after the other."""
         records, count = widths.shape
         if not count:
             return
@@ -184,6 +220,13 @@ class _Writer:
         _scatter_varints(self.out, positions, values, widths)
         self.cursor += ends[:, -1] - before
 
+    def padded(self, values: np.ndarray, widths: np.ndarray, feature: _PaddedLayout) -> None:
+        """Varints of a :class:`Padded` feature: its values, then its zeros (left as they are)."""
+        positions = feature.ends - widths
+        positions += np.repeat(self.cursor - feature.before, feature.counts)
+        _scatter_varints(self.out, positions, values, widths)
+        self.cursor += feature.payload_len
+
     def skip(self, n: int | np.ndarray) -> np.ndarray:
         """Leave ``n`` bytes to be filled later; returns where they start in each record."""
         where = self.cursor.copy()
@@ -191,64 +234,72 @@ class _Writer:
         return where
 
 
+@dataclasses.dataclass(frozen=True)
+class _PaddedLayout:
+    counts: np.ndarray  # values given per record
+    ends: np.ndarray  # cumulative varint bytes of the values, over the whole block
+    before: np.ndarray  # that sum before each record's first value
+    payload_len: np.ndarray  # packed bytes per record, padding included
+
+
 def _vsize(lengths: np.ndarray) -> np.ndarray:
     return _varint_widths(_unsigned(lengths)).astype(np.int64)
 
 
-def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _crc32c_table() -> np.ndarray:
+    crc = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        crc = np.where(crc & 1, (crc >> 1) ^ np.uint32(0x82F63B78), crc >> 1)
+    return crc.astype(np.uint32)
+
+
+_CRC_TABLE = _crc32c_table()
+
+
+def _crc32c_of_lengths(lengths: np.ndarray) -> np.ndarray:
+    """CRC-32C of each length's 8 little-endian bytes, all at once (table-driven)."""
+    crc = np.full(lengths.shape, 0xFFFFFFFF, dtype=np.uint32)
+    for j in range(8):
+        byte = ((lengths >> np.uint64(8 * j)) & np.uint64(0xFF)).astype(np.uint32)
+        crc = _CRC_TABLE[(crc ^ byte) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+def encode_examples_buffer(
+    features: Mapping[str, np.ndarray | Padded],
+) -> tuple[np.ndarray, np.ndarray]:
     """Framed TFRecords of a block of ``tf.train.Example``: (bytes as uint8 array, record ends).
 
-    ``features`` maps each feature name to a 2-D array (records, values): integer arrays become
-    ``int64_list`` features, floating-point arrays ``float_list`` (float32). Record ``i`` of the
-    result is ``buffer[ends[i - 1]:ends[i]]`` (``ends[-1]`` is the buffer's size), framing and
-    CRCs included, so a caller may keep any prefix of whole records.
+    ``features`` maps each feature name to a 2-D array (records, values) or a :class:`Padded`:
+    integers become ``int64_list`` features, floating point ``float_list`` (float32). Record
+    ``i`` of the result is ``buffer[ends[i - 1]:ends[i]]`` (``ends[-1]`` is the buffer's size),
+    framing and CRCs included, so a caller may keep any prefix of whole records.
 
-    Layout: features whose encoded size is the same in every record of the block (floats,
-    integers whose varints all have one width) come first, as one run of bytes per record
-    copied in place; the others follow, their varints scattered byte plane by byte plane into a
-    zeroed buffer (zero values, such as padding, cost nothing).
+    Layout of an Example: features whose encoded size is the same in every record of the block
+    (floats, integers whose varints all have one width) first, as one run of bytes per record
+    copied in place; then the others, their varints scattered byte plane by byte plane into a
+    zeroed buffer (zero values, such as padding, cost nothing). Protobuf allows map entries in
+    any order.
     """
     if not features:
         raise ValueError("an Example needs at least one feature")
-    arrays = {name: np.asarray(a) for name, a in features.items()}
-    shapes = {a.shape[0] if a.ndim == 2 else -1 for a in arrays.values()}
-    if len(shapes) != 1 or -1 in shapes:
-        raise ValueError("every feature must be a 2-D array with the same number of records")
-    n = shapes.pop()
+    records = {
+        f.counts.size if isinstance(f, Padded) else (np.shape(f)[0] if np.ndim(f) == 2 else -1)
+        for f in features.values()
+    }
+    if len(records) != 1 or -1 in records:
+        raise ValueError("every feature must be a 2-D array or a Padded, all of one record count")
+    n = records.pop()
     if n == 0:
         return np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.int64)
 
     fixed: list[np.ndarray] = []  # (n, W) bytes of each fixed-size entry, header included
-    variable = []
+    variable: list[tuple[bytes, np.ndarray, Callable[[_Writer], None]]] = []
     features_len = np.zeros(n, dtype=np.int64)
-    for name, array in arrays.items():
+    for name, feature in features.items():
         key = name.encode()
+        tag, payload_len, payload, write = _prepare(name, feature, n)
         key_part = bytes([_TAG_1]) + _varint(len(key)) + key + bytes([_TAG_2])
-        if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
-            tag = _TAG_3
-            values = _unsigned(array)
-            if values.size == 0 or values.max() < 0x80:
-                # One byte per value, the value itself (0/1 masks and labels).
-                widths = None
-                payload_len = np.full(n, values.shape[1], dtype=np.int64)
-                payload = values.astype(np.uint8)
-            else:
-                widths = _varint_widths(values)
-                payload_len = widths.sum(axis=1, dtype=np.int64)
-                lo, hi = int(widths.min()), int(widths.max())
-                payload = (
-                    np.stack([_varint_plane(values, widths, k) for k in range(lo)], axis=-1)
-                    if lo == hi
-                    else None
-                )
-            if payload is not None:
-                payload = payload.reshape(n, -1)
-        elif np.issubdtype(array.dtype, np.floating):
-            tag = _TAG_2
-            payload = np.ascontiguousarray(array, dtype="<f4").view(np.uint8).reshape(n, -1)
-            payload_len = np.full(n, payload.shape[1], dtype=np.int64)
-        else:
-            raise TypeError(f"feature {name!r} of dtype {array.dtype} is neither integer nor float")
         # Like protobuf, an empty list has no packed field at all.
         list_len = np.where(payload_len > 0, 1 + _vsize(payload_len) + payload_len, 0)
         feature_len = 1 + _vsize(list_len) + list_len
@@ -267,7 +318,9 @@ def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarr
             row = np.frombuffer(header, dtype=np.uint8)
             fixed += [np.broadcast_to(row, (n, row.size)), payload]
         else:
-            variable.append((key_part, tag, values, widths, payload_len, list_len, feature_len, entry_len))
+            assert write is not None
+            lengths = (entry_len, feature_len, list_len, payload_len)
+            variable.append((key_part, np.stack(lengths), write))
     example_len = 1 + _vsize(features_len) + features_len
     sizes = HEADER_BYTES + example_len + FOOTER_BYTES
     ends = np.cumsum(sizes)
@@ -280,47 +333,79 @@ def encode_examples_buffer(features: Mapping[str, np.ndarray]) -> tuple[np.ndarr
     w.varint(features_len)
     fixed_block = np.concatenate(fixed, axis=1) if fixed else np.empty((n, 0), np.uint8)
     fixed_at = w.skip(fixed_block.shape[1])
-    for key_part, tag, values, widths, payload_len, list_len, feature_len, entry_len in variable:
+    for key_part, (entry_len, feature_len, list_len, payload_len), write in variable:
         w.const(bytes([_TAG_1]))
         w.varint(entry_len)
         w.const(key_part)
         w.varint(feature_len)
-        w.const(bytes([tag]))
+        w.const(bytes([_TAG_3]))  # only integer features have varying sizes
         w.varint(list_len)
         w.const(bytes([_TAG_1]))
         w.varint(payload_len)
-        w.packed(values, widths)
+        write(w)
 
-    # Written after the varints, which may have scribbled zeros over them: the length, the
-    # fixed run, then the CRCs. The only per-record Python work: copying the fixed run and two
-    # calls into the (hardware) CRC-32C.
-    length_bytes = example_len.astype("<u8").view(np.uint8).reshape(n, 8)
-    out[starts[:, None] + np.arange(8)] = length_bytes
+    # Written after the varints, which may have scribbled zeros over them: the fixed run, the
+    # lengths and the CRCs. The only per-record Python work: copying the fixed run and one call
+    # into the (hardware) CRC-32C.
     width = fixed_block.shape[1]
     if width:
         for row, at in zip(fixed_block, fixed_at.tolist(), strict=True):
             out[at : at + width] = row
+    four = np.arange(4)
+    lengths = example_len.astype(np.uint64)
+    out[starts[:, None] + np.arange(8)] = lengths.astype("<u8").view(np.uint8).reshape(n, 8)
+    length_crcs = _mask_crcs(_crc32c_of_lengths(lengths))
+    out[(starts + 8)[:, None] + four] = length_crcs.astype("<u4").view(np.uint8).reshape(n, 4)
     view = memoryview(out)
-    starts_list, ends_list = starts.tolist(), ends.tolist()
-    length_crcs = [crc32c.crc32c(view[s : s + 8]) for s in starts_list]
     data_crcs = [
         crc32c.crc32c(view[s + HEADER_BYTES : e - FOOTER_BYTES])
-        for s, e in zip(starts_list, ends_list, strict=True)
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
     ]
-    four = np.arange(4)
-    out[(starts + 8)[:, None] + four] = (
-        _mask_crcs(np.array(length_crcs)).astype("<u4").view(np.uint8).reshape(n, 4)
-    )
     out[(ends - FOOTER_BYTES)[:, None] + four] = (
-        _mask_crcs(np.array(data_crcs)).astype("<u4").view(np.uint8).reshape(n, 4)
+        _mask_crcs(np.array(data_crcs, dtype=np.uint32)).astype("<u4").view(np.uint8).reshape(n, 4)
     )
     return out[: ends[-1]], ends
 
 
-def encode_examples(features: Mapping[str, np.ndarray]) -> bytes:
+def _prepare(
+    name: str, feature: np.ndarray | Padded, n: int
+) -> tuple[int, np.ndarray, np.ndarray | None, Callable[[_Writer], None] | None]:
+    """(tag, packed bytes per record, fixed payload (n, W) or None, writer of a varying one)."""
+    if isinstance(feature, Padded) and feature.length == 0:
+        return _TAG_3, np.zeros(n, dtype=np.int64), np.empty((n, 0), dtype=np.uint8), None
+    if isinstance(feature, Padded):
+        values = _unsigned(feature.values)
+        widths = _varint_widths(values)
+        ends = np.cumsum(widths, dtype=np.int64)
+        first = np.cumsum(feature.counts) - feature.counts
+        from_zero = np.concatenate(([0], ends))
+        before = from_zero[first]
+        payload_len = from_zero[first + feature.counts] - before + (feature.length - feature.counts)
+        layout = _PaddedLayout(feature.counts, ends, before, payload_len)
+        return _TAG_3, payload_len, None, lambda w: w.padded(values, widths, layout)
+    array = np.asarray(feature)
+    if np.issubdtype(array.dtype, np.floating):
+        payload = np.ascontiguousarray(array, dtype="<f4").view(np.uint8).reshape(n, -1)
+        return _TAG_2, np.full(n, payload.shape[1], dtype=np.int64), payload, None
+    if not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+        raise TypeError(f"feature {name!r} of dtype {array.dtype} is neither integer nor float")
+    values = _unsigned(array)
+    if values.size == 0 or values.max() < 0x80:
+        # One byte per value, the value itself (0/1 masks and labels).
+        return _TAG_3, np.full(n, values.shape[1], dtype=np.int64), values.astype(np.uint8), None
+    widths = _varint_widths(values)
+    payload_len = widths.sum(axis=1, dtype=np.int64)
+    lo, hi = int(widths.min()), int(widths.max())
+    if lo == hi:
+        planes = [_varint_plane(values, widths, k) for k in range(lo)]
+        return _TAG_3, payload_len, np.stack(planes, axis=-1).reshape(n, -1), None
+    return _TAG_3, payload_len, None, lambda w: w.packed(values, widths)
+
+
+def encode_examples(features: Mapping[str, np.ndarray | Padded]) -> bytes:
     """Framed TFRecord bytes of a block of ``tf.train.Example`` records, one per row.
 
-    ``features`` maps names to 2-D arrays (records, values); see
+    ``features`` maps names to 2-D arrays (records, values) or :class:`Padded`; see
     :func:`encode_examples_buffer`.
     """
     return encode_examples_buffer(features)[0].tobytes()
