@@ -402,6 +402,59 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
     err_console.print(f"report: {report}")
 
 
+@plot.command("breakdown")
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="HTML file (default: breakdown.html in the first run directory).")
+@click.option("--json", "as_json", is_flag=True, help="Print the breakdown table as JSON records.")
+@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@user_errors
+def plot_breakdown(runs: tuple[str, ...], out_path: Path | None, as_json: bool, runs_root: Path) -> None:
+    """Per-step overall, data-loading and compute time (median, IQR band) vs batch size, one line
+    per accelerator count; throughputs, loader latencies and accelerator utilisation (AU), first
+    step of each epoch excluded (docs/analysis.md). Needs instrumented or sleep runs.
+
+    Example: ./cli.py plot breakdown runs/RUN_B1 runs/RUN_B2 runs/RUN_B4
+    """
+    from analysis.breakdown import breakdown_table, write_breakdown
+    from analysis.rundir import load_run, resolve_run
+
+    loaded = [load_run(resolve_run(r, runs_root)) for r in runs]
+    target = out_path or (loaded[0].path / "breakdown.html")
+    with err_console.status("rendering breakdown"):
+        write_breakdown(loaded, target)
+    if as_json:
+        click.echo(breakdown_table(loaded).to_json(orient="records", indent=2))
+    else:
+        click.echo(str(target))
+
+
+@cli.command("export")
+@click.argument("run")
+@click.option("--format", "fmt", type=click.Choice(["perfetto", "csv"]), default="perfetto", show_default=True)
+@click.option("--out", "out_path", type=click.Path(path_type=Path), default=None,
+              help="perfetto: the JSON file (default RUN/trace.json); csv: a directory (default RUN/csv).")
+@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@user_errors
+def export(run: str, fmt: str, out_path: Path | None, runs_root: Path) -> None:
+    """Export a run as a Chrome/Perfetto trace (open it at ui.perfetto.dev) or as CSV files;
+    print what was written.
+
+    Example: ./cli.py export runs/RUN --format perfetto
+    """
+    from analysis.export import export_csv, export_perfetto
+    from analysis.rundir import load_run, resolve_run
+
+    loaded = load_run(resolve_run(run, runs_root))
+    with err_console.status(f"exporting {fmt}"):
+        if fmt == "perfetto":
+            paths = [export_perfetto(loaded, out_path or loaded.path / "trace.json")]
+        else:
+            paths = export_csv(loaded, out_path or loaded.path / "csv")
+    for path in paths:
+        click.echo(str(path))
+
+
 @cli.group()
 def profile() -> None:
     """Sleep profiles: fit them to instrumented runs or measure a workload's compute natively."""

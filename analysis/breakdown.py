@@ -28,9 +28,11 @@ Definitions (docs/analysis.md explains them with the reasons):
   (from the end of each epoch's first step to its last ``step_end``) the accelerators computed.
 - **throughputs**, in samples/s, per step: data loading = samples / data-loading time;
   compute = samples / compute time; file reads = the bytes of the dataset's read syscalls
-  (files under the run's read-only mounts) completing within the step, in samples (divided by the mean sample size: bytes read over samples trained
-  in the measured steps), / the time spent in those reads (their summed latency): how fast a
-  reader gets samples while it reads. Per-step values are summarised by median and quartiles.
+  (files under the run's read-only mounts) completing within the step, in samples (divided by
+  the mean sample size: bytes read over samples trained in the measured steps), over the time
+  spent in those reads (their summed latency): how fast readers get samples while they read.
+  Reads cannot be attributed to ranks, so with several ranks the slices are the lowest rank's
+  steps and count every reader's reads. Per-step values are summarised by median and quartiles.
 - **loader latencies**: durations of ``sample_load`` / ``batch_load`` events that end within
   the measured steps of their rank and epoch (so evaluation and first-step loads are out).
 
@@ -276,9 +278,16 @@ def step_values(run: Run, steps: pd.DataFrame | None = None) -> pd.DataFrame:
             "compute_throughput": (kept["samples"] / kept["compute_s"]).to_numpy(),
         }
         if len(kept):
-            nbytes, read_s = _reads_in(run, kept["start_ns"].to_numpy(), kept["end_ns"].to_numpy())
-            # The mean sample size: what the measured steps read over what they trained.
-            mean_sample = nbytes.sum() / float(kept["samples"].sum())
+            # Reads cannot be told apart by rank (loader workers are separate processes), so
+            # the time is sliced by the steps of one rank, whose steps tile each epoch, and
+            # every reader's reads in a slice count: no read is counted twice.
+            spans = kept.groupby("epoch").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+            epoch_bytes, _ = _reads_in(run, spans["lo"].to_numpy(), spans["hi"].to_numpy())
+            mean_sample = epoch_bytes.sum() / float(kept["samples"].sum())
+            slices = kept[kept["rank"] == kept["rank"].min()]
+            nbytes, read_s = _reads_in(
+                run, slices["start_ns"].to_numpy(), slices["end_ns"].to_numpy()
+            )
             if mean_sample > 0:
                 per_step["read_throughput"] = nbytes / mean_sample / read_s
     frames = [pd.DataFrame({"metric": name, "value": v}) for name, v in per_step.items()]

@@ -118,8 +118,8 @@ def atomic_path(out_path: Path) -> Iterator[Path]:
 # Vectorised JSON text
 #
 # Every line of a chunk has the same width: a field (one JSON value, or a constant) is a byte
-# matrix ``width x rows`` holding each row's text padded with spaces, which JSON allows around
-# any value. Fields are stacked in one column-major matrix (each row of it a contiguous copy)
+# matrix ``width x rows`` holding each row's text right-aligned after spaces, which JSON allows
+# before any value. Fields are stacked in one column-major matrix (each row of it a contiguous copy)
 # and one transposing copy turns it into the chunk's lines, back to back. A boolean gather that
 # dropped the padding measured ten times slower; the padding costs about a fifth of the size.
 
@@ -195,7 +195,9 @@ class _Texts:
         # Column per value: a field is then this table's columns taken by code.
         self.table = np.full((self.width, len(encoded)), SPACE, dtype=np.uint8)
         for col, text in enumerate(encoded):  # once per distinct value, not per event
-            self.table[: len(text), col] = np.frombuffer(text, dtype=np.uint8)
+            # Right-aligned like numbers: all padding then sits between a key's colon and its
+            # value, where pretty-printed JSON has its space.
+            self.table[self.width - len(text) :, col] = np.frombuffer(text, dtype=np.uint8)
 
     @classmethod
     def strings(cls, values: Sequence[Any]) -> _Texts:
@@ -220,8 +222,10 @@ def _floats(values: np.ndarray) -> _Field:
     data = np.frombuffer(strings.buffers()[2], dtype=np.uint8)
     lengths = np.diff(offsets)
     width = int(lengths.max()) if len(lengths) else 1
-    inside = np.arange(width)[:, None] < lengths[None, :]
-    positions = np.minimum(offsets[:-1][None, :] + np.arange(width)[:, None], len(data) - 1)
+    pad = width - lengths  # right-aligned, as numbers
+    inside = np.arange(width)[:, None] >= pad[None, :]
+    positions = offsets[:-1][None, :] + np.arange(width)[:, None] - pad[None, :]
+    positions = np.clip(positions, 0, len(data) - 1)
     return _Field(np.where(inside, data[positions], SPACE).astype(np.uint8))
 
 

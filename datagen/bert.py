@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from datagen.common import (
     write_manifest,
 )
 from workloads.bert.files import FEATURES, SHARD_FORMAT
-from workloads.bert.records import encode_examples_buffer
+from workloads.bert.records import Padded, encode_examples_buffer
 from workloads.errors import UserError
 from workloads.units import format_size
 
@@ -119,69 +120,80 @@ class BertGenParams:
 # Content
 
 
-def _words(rng: np.random.Generator, shape: tuple[int, ...], vocab_size: int) -> np.ndarray:
-    # Inverse CDF of the continuous 1/x law on [1, V'+1]: one exp per value, where a table
-    # lookup of a discrete Zipf law misses the cache and searchsorted costs ~15 compares.
+@lru_cache(maxsize=8)
+def zipf_table(vocab_size: int) -> np.ndarray:
+    """The word id for each 16-bit random draw u: a Zipf-like law over the vocabulary.
+
+    Inverse CDF of the continuous 1/x law on [1, V' + 1] (V' word ids from 999) at the middle
+    of u's bucket: rank r = floor((V' + 1)^((u + 0.5) / 65536)) - 1, so P(r) ~ 1 / (r + 1.5)
+    down to 1/65536, and the rarest ranks share buckets (every few-th rare word appears).
+    A gather from this table costs a fraction of drawing a float and taking its exp.
+    """
     words = vocab_size - FIRST_WORD_ID
-    u = rng.random(shape, dtype=np.float32)
-    u *= np.float32(math.log(words + 1))
-    ranks = np.exp(u, out=u).astype(np.int32)
-    # floor(x) - 1 for x in [1, V'+1]; float32 rounding may reach V'+1 itself.
-    np.minimum(ranks, words, out=ranks)
-    ranks += FIRST_WORD_ID - 1
-    return ranks
+    u = (np.arange(1 << 16) + 0.5) / (1 << 16)
+    ranks = np.minimum(np.floor(np.exp(u * math.log(words + 1))).astype(np.int64) - 1, words - 1)
+    return (FIRST_WORD_ID + ranks).astype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
-def draw_records(rng: np.random.Generator, n: int, params: BertGenParams) -> dict[str, np.ndarray]:
-    """``n`` records drawn from ``rng``: feature name -> (n, length) array, in MLPerf order."""
+def _uint16s(rng: np.random.Generator, count: int) -> np.ndarray:
+    # Four draws per 64-bit output of the bit generator: the cheapest random numbers numpy has.
+    return rng.bit_generator.random_raw((count + 3) // 4).view(np.uint16)[:count]
+
+
+def draw_records(
+    rng: np.random.Generator, n: int, params: BertGenParams
+) -> dict[str, np.ndarray | Padded]:
+    """``n`` records drawn from ``rng``: feature name -> values, in MLPerf order.
+
+    input_ids is a :class:`Padded` (each record's real tokens, then zeros to seq_length); the
+    other features are (n, length) arrays. Integer dtypes are the narrowest that hold the
+    values, which the encoder is fastest with.
+    """
     s, p = params.seq_length, params.max_predictions
     lengths = rng.integers(params.min_tokens, s, size=n, endpoint=True)
     # Tokens of segment A: uniform in [1, L - 4] (B gets the rest, at least one).
     a = 1 + (rng.random(n) * (lengths - 4)).astype(np.int64)
-    next_sentence = rng.integers(0, 2, size=(n, 1), dtype=np.int32)
+    next_sentence = rng.integers(0, 2, size=(n, 1), dtype=np.uint8)
 
-    pos = np.arange(s, dtype=np.int32)
+    # All real tokens of the block, record after record: [CLS] A [SEP] B [SEP].
+    first = np.cumsum(lengths) - lengths
+    ids = zipf_table(params.vocab_size)[_uint16s(rng, int(lengths.sum()))]
+    ids[first] = CLS_ID
+    ids[first + a + 1] = SEP_ID
+    ids[first + lengths - 1] = SEP_ID
+
+    pos = np.arange(s)
     real = pos < lengths[:, None]
-    first_sep = (a + 1)[:, None]
-    special = (pos == 0) | (pos == first_sep) | (pos == (lengths - 1)[:, None])
-    ids = _words(rng, (n, s), params.vocab_size)
-    ids[special] = SEP_ID
-    ids[:, 0] = CLS_ID
-    ids[~real] = PAD_ID
-    segment_ids = ((pos > first_sep) & real).view(np.uint8)
+    segment_ids = (pos > (a + 1)[:, None]) & real
 
-    # Masked positions: the k candidates with the smallest random keys, k = round(15%) capped.
+    # Masked tokens: k = round(15%) of the L - 3 non-special ones, capped at max_predictions,
+    # one drawn uniformly from each of k equal runs of candidates, hence distinct and sorted.
     candidates = lengths - 3
     k = np.clip(np.floor(candidates * MASKED_FRACTION + 0.5).astype(np.int64), 1, p)
-    keys = rng.integers(0, 0xFFFF, size=(n, s), dtype=np.uint32)
-    keys <<= np.uint32(16)
-    keys |= pos.astype(np.uint32)
-    keys[~real | special] = 0xFFFFFFFF
-    if p < s:
-        keys = np.partition(keys, p - 1, axis=1)[:, :p]
-    keys.sort(axis=1)
-    valid = np.arange(p) < k[:, None]
-    positions = np.where(valid, (keys & np.uint32(0xFFFF)).astype(np.int32), s)
-    positions.sort(axis=1)  # the k chosen ones first, sorted; the sentinel s after them
-    positions[~valid] = 0
-
-    rows = np.arange(n)[:, None]
-    at_positions = ids[rows, positions]
-    masked_ids = np.where(valid, at_positions, PAD_ID)
-    draw = rng.random((n, p), dtype=np.float32)
-    replaced = np.where(
-        draw < 0.8,
+    j = np.arange(p)
+    lo = j * candidates[:, None] // k[:, None]
+    hi = (j + 1) * candidates[:, None] // k[:, None]
+    u = _uint16s(rng, n * p).reshape(n, p)
+    chosen = lo + ((hi - lo) * u.astype(np.int64) >> 16)  # candidate index in [lo, hi)
+    valid = j < k[:, None]
+    # Candidate c is token 1 + c, or 2 + c once past A's [SEP].
+    positions = np.where(valid, 1 + chosen + (chosen >= a[:, None]), 0)
+    at = first[:, None] + positions
+    masked_ids = np.where(valid, ids[at], PAD_ID)
+    # At a masked position input_ids holds [MASK] (80%), a random word (10%) or the original.
+    draw = _uint16s(rng, n * p).reshape(n, p)
+    replacement = np.where(
+        draw < int(0.8 * 65536),
         MASK_ID,
-        np.where(draw < 0.9, _words(rng, (n, p), params.vocab_size), at_positions),
+        np.where(draw < int(0.9 * 65536), zipf_table(params.vocab_size)[draw], masked_ids),
     )
-    # Unused slots point at position 0 and write back its own [CLS].
-    ids[rows, positions] = np.where(valid, replaced, at_positions)
+    ids[at[valid]] = replacement[valid]
 
-    out = {
-        "input_ids": ids,
+    out: dict[str, np.ndarray | Padded] = {
+        "input_ids": Padded(ids, lengths, s),
         "input_mask": real.view(np.uint8),
-        "segment_ids": segment_ids,
-        "masked_lm_positions": positions,
+        "segment_ids": segment_ids.view(np.uint8),
+        "masked_lm_positions": positions.astype(np.uint16),
         "masked_lm_ids": masked_ids,
         "masked_lm_weights": valid.astype(np.float32),
         "next_sentence_labels": next_sentence,

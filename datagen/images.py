@@ -22,9 +22,10 @@ has a val image as soon as the val split has as many images as there are classes
 classes that receive an image get a folder.
 
 Why a pool of distinct images: Pillow encodes a 500x375 JPEG at ~2-4 ms per image (25-50 MB/s
-per core), far below disk speed (~400-700 MB/s here). So ``distinct_images`` (P) images are
-drawn and encoded once per dataset, in parallel (a first round of worker tasks writing them to
-a temporary directory outside the dataset), and every file is one of them made unique: after
+per core), far below disk speed (~400-700 MB/s here). So ``distinct_images`` (P, at most one
+per file) images are drawn and encoded once per dataset, in parallel (a first round of worker
+tasks writing them to a temporary directory of the system's, removed at the end), and every
+file is one of them made unique: after
 the JFIF APP0 segment it carries JPEG COM (comment) segments holding the file's index and
 random bytes, sized so that the file has exactly its drawn size. The result is still a valid
 JPEG that Pillow/libjpeg decode to the pool image. Pool image ``j`` is made for a size cap
@@ -37,11 +38,17 @@ shifts the image data by an unaligned amount), but a content-defined-chunking de
 a compressor of the whole dataset would find the repeated pool images. The manifest records
 ``distinct_images``.
 
-Image content: a smooth random colour field (bilinear interpolation of a coarse random grid),
-random ellipses and rectangles, a mid-frequency luminance texture and per-pixel noise whose
-amplitude sets the bytes per pixel; resolutions are ImageNet-like (aspect 3:4..4:3, long sides
-mostly 300-600, larger for the largest files), RGB, baseline JPEG with 4:2:0 subsampling at
-``quality``.
+Image content: a smooth random colour field (a coarse random grid upscaled, bilinear), random
+ellipses and rectangles, and a detail layer (per-pixel noise plus a mid-frequency texture)
+whose strength sets the bytes per pixel. The detail layer is a window of a 1024x1024 bank that
+each process draws once per seed, so an image costs a few passes of Pillow's C code (~2x the
+encoding) rather than fresh random numbers for every pixel. Resolutions are ImageNet-like
+(aspect 3:4..4:3, sides mostly 250-600, larger for the largest files), RGB, baseline JPEG with
+4:2:0 subsampling at ``quality``.
+
+Cost: the pool is ~5-10 ms of CPU per image (P=256: 1.3-2.6 s of CPU, spread over the
+workers) plus one start of the worker pool; then writing is I/O: the grouped layout writes at
+close to disk speed, the folder layout at the file system's speed for creating small files.
 
 Determinism: the plan (sizes, splits, labels, which pool image each file uses) is drawn in the
 calling process from streams seeded by ``seed``; pool image ``j`` depends on (seed, j, its cap,
@@ -63,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageChops, ImageDraw
 
 from datagen.common import (
     FileSink,
@@ -101,16 +108,15 @@ _BLOCK = 1 << 16
 _AIM = 0.9
 _MIN_CAP = 2_000
 # Seeds of the independent random streams (the second entry of the seed sequence).
-_SIZES, _PICKS, _POOL, _PADDING = 1, 2, 3, 4
+_SIZES, _PICKS, _POOL, _PADDING, _BANK = 1, 2, 3, 4, 5
 
-# Bytes per pixel of our content at quality 90 as a function of the texture strength (in
-# sixteenths) and the noise amplitude (measured with Pillow 13 / libjpeg-turbo 3 on 500x375
-# images): used to choose the detail that gives a pool image the bytes per pixel drawn for it.
-_BPP_TABLE = np.array(
-    [0.064, 0.14, 0.18, 0.21, 0.27, 0.30, 0.38, 0.47, 0.53, 0.63, 0.70, 0.78, 0.88]
-)
-_TEX_TABLE = np.array([0.0, 1.0, 2.0, 3.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0])
-_AMP_TABLE = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0])
+# Bytes per pixel of our content at quality 90 as a function of the strength of the detail
+# layer (measured with Pillow 13 / libjpeg-turbo 3 on 460x345 images): used to choose the
+# detail that gives a pool image the bytes per pixel drawn for it.
+_BPP_TABLE = np.array([0.086, 0.183, 0.295, 0.377, 0.45, 0.561, 0.639, 0.7, 0.749, 0.826, 0.884])
+_DETAIL_TABLE = np.array([0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0])
+# Side of the square detail bank each process draws once per seed (3 MiB).
+_BANK_SIDE = 1024
 # Pool images have at least this many pixels (about 250x190): the smallest files get smoother
 # images rather than thumbnails.
 _MIN_PIXELS = 48_000
@@ -328,48 +334,55 @@ def plan_images(size_bytes: int, seed: int = 0, params: ImageGenParams | None = 
 # Pool images
 
 
-def _interp_index(n: int, knots: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each of n pixels: the knot on its left and its weight on the right one (float32)."""
-    pos = (np.arange(n, dtype=np.float32) + 0.5) * np.float32((knots - 1) / n)
-    low = np.minimum(pos.astype(np.intp), knots - 2)
-    return low, pos - low.astype(np.float32)
-
-
-def _smooth_field(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
-    """A smooth random RGB field (h, w, 3) uint8: bilinear interpolation of a coarse grid."""
-    gh, gw = (int(v) for v in rng.integers(2, 7, 2))
-    grid = rng.uniform(0, 255, (gh, gw, 3)).astype(np.float32)
-    # Interpolate along x on the few knot rows first, then gather whole rows along y: every
-    # full-size pass is then contiguous (no matrix product either, so no BLAS threads competing
-    # with the other writer processes).
-    xlow, xfrac = _interp_index(width, gw)
-    knot_rows = (
-        grid[:, xlow] * (1 - xfrac)[None, :, None] + grid[:, xlow + 1] * xfrac[None, :, None]
-    )
-    ylow, yfrac = _interp_index(height, gh)
-    field = np.empty((height, width, 3), dtype=np.float32)
-    for k in range(gh - 1):
-        # Rows between knots k and k+1: a + (b - a) * t, one broadcast pass each.
-        rows = np.flatnonzero(ylow == k)
-        if len(rows):
-            part = field[rows[0] : rows[-1] + 1]
-            np.multiply(knot_rows[k + 1] - knot_rows[k], yfrac[rows, None, None], out=part)
-            part += knot_rows[k]
-    return field.astype(np.uint8)
-
-
 def _random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
     """``n`` random bytes (uint8 array): the raw 64-bit draws, ~4x faster than ``rng.bytes``."""
     return rng.bit_generator.random_raw(-(-n // 8)).view(np.uint8)[:n]
 
 
-def pool_image(
-    seed: int, j: int, width: int, height: int, texture: float, amplitude: float
-) -> Image.Image:
-    """Pool image ``j``: colour field, shapes, a luminance texture of strength ``texture``
-    (sixteenths of full scale, 0-5) and per-pixel noise of ``amplitude`` (0-128)."""
+# Detail banks of this process, by seed: drawn once, then every pool image crops a window.
+_banks: dict[int, Image.Image] = {}
+
+
+def detail_bank(seed: int) -> Image.Image:
+    """The dataset's detail layer: per-pixel noise plus a mid-frequency texture, RGB, centred
+    on 128, ``_BANK_SIDE`` pixels square; a function of ``seed`` only."""
+    bank = _banks.get(seed)
+    if bank is None:
+        rng = np.random.default_rng([seed, _BANK])
+        side = _BANK_SIDE
+        detail = _random_bytes(rng, side * side * 3).view(np.int8).astype(np.int16)
+        detail = detail.reshape(side, side, 3)
+        coarse = _random_bytes(rng, (side // 4) ** 2).reshape(side // 4, side // 4)
+        texture = Image.fromarray(coarse, "L").resize((side, side), Image.Resampling.BILINEAR)
+        detail += np.asarray(texture).astype(np.int16)[:, :, None] - 128
+        np.clip(detail, -128, 127, out=detail)
+        detail += 128
+        bank = _banks[seed] = Image.fromarray(detail.astype(np.uint8), "RGB")
+    return bank
+
+
+def _detail_window(seed: int, rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    bank = detail_bank(seed)
+    if width > bank.width or height > bank.height:
+        # Rare (very large images): repeat the bank to cover them.
+        reps = (-(-height // bank.height), -(-width // bank.width), 1)
+        bank = Image.fromarray(np.tile(np.asarray(bank), reps), "RGB")
+    left = int(rng.integers(0, bank.width - width + 1))
+    top = int(rng.integers(0, bank.height - height + 1))
+    return bank.crop((left, top, left + width, top + height))
+
+
+def pool_image(seed: int, j: int, width: int, height: int, detail: float) -> Image.Image:
+    """Pool image ``j``: a smooth colour field, shapes, and the detail layer times ``detail``.
+
+    The field is a coarse random grid upscaled (bilinear); ``detail`` (0-1) scales the window
+    of :func:`detail_bank` added to it, which sets how many bytes a pixel costs. Every step is
+    one pass of Pillow's C code: about as cheap as the JPEG encoding itself.
+    """
     rng = np.random.default_rng([seed, _POOL, j])
-    img = Image.fromarray(_smooth_field(rng, height, width), "RGB")
+    gh, gw = (int(v) for v in rng.integers(2, 7, 2))
+    grid = _random_bytes(rng, gh * gw * 3).reshape(gh, gw, 3)
+    img = Image.fromarray(grid, "RGB").resize((width, height), Image.Resampling.BILINEAR)
     draw = ImageDraw.Draw(img)
     for _ in range(int(rng.integers(3, 12))):
         xs = np.sort(rng.integers(-width // 4, width + width // 4, 2))
@@ -380,24 +393,10 @@ def pool_image(
             draw.ellipse(box, fill=colour)
         else:
             draw.rectangle(box, fill=colour)
-    # Per-pixel noise, whose amplitude sets how many bytes a pixel costs ...
-    noise = _random_bytes(rng, height * width * 3).view(np.int8).reshape(height, width, 3)
-    pixels = noise.astype(np.int16)
-    pixels *= int(amplitude)
-    pixels >>= 7
-    pixels += np.asarray(img)
-    # ... and a mid-frequency luminance texture (quarter-resolution noise, upsampled).
-    th, tw = height // 4 + 1, width // 4 + 1
-    coarse = _random_bytes(rng, th * tw).reshape(th, tw)
-    luma = np.asarray(
-        Image.fromarray(coarse, "L").resize((width, height), Image.Resampling.BILINEAR)
-    ).astype(np.int16)
-    luma -= 128
-    luma *= round(texture * 4)
-    luma >>= 6
-    pixels += luma[:, :, None]
-    np.clip(pixels, 0, 255, out=pixels)
-    return Image.fromarray(pixels.astype(np.uint8), "RGB")
+    lut = np.clip(np.rint(128 + (np.arange(256) - 128) * detail), 0, 255).astype(int).tolist()
+    window = _detail_window(seed, rng, width, height).point(lut * 3)
+    # img + window - 128, clipped to 0..255.
+    return ImageChops.add(img, window, 1.0, -128)
 
 
 def _encode(img: Image.Image, quality: int) -> bytes:
@@ -421,13 +420,12 @@ def encode_pool_image(seed: int, j: int, cap: int, quality: int) -> bytes:
         # A small cap: fewer bytes per pixel (smoother content) instead of a tiny image.
         pixels = _MIN_PIXELS
         bpp = max(float(_BPP_TABLE[0]), _AIM * cap / pixels)
-    texture = float(np.interp(bpp, _BPP_TABLE, _TEX_TABLE))
-    amplitude = float(np.interp(bpp, _BPP_TABLE, _AMP_TABLE))
+    detail = float(np.interp(bpp, _BPP_TABLE, _DETAIL_TABLE))
     best = b""
     for _ in range(6):
         width = max(8, round(math.sqrt(pixels * aspect)))
         height = max(8, round(width / aspect))
-        data = _encode(pool_image(seed, j, width, height, texture, amplitude), quality)
+        data = _encode(pool_image(seed, j, width, height, detail), quality)
         if len(data) <= cap and len(data) > len(best):
             best = data
         ratio = len(data) / cap

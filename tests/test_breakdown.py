@@ -226,6 +226,11 @@ def test_two_ranks_pool_their_steps(tmp_path: Path) -> None:
     steps = step_table(run)
     assert len(steps) == 20 and steps["first_in_epoch"].sum() == 4  # per (rank, epoch)
     assert accelerator_utilisation(run) == pytest.approx(0.5357142857)
+    rows = breakdown_table([run]).set_index("metric")
+    assert rows.loc["load_time", "n"] == 16 and (rows["accelerators"] == 2).all()
+    # Both ranks' reads, counted once each, in the slices of rank 0's steps.
+    read = rows.loc["read_throughput"]
+    assert (read["n"], read["median"], read["q1"]) == pytest.approx((8, 400, 400))
 
 
 def test_missing_step_end_falls_back_to_the_durations(tmp_path: Path) -> None:

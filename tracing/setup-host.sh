@@ -14,6 +14,7 @@ command -v dockerd >/dev/null 2>&1 || need="$need docker.io"
 command -v bpftrace >/dev/null 2>&1 || need="$need bpftrace"
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need="$need python3-venv"
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need="$need chromium fonts-liberation"
 if [ -n "$need" ]; then
   echo "twintrace setup: installing$need"
   apt-get update -q

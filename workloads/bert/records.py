@@ -139,7 +139,7 @@ _LUT_WIDTHS, _LUT_PLANES = _build_luts()
 def _varint_widths(values: np.ndarray) -> np.ndarray:
     """Varint size (uint8) of each unsigned value."""
     if values.dtype.itemsize <= 2:
-        return _LUT_WIDTHS[values]
+        return _LUT_WIDTHS.take(values)
     widths = np.ones(values.shape, dtype=np.uint8)
     for k in range(1, varint_size(int(values.max(initial=0)))):
         widths += (values >= values.dtype.type(1 << (7 * k))).view(np.uint8)
@@ -149,7 +149,7 @@ def _varint_widths(values: np.ndarray) -> np.ndarray:
 def _varint_plane(values: np.ndarray, widths: np.ndarray, k: int) -> np.ndarray:
     """Byte k of each value's varint, 0 where the varint is shorter."""
     if values.dtype.itemsize <= 2:
-        return _LUT_PLANES[k][values]
+        return _LUT_PLANES[k].take(values)
     byte = (values >> values.dtype.type(7 * k)).astype(np.uint8)
     byte &= np.uint8(0x7F)
     byte |= (widths > k + 1).view(np.uint8) << np.uint8(7)
@@ -169,13 +169,13 @@ def _scatter_varints(
     """
     positions, values, widths = positions.ravel(), values.ravel(), widths.ravel()
     if np.count_nonzero(values) < values.size:
-        keep = values != 0
-        positions, values, widths = positions[keep], values[keep], widths[keep]
+        keep = np.flatnonzero(values)
+        positions, values, widths = positions.take(keep), values.take(keep), widths.take(keep)
     for k in reversed(range(int(widths.max(initial=0)))):
         at, these, sizes = positions, values, widths
         if k and np.count_nonzero(widths > k) * 4 < widths.size:
-            keep = widths > k
-            at, these, sizes = positions[keep], values[keep], widths[keep]
+            keep = np.flatnonzero(widths > k)
+            at, these, sizes = positions.take(keep), values.take(keep), widths.take(keep)
         # Through a view starting k bytes in: no temporary positions + k array.
         out[k:][at] = _varint_plane(these, sizes, k)
 

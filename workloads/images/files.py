@@ -169,13 +169,14 @@ def _read_index(data_dir: Path, split: str) -> list[tuple[int, int, int, int, st
                 if group < 0 or offset < 0 or size <= 0 or label < 0:
                     raise ValueError("negative number or empty image")
                 rows.append((group, offset, size, label, row[4]))
+    except (OSError, UnicodeDecodeError) as exc:
+        # Before ValueError, of which UnicodeDecodeError is a kind.
+        raise UserError(f"cannot read {path} ({exc}): {REGENERATE}") from None
     except (ValueError, csv.Error) as exc:
         raise UserError(
             f"{path} line {reader.line_num} is not group,offset,size,label,path ({exc}): "
             f"{REGENERATE}"
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path} ({exc}): {REGENERATE}") from None
     if not rows:
         raise UserError(f"{path} lists no images: {REGENERATE}")
     return rows
@@ -248,9 +249,12 @@ def _load_grouped(data_dir: Path) -> ImageData:
 
 
 def _starts_like_jpeg(path: Path, offset: int = 0) -> bool:
-    with path.open("rb") as f:
-        f.seek(offset)
-        return f.read(2) == JPEG_MAGIC
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(2) == JPEG_MAGIC
+    except OSError as exc:
+        raise UserError(f"cannot read {path} ({exc}): {REGENERATE}") from None
 
 
 def check_dataset(data_dir: str | Path) -> DataSummary:
