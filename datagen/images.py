@@ -22,21 +22,21 @@ has a val image as soon as the val split has as many images as there are classes
 classes that receive an image get a folder.
 
 Why a pool of distinct images: Pillow encodes a 500x375 JPEG at ~2-4 ms per image (25-50 MB/s
-per core), far below disk speed (~400-700 MB/s here). So ``distinct_images`` (P, at most one
-per file) images are drawn and encoded once per dataset, in parallel (a first round of worker
-tasks writing them to a temporary directory of the system's, removed at the end), and every
-file is one of them made unique: after
-the JFIF APP0 segment it carries JPEG COM (comment) segments holding the file's index and
-random bytes, sized so that the file has exactly its drawn size. The result is still a valid
-JPEG that Pillow/libjpeg decode to the pool image. Pool image ``j`` is made for a size cap
-c_j (the (j+0.5)/P quantile of the size distribution, a little under it) and never exceeds
+per core), far below disk speed (~400-700 MB/s here). So ``distinct_images`` (P, at most one per
+file) images are drawn and encoded once per dataset, in parallel (a first round of worker tasks
+writing them to a temporary directory of the system's, removed at the end), and every file is
+one of them made unique: after the JFIF APP0 segment it carries JPEG COM (comment) segments
+holding the file's index and random bytes (a slice, at an offset that depends on the index, of 8
+MiB drawn once per seed), sized so that the file has exactly its drawn size. The result is still
+a valid JPEG that Pillow/libjpeg decode to the pool image. Pool image ``j`` is made for a size
+cap c_j (the (j+0.5)/P quantile of the size distribution, a little under it) and never exceeds
 it; a file of size T uses one of the few largest pool images with c_j <= T - overhead, so the
-padding is a small part of a typical file and decoding costs what a real file of that size
-would (the pixels come from an image of about that size). Consequences worth knowing: files
-are byte-unique (whole-file dedup and fixed-block dedup see different data, since the padding
-shifts the image data by an unaligned amount), but a content-defined-chunking deduplicator or
-a compressor of the whole dataset would find the repeated pool images. The manifest records
-``distinct_images``.
+padding is a small part of a typical file (~13% on average) and decoding costs what a real file
+of that size would (the pixels come from an image of about that size). Consequences worth
+knowing: files are byte-unique (whole-file dedup and fixed-block dedup see different data, since
+the padding shifts the image data by an unaligned amount), but a content-defined-chunking
+deduplicator or a compressor of the whole dataset would find the repeated pool images. The
+manifest records ``distinct_images``.
 
 Image content: a smooth random colour field (a coarse random grid upscaled, bilinear), random
 ellipses and rectangles, and a detail layer (per-pixel noise plus a mid-frequency texture)
@@ -465,20 +465,44 @@ PoolRef = tuple[str, int, int]
 _chunk_cache: dict[str, bytes] = {}
 
 
-def _pool_bytes(ref: PoolRef) -> bytes:
+def _pool_bytes(ref: PoolRef) -> memoryview:
     path, offset, length = ref
     data = _chunk_cache.get(path)
     if data is None:
         data = _chunk_cache[path] = Path(path).read_bytes()
-    return data[offset : offset + length]
+    return memoryview(data)[offset : offset + length]
 
 
-def unique_jpeg(jpeg: bytes, size: int, seed: int, index: int) -> list[bytes]:
+_WRITE_BYTES = 16 << 20
+
+# Random padding bytes of this process, by seed: 8 MiB drawn once, then sliced per file.
+_PADDING_BANK_BYTES = 8 << 20
+_padding_banks: dict[int, bytes] = {}
+
+
+def _padding(seed: int, index: int, n: int) -> memoryview | bytes:
+    """``n`` random bytes for file ``index``: a slice of the process's bank at an offset that
+    depends on ``index`` (no generator to seed per file, no copy); drawn afresh when large."""
+    if n > _PADDING_BANK_BYTES // 2:
+        return _random_bytes(np.random.default_rng([seed, _PADDING, index]), n).tobytes()
+    bank = _padding_banks.get(seed)
+    if bank is None:
+        rng = np.random.default_rng([seed, _PADDING])
+        bank = _padding_banks[seed] = _random_bytes(rng, _PADDING_BANK_BYTES).tobytes()
+    # Golden-ratio hashing spreads consecutive files over the bank at unaligned offsets, so
+    # equal 4 KiB blocks do not recur in neighbouring files.
+    start = (index * 0x9E3779B97F4A7C15 >> 17) % (len(bank) - n)
+    return memoryview(bank)[start : start + n]
+
+
+def unique_jpeg(jpeg: bytes | memoryview, size: int, seed: int, index: int) -> list[Any]:
     """``jpeg`` with COM segments (tag of ``index`` + random bytes) inserted: ``size`` bytes.
 
-    Returned as pieces to write in order. The segments go after the JFIF APP0 segment, which
-    must stay first; ``size - len(jpeg)`` must be at least :data:`OVERHEAD_BYTES`.
+    Returned as pieces (bytes-like) to write or join in order. The segments go after the JFIF
+    APP0 segment, which must stay first; ``size - len(jpeg)`` must be at least
+    :data:`OVERHEAD_BYTES`.
     """
+    jpeg = memoryview(jpeg)
     pad = size - len(jpeg)
     if pad < OVERHEAD_BYTES:
         raise ValueError(f"image {index}: {pad} bytes of padding, need {OVERHEAD_BYTES}")
@@ -488,18 +512,18 @@ def unique_jpeg(jpeg: bytes, size: int, seed: int, index: int) -> list[bytes]:
     # Split the padding evenly over as few segments as the 64 KiB segment limit allows.
     n_seg = -(-pad // (4 + _COM_MAX_PAYLOAD))
     base, extra = divmod(pad, n_seg)
-    noise = _random_bytes(
-        np.random.default_rng([seed, _PADDING, index]), pad - 4 * n_seg - _TAG_BYTES
-    )
-    payload = _TAG_FORMAT.format(index).encode() + noise.tobytes()
-    segments = []
-    start = 0
+    noise = _padding(seed, index, pad - 4 * n_seg - _TAG_BYTES)
+    pieces: list[Any] = [jpeg[:at]]
+    start = -_TAG_BYTES  # the first segment's payload starts with the tag
     for s in range(n_seg):
         length = base + (1 if s < extra else 0) - 4
-        segments.append(_COM_MARKER + (length + 2).to_bytes(2, "big"))
-        segments.append(payload[start : start + length])
+        pieces.append(_COM_MARKER + (length + 2).to_bytes(2, "big"))
+        if s == 0:
+            pieces.append(_TAG_FORMAT.format(index).encode())
+        pieces.append(noise[max(start, 0) : start + length])
         start += length
-    return [jpeg[:at], *segments, jpeg[at:]]
+    pieces.append(jpeg[at:])
+    return pieces
 
 
 def write_image_file(
@@ -514,8 +538,17 @@ def write_group_file(
     sink: FileSink, seed: int, members: tuple[tuple[int, int, PoolRef], ...]
 ) -> dict[str, Any]:
     """Write a group file: the JPEGs of ``members`` ((index, size, pool ref), ...) back to back."""
+    pieces: list[Any] = []
+    pending = 0
     for index, size, ref in members:
-        sink.write(b"".join(unique_jpeg(_pool_bytes(ref), size, seed, index)))
+        pieces.extend(unique_jpeg(_pool_bytes(ref), size, seed, index))
+        pending += size
+        # Few large writes (one per ~16 MiB) rather than several small ones per image.
+        if pending >= _WRITE_BYTES:
+            sink.write(b"".join(pieces))
+            pieces, pending = [], 0
+    if pieces:
+        sink.write(b"".join(pieces))
     return {"images": len(members)}
 
 

@@ -492,6 +492,7 @@ def batches_of(loader: DataLoader[Any]) -> Iterator[Any]:
     iterator = iter(loader)
     try:
         while True:
+            message = None
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -502,7 +503,15 @@ def batches_of(loader: DataLoader[Any]) -> Iterator[Any]:
                 original = next(
                     (ln.split(marker, 1)[1] for ln in reversed(lines) if marker in ln), None
                 )
-                raise UserError(original or str(exc)) from None
+                message = original or str(exc)
+            if message is not None:
+                # Raised outside the except block, so the new error does not keep the worker's
+                # exception (and through its traceback the loader iterator) alive: the workers
+                # are shut down now instead of timing out later when the iterator is collected.
+                shutdown = getattr(iterator, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
+                raise UserError(message)
             yield batch
     finally:
         del iterator

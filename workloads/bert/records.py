@@ -227,6 +227,37 @@ class _Writer:
         _scatter_varints(self.out, positions, values, widths)
         self.cursor += feature.payload_len
 
+    def header(self, parts: Sequence[bytes | np.ndarray]) -> None:
+        """Constant bytes and per-record varints (``(records,)`` arrays), one after the other.
+
+        When every varint has one width across the block, as length prefixes nearly always do,
+        the header is the same size in every record: built as a (records, size) array and
+        written with one scatter instead of one per part.
+        """
+        columns: list[np.ndarray] = []
+        records = self.cursor.size
+        for part in parts:
+            if isinstance(part, bytes):
+                row = np.frombuffer(part, dtype=np.uint8)
+                columns.append(np.broadcast_to(row, (records, row.size)))
+                continue
+            values = _unsigned(part)
+            widths = _varint_widths(values)
+            width = int(widths[0])
+            if not (widths == width).all():
+                break
+            columns += [_varint_plane(values, widths, k)[:, None] for k in range(width)]
+        else:
+            block = np.concatenate(columns, axis=1)
+            self.out[self.cursor[:, None] + np.arange(block.shape[1])] = block
+            self.cursor += block.shape[1]
+            return
+        for part in parts:
+            if isinstance(part, bytes):
+                self.const(part)
+            else:
+                self.varint(part)
+
     def skip(self, n: int | np.ndarray) -> np.ndarray:
         """Leave ``n`` bytes to be filled later; returns where they start in each record."""
         where = self.cursor.copy()
@@ -243,7 +274,11 @@ class _PaddedLayout:
 
 
 def _vsize(lengths: np.ndarray) -> np.ndarray:
-    return _varint_widths(_unsigned(lengths)).astype(np.int64)
+    """Varint sizes of non-negative int64 lengths, as int64."""
+    sizes = np.ones(lengths.shape, dtype=np.int64)
+    for k in range(1, varint_size(int(lengths.max(initial=0)))):
+        sizes += lengths >= 1 << (7 * k)
+    return sizes
 
 
 def _crc32c_table() -> np.ndarray:
@@ -329,41 +364,45 @@ def encode_examples_buffer(
     # Slack for what the last record's varints may scribble past its end (see _Writer).
     out = np.zeros(int(ends[-1]) + 16, dtype=np.uint8)
     w = _Writer(out, starts + HEADER_BYTES)
-    w.const(bytes([_TAG_1]))
-    w.varint(features_len)
+    w.header([bytes([_TAG_1]), features_len])
     fixed_block = np.concatenate(fixed, axis=1) if fixed else np.empty((n, 0), np.uint8)
     fixed_at = w.skip(fixed_block.shape[1])
     for key_part, (entry_len, feature_len, list_len, payload_len), write in variable:
-        w.const(bytes([_TAG_1]))
-        w.varint(entry_len)
-        w.const(key_part)
-        w.varint(feature_len)
-        w.const(bytes([_TAG_3]))  # only integer features have varying sizes
-        w.varint(list_len)
-        w.const(bytes([_TAG_1]))
-        w.varint(payload_len)
+        # Only integer features have varying sizes: tag 3, int64_list.
+        w.header(
+            [
+                bytes([_TAG_1]),
+                entry_len,
+                key_part,
+                feature_len,
+                bytes([_TAG_3]),
+                list_len,
+                bytes([_TAG_1]),
+                payload_len,
+            ]
+        )
         write(w)
 
-    # Written after the varints, which may have scribbled zeros over them: the fixed run, the
-    # lengths and the CRCs. The only per-record Python work: copying the fixed run and one call
-    # into the (hardware) CRC-32C.
+    # Written after the varints, which may have scribbled zeros over them: the fixed runs, then
+    # the frames. The only per-record Python work: copying the fixed run and one call into the
+    # (hardware) CRC-32C.
+    view = memoryview(out)
     width = fixed_block.shape[1]
-    if width:
-        for row, at in zip(fixed_block, fixed_at.tolist(), strict=True):
-            out[at : at + width] = row
+    data_starts = (starts + HEADER_BYTES).tolist()
+    data_ends = (ends - FOOTER_BYTES).tolist()
+    data_crcs = np.empty(n, dtype=np.uint32)
+    for i, (row, at, begin, end) in enumerate(
+        zip(fixed_block, fixed_at.tolist(), data_starts, data_ends, strict=True)
+    ):
+        out[at : at + width] = row
+        data_crcs[i] = crc32c.crc32c(view[begin:end])
     four = np.arange(4)
     lengths = example_len.astype(np.uint64)
     out[starts[:, None] + np.arange(8)] = lengths.astype("<u8").view(np.uint8).reshape(n, 8)
     length_crcs = _mask_crcs(_crc32c_of_lengths(lengths))
     out[(starts + 8)[:, None] + four] = length_crcs.astype("<u4").view(np.uint8).reshape(n, 4)
-    view = memoryview(out)
-    data_crcs = [
-        crc32c.crc32c(view[s + HEADER_BYTES : e - FOOTER_BYTES])
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
-    ]
-    out[(ends - FOOTER_BYTES)[:, None] + four] = (
-        _mask_crcs(np.array(data_crcs, dtype=np.uint32)).astype("<u4").view(np.uint8).reshape(n, 4)
-    )
+    crc_bytes = _mask_crcs(data_crcs).astype("<u4").view(np.uint8).reshape(n, 4)
+    out[(ends - FOOTER_BYTES)[:, None] + four] = crc_bytes
     return out[: ends[-1]], ends
 
 
