@@ -25,8 +25,8 @@ to produce from them (docs/experiments.md documents the format)::
     [settings]                         # fixed WorkloadConfig settings for every run
     epochs = 1
 
-    [workloads.unet3d]                 # per workload: its dataset, options, settings
-    dataset = "unet3d"
+    [workloads.unet3d]                 # per workload: its dataset, options, settings, and
+    dataset = "unet3d"                 # optionally its own batch_size list (replaces the grid's)
     options = {patch_size = 64}
 
     [produce]
@@ -178,11 +178,19 @@ def load_experiment(path: Path) -> Experiment:
     settings = _table(data.get("settings", {}), f"{path}: [settings]", SETTINGS_KEYS)
     workloads = _table(data.get("workloads", {}), f"{path}: [workloads]", tuple(WORKLOADS))
     for w, table in workloads.items():
-        _table(table, f"{path}: [workloads.{w}]", ("dataset", "options", *SETTINGS_KEYS))
+        _table(table, f"{path}: [workloads.{w}]", ("dataset", "options", "batch_size", *SETTINGS_KEYS))
     produce = _table(data.get("produce", {}), f"{path}: [produce]", PRODUCE_KEYS)
     runs = []
     for values in itertools.product(*axes.values(), range(1, repetitions + 1)):
         spec = RunSpec(*values)
+        own = workloads.get(spec.workload, {}).get("batch_size")
+        if own is not None:
+            # The workload's own batch sizes replace the grid's (records for DLRM, images...).
+            if spec.batch_size != axes["batch_size"][0]:
+                continue
+            for b in _list(own, f"{path}: workloads.{spec.workload}.batch_size", int):
+                runs.append(dataclasses.replace(spec, batch_size=b))
+            continue
         if spec.batch_size == 0:  # the workload's default
             spec = dataclasses.replace(spec, batch_size=WORKLOADS[spec.workload].config("original").batch_size)
         runs.append(spec)

@@ -29,9 +29,7 @@ Batch = dict[str, torch.Tensor]
 _FEATURE_NAMES = list(FEATURES)
 
 
-def interleave(
-    files: Sequence[Path], cycle_length: int
-) -> Iterator[tuple[Path, int, bytes]]:
+def interleave(files: Sequence[Path], cycle_length: int) -> Iterator[tuple[Path, int, bytes]]:
     """(file, record index in its file, record data) of ``files`` read like tf.data's interleave.
 
     Same order as ``Dataset.from_tensor_slices(files).interleave(TFRecordDataset,

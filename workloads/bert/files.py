@@ -81,7 +81,9 @@ def count_records(path: Path) -> int:
             end = offset + HEADER_BYTES + length + FOOTER_BYTES
             if end > size:
                 raise corrupt(
-                    path, offset, f"truncated record: it needs {end - size} bytes more than the file has"
+                    path,
+                    offset,
+                    f"truncated record: it needs {end - size} bytes more than the file has",
                 )
             offset = end
             count += 1

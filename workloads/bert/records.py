@@ -77,6 +77,8 @@ class Padded:
     def __post_init__(self) -> None:
         if self.values.ndim != 1 or self.counts.ndim != 1:
             raise ValueError("Padded values and counts must be 1-D arrays")
+        if self.values.dtype.kind not in "biu":
+            raise ValueError(f"Padded values must be integers, not {self.values.dtype}")
         if int(self.counts.sum()) != self.values.size:
             raise ValueError("Padded counts must add up to the number of values")
         if self.counts.size and (self.counts.min() < 0 or self.counts.max() > self.length):

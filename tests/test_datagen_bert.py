@@ -1,0 +1,275 @@
+"""Tests of the BERT dataset generator.
+
+Records are shrunk (SMALL: 64 tokens, ~300 bytes each) and shards hold 60 records, so a dataset
+of 100 kB has several shards and the whole file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datagen.bert import (
+    CLS_ID,
+    FIRST_WORD_ID,
+    MASK_ID,
+    SEP_ID,
+    BertGenParams,
+    calibrate,
+    generate_bert,
+    max_record_bytes,
+    plan_bert_shards,
+)
+from datagen.common import MANIFEST_NAME, MARKER_NAME, load_manifest
+from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
+from workloads.bert.records import iter_records, parse_example
+from workloads.errors import UserError
+
+SMALL = BertGenParams(seq_length=64, max_predictions=10, records_per_file=60)
+SIZE = 100_000
+
+
+def data_files(directory: Path) -> set[str]:
+    return set(os.listdir(directory)) - {MANIFEST_NAME, MARKER_NAME}
+
+
+def decoded(directory: Path) -> list[dict[str, np.ndarray]]:
+    """Every record of the dataset, shard by shard, decoded by protobuf."""
+    return [
+        parse_example(data, path.name, list(FEATURES))
+        for path in list_shards(directory)
+        for data in iter_records(path)
+    ]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("ds") / "bert"
+    manifest = generate_bert(out, SIZE, seed=7, workers=2, params=SMALL)
+    return out, manifest
+
+
+# --------------------------------------------------------------------------------------------
+# Layout, sizes, manifest
+
+
+def test_shards_hold_records_per_file_except_the_last(dataset: tuple[Path, dict]) -> None:
+    out, manifest = dataset
+    shards = manifest["params"]["shards"]
+    assert shards >= 4
+    names = [f"part-{i:05d}-of-{shards:05d}" for i in range(shards)]
+    assert data_files(out) == set(names)
+    assert [f["name"] for f in manifest["files"]] == names
+    counts = [count_records(out / name) for name in names]
+    assert counts[:-1] == [SMALL.records_per_file] * (shards - 1)
+    assert 1 <= counts[-1] <= SMALL.records_per_file
+    assert [f["records"] for f in manifest["files"]] == counts
+    summary = check_dataset(out)
+    assert summary.items == manifest["params"]["records"] == sum(counts)
+    assert summary.files == shards
+    assert summary.bytes == manifest["total_bytes"]
+    assert read_shape(out) == (SMALL.seq_length, SMALL.max_predictions)
+
+
+def test_total_lands_just_under_the_requested_size(dataset: tuple[Path, dict]) -> None:
+    _, manifest = dataset
+    total = manifest["total_bytes"]
+    assert total <= SIZE
+    last = manifest["files"][-1]
+    if last["records"] < SMALL.records_per_file:
+        # The last shard was cut by the size: the next record would not have fitted.
+        assert SIZE - total < max_record_bytes(SMALL)
+    else:
+        assert SIZE - total <= plan_bert_shards(SIZE, 7, SMALL).reserve_bytes
+
+
+@pytest.mark.parametrize("size", [3_000, 17_777, 45_000, 250_000])
+def test_size_is_never_exceeded(tmp_path: Path, size: int) -> None:
+    params = BertGenParams(seq_length=32, max_predictions=5, records_per_file=40)
+    manifest = generate_bert(tmp_path / "ds", size, seed=size, workers=2, params=params)
+    assert manifest["total_bytes"] <= size
+    plan = plan_bert_shards(size, size, params)
+    assert size - manifest["total_bytes"] <= plan.reserve_bytes
+    assert check_dataset(tmp_path / "ds").items == manifest["params"]["records"]
+
+
+def test_manifest_records_the_generation(dataset: tuple[Path, dict]) -> None:
+    out, manifest = dataset
+    loaded = load_manifest(out)
+    assert loaded == json.loads(json.dumps(manifest))
+    assert loaded["generator"] == "bert"
+    assert loaded["seed"] == 7 and loaded["requested_bytes"] == SIZE
+    params = loaded["params"]
+    assert params["seq_length"] == 64 and params["max_predictions"] == 10
+    assert params["records_per_file"] == 60 and params["vocab_size"] == 30522
+    assert params["content_version"] == 1
+    for entry in loaded["files"]:
+        assert entry["bytes"] == (out / entry["name"]).stat().st_size
+    assert loaded["total_bytes"] == sum(f["bytes"] for f in loaded["files"])
+
+
+def test_default_records_are_the_size_of_real_ones() -> None:
+    mean, std = calibrate(0, BertGenParams())
+    assert 2300 < mean < 2800  # MLPerf's records are ~2.5 kB
+    assert 0 < std < 400
+    assert 3000 < max_record_bytes() < 4000
+
+
+# --------------------------------------------------------------------------------------------
+# Content
+
+
+def test_records_are_shaped_like_create_pretraining_data(dataset: tuple[Path, dict]) -> None:
+    out, _ = dataset
+    records = decoded(out)
+    s, p = SMALL.seq_length, SMALL.max_predictions
+    masked = replaced = 0
+    labels = set()
+    for r in records:
+        ids, mask, seg = r["input_ids"], r["input_mask"], r["segment_ids"]
+        assert ids.shape == mask.shape == seg.shape == (s,)
+        length = int(mask.sum())
+        assert mask[:length].all() and not mask[length:].any()
+        assert SMALL.min_tokens <= length <= s
+        assert ids[0] == CLS_ID and ids[length - 1] == SEP_ID and not ids[length:].any()
+        seps = np.flatnonzero(ids[:length] == SEP_ID)
+        assert len(seps) == 2
+        # segment_ids: 0 over [CLS] A [SEP], 1 over B [SEP], 0 in the padding.
+        assert seg.tolist() == [0] * (seps[0] + 1) + [1] * (length - seps[0] - 1) + [0] * (
+            s - length
+        )
+        assert ((ids >= FIRST_WORD_ID) | np.isin(ids, [0, CLS_ID, SEP_ID, MASK_ID])).all()
+        assert (ids < SMALL.vocab_size).all()
+
+        k = int(r["masked_lm_weights"].sum())
+        assert k == min(p, max(1, int(np.floor((length - 3) * 0.15 + 0.5))))
+        assert r["masked_lm_weights"].tolist() == [1.0] * k + [0.0] * (p - k)
+        positions = r["masked_lm_positions"][:k]
+        assert (np.diff(positions) > 0).all()  # sorted, distinct
+        assert not r["masked_lm_positions"][k:].any() and not r["masked_lm_ids"][k:].any()
+        assert ((positions > 0) & (positions < length - 1) & (positions != seps[0])).all()
+        originals = r["masked_lm_ids"][:k]
+        assert (originals >= FIRST_WORD_ID).all() and (originals < SMALL.vocab_size).all()
+        masked += k
+        replaced += int((ids[positions] == MASK_ID).sum())
+        labels.add(int(r["next_sentence_labels"][0]))
+    assert 0.7 < replaced / masked < 0.9  # [MASK] at 80% of the masked positions
+    assert labels == {0, 1}
+
+
+def test_word_ids_follow_a_zipf_like_law_over_the_whole_vocabulary(
+    dataset: tuple[Path, dict],
+) -> None:
+    out, _ = dataset
+    ids = np.concatenate([r["input_ids"] for r in decoded(out)])
+    words = ids[ids >= FIRST_WORD_ID] - FIRST_WORD_ID
+    n = SMALL.vocab_size - FIRST_WORD_ID
+    # P(rank < r) = log(r + 1) / log(n + 1) for the continuous 1/x law.
+    for r in (1, 10, 1000, 15_385):
+        expected = np.log(r + 1) / np.log(n + 1)
+        assert abs((words < r).mean() - expected) < 0.03, r
+    # Ids >= 16384 (3-byte varints) occur, as in real data.
+    assert 0.03 < (words >= 16384 - FIRST_WORD_ID).mean() < 0.09
+
+
+# --------------------------------------------------------------------------------------------
+# Determinism
+
+
+def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
+    tmp_path: Path, dataset: tuple[Path, dict]
+) -> None:
+    two_workers, manifest = dataset
+    one_worker = tmp_path / "one"
+    again = generate_bert(one_worker, SIZE, seed=7, workers=1, params=SMALL)
+    assert again["files"] == manifest["files"]
+    for name in data_files(two_workers):
+        assert (one_worker / name).read_bytes() == (two_workers / name).read_bytes(), name
+
+
+def test_other_seed_other_content_and_smaller_size_a_prefix(
+    tmp_path: Path, dataset: tuple[Path, dict]
+) -> None:
+    full, manifest = dataset
+    other = tmp_path / "other"
+    generate_bert(other, SIZE, seed=8, workers=2, params=SMALL)
+    name = manifest["files"][0]["name"]
+    assert (other / name).read_bytes() != (full / name).read_bytes()
+    # A smaller dataset from the same seed: shard i holds the first records of shard i.
+    small = tmp_path / "small"
+    smaller = generate_bert(small, SIZE // 3, seed=7, workers=2, params=SMALL)
+    assert smaller["params"]["shards"] < manifest["params"]["shards"]
+    for i, entry in enumerate(smaller["files"]):
+        mine = (small / entry["name"]).read_bytes()
+        theirs = (full / manifest["files"][i]["name"]).read_bytes()
+        assert theirs.startswith(mine) and mine
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+
+
+def test_non_empty_directory_is_refused_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    with pytest.raises(UserError, match="is not empty: choose an empty directory or pass --force"):
+        generate_bert(out, SIZE, params=SMALL)
+    assert (out / "precious.txt").read_text() == "keep me"
+    first = generate_bert(tmp_path / "again", SIZE, params=SMALL)
+    with pytest.raises(UserError, match="not empty"):
+        generate_bert(tmp_path / "again", SIZE // 2, params=SMALL)
+    second = generate_bert(tmp_path / "again", SIZE // 2, params=SMALL, force=True)
+    assert second["params"]["shards"] < first["params"]["shards"]
+    assert data_files(tmp_path / "again") == {f["name"] for f in second["files"]}
+
+
+def test_sizes_too_small_or_not_whole_are_rejected_before_touching_anything(
+    tmp_path: Path,
+) -> None:
+    minimum = max_record_bytes(SMALL)
+    with pytest.raises(UserError, match=f"at least {minimum} bytes"):
+        generate_bert(tmp_path / "a", minimum - 1, params=SMALL)
+    with pytest.raises(UserError, match="greater than zero"):
+        generate_bert(tmp_path / "a", 0, params=SMALL)
+    with pytest.raises(UserError, match="whole number of bytes"):
+        generate_bert(tmp_path / "a", 1e6, params=SMALL)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="seed"):
+        generate_bert(tmp_path / "a", SIZE, seed=-1, params=SMALL)
+    with pytest.raises(UserError, match="workers"):
+        generate_bert(tmp_path / "a", SIZE, workers=0, params=SMALL)
+    assert not (tmp_path / "a").exists()
+    # The smallest size holds one record.
+    manifest = generate_bert(tmp_path / "b", minimum, params=SMALL)
+    assert manifest["params"]["records"] == 1 and manifest["total_bytes"] <= minimum
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"seq_length": 4}, "seq_length must be between 5"),
+        ({"seq_length": 70_000}, "seq_length must be between 5"),
+        ({"seq_length": 64, "max_predictions": 62}, r"max_predictions must be between 1 and .*61"),
+        ({"max_predictions": 0}, "max_predictions"),
+        ({"records_per_file": 0}, "records_per_file must be at least 1"),
+        ({"vocab_size": 999}, "vocab_size must be between 1000"),
+        ({"seq_length": 12.5}, "seq_length must be a whole number"),
+    ],
+)
+def test_invalid_params_are_rejected(kwargs: dict, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        BertGenParams(**kwargs)
+
+
+def test_progress_reports_reach_the_total(tmp_path: Path) -> None:
+    calls: list[tuple[int, int]] = []
+    manifest = generate_bert(
+        tmp_path / "ds", SIZE, workers=2, params=SMALL, progress=lambda d, t: calls.append((d, t))
+    )
+    assert calls[-1] == (manifest["total_bytes"], manifest["total_bytes"])
+    done = [d for d, _ in calls]
+    assert done == sorted(done)
