@@ -122,3 +122,33 @@ def test_reads_through_a_dup_of_the_descriptor_are_resolved() -> None:
     assert via_copy["bytes"].sum() == 128 + 800_128
     writes = arr[arr["kind"].isin(ingest.WRITE_KINDS)]
     assert writes["bytes"].sum() == 800_128  # 128-byte header + 100000 float64
+
+
+def test_a_closed_descriptor_number_reused_by_an_untraced_call_gets_no_path() -> None:
+    # A DataLoader worker reads an image on fd 19 and closes it; fd 19 is then reused for a
+    # socket (socket() is not traced) whose reads must not be counted as the image's.
+    import pandas as pd
+
+    rows = [
+        # ts, kind, pid, fd, ret, path
+        (10, "openat", 7, 19, 19, "/data/a.jpg"),
+        (11, "read", 7, 19, 900, None),
+        (12, "close", 7, 19, 0, None),
+        (13, "read", 7, 19, 4, None),  # a socket on the reused number
+        (14, "openat", 7, 19, 19, "/data/b.jpg"),
+        (15, "read", 7, 19, 700, None),
+        # pid 8 was forked from 7 at ts 11 (fd 19 = a.jpg then); it reads the inherited
+        # descriptor, closes it, and reads a reused fd 19 again.
+        (16, "read", 8, 19, 50, None),
+        (17, "close", 8, 19, 0, None),
+        (18, "read", 8, 19, 4, None),
+    ]
+    sys = pd.DataFrame(rows, columns=["ts_ns", "kind", "pid", "fd", "ret", "path"]).astype(
+        {"pid": "int32", "fd": "int32", "path": "string"}
+    )
+    forks = pd.DataFrame({"ts_ns": [11], "kind": ["fork"], "pid": [7], "ret": [8]}).astype({"pid": "int32"})
+    out = ingest.resolve_paths(sys, forks)
+    assert list(out["path"].fillna("-")) == [
+        "/data/a.jpg", "/data/a.jpg", "/data/a.jpg", "-", "/data/b.jpg", "/data/b.jpg",
+        "/data/a.jpg", "/data/a.jpg", "-",
+    ]

@@ -236,8 +236,18 @@ def drop_thread_forks(proc: pd.DataFrame, known_pids: np.ndarray) -> pd.DataFram
 
 def _descriptor_table(sys: pd.DataFrame) -> pd.DataFrame:
     """(ts_ns, pid, fd, path) for every descriptor that came to name a file: successful openat
-    calls, plus dup/dup2/dup3/fcntl copies of descriptors already in the table."""
+    calls, plus dup/dup2/dup3/fcntl copies of descriptors already in the table.
+
+    Every successful close adds a row with a null path 1 ns after it: a descriptor number that
+    is reused by a call we do not trace (socket, pipe, accept, a descriptor received over a
+    socket, as DataLoader workers do for shared memory) must not inherit the closed file's name.
+    The close itself still resolves to the file it closed.
+    """
     table = sys.loc[(sys["kind"] == "openat") & (sys["fd"] >= 0), ["ts_ns", "pid", "fd", "path"]]
+    closes = sys.loc[(sys["kind"] == "close") & (sys["ret"] == 0) & (sys["fd"] >= 0), ["ts_ns", "pid", "fd"]]
+    if len(closes):
+        tombstones = closes.assign(ts_ns=closes["ts_ns"] + 1, path=pd.Series(pd.NA, index=closes.index, dtype=table["path"].dtype))
+        table = pd.concat([table, tombstones], ignore_index=True)
     table = table.sort_values("ts_ns", kind="stable")
     dups = sys.loc[(sys["kind"] == "dup") & (sys["ret"] >= 0), ["ts_ns", "pid", "fd", "ret"]].sort_values("ts_ns", kind="stable")
     if len(dups) == 0 or len(table) == 0:
@@ -264,9 +274,10 @@ def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
     if len(fd_rows) == 0 or len(opens) == 0:
         return sys
     calls = sys.loc[fd_rows, ["ts_ns", "pid", "fd"]].assign(row=fd_rows).sort_values("ts_ns", kind="stable")
-    merged = pd.merge_asof(calls, opens, on="ts_ns", by=["pid", "fd"], direction="backward")
+    merged = pd.merge_asof(calls, opens.assign(seen=True), on="ts_ns", by=["pid", "fd"], direction="backward")
     paths = pd.Series(merged["path"].to_numpy(), index=merged["row"].to_numpy())
-    unresolved = merged[merged["path"].isna()]
+    # Only descriptors this process never opened nor closed can be inherited from its parent.
+    unresolved = merged[merged["seen"].isna()]
     if len(unresolved) and len(forks):
         parent = forks.drop_duplicates("ret", keep="first")
         parent = pd.DataFrame({"pid": parent["ret"].astype(np.int32).to_numpy(),
