@@ -399,6 +399,8 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
             table.add_row(a.title, a.resource, score, a.measure)
         Console().print(table)
         click.echo(f"overall {comparison.overall:.3f}")
+    for warning in comparison.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     err_console.print(f"report: {report}")
 
 

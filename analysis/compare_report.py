@@ -3,7 +3,9 @@ to its evidence.
 
 One lane (subplot row) per aspect of :data:`analysis.similarity.ASPECTS`, in that order, whether
 scored or skipped, so a report always has :data:`REPORT_LANES` lanes. Each lane draws what the
-measure compared: time series over the fraction of each run elapsed (so a faster run lines up),
+measure compared: for I/O activity, the share of the run's bytes transferred so far against the
+fraction of each run elapsed (so a faster run lines up; the area between the two curves is the
+Wasserstein distance the timing term uses), CPU and memory over the fraction elapsed,
 request-size histograms, distributions as empirical CDFs, first-access ranks of shared files,
 per-file shares, checkpoint figures. Its title reads ``read bandwidth — 0.93 (DTW)`` followed by
 the evidence behind the score. The real run is drawn solid and dark, the emulated run dashed and
@@ -194,7 +196,22 @@ def _lane(aspect: AspectScore) -> list[Any]:
     plot = aspect.plot
     kind = plot.get("kind")
     traces: list[Any] = []
-    if kind == "series":
+    if kind == "cumulative":
+        channels = plot["channels"]
+        for i, (label, (a, b)) in enumerate(channels.items()):
+            if a is None or b is None:
+                continue
+            x = np.arange(len(a) + 1) / len(a)  # bin edges: the curve starts at (0, 0)
+            ya = np.concatenate([[0.0], np.cumsum(a) / a.sum()])
+            yb = np.concatenate([[0.0], np.cumsum(b) / b.sum()])
+            pair = _pair(x, ya, x, yb, "lines")
+            if len(channels) > 1:
+                for trace in pair:
+                    trace.update(name=f"{trace.name} {label}", legendgroup=f"{trace.name} {label}")
+                    if i > 0:
+                        trace.update(line_width=0.9, opacity=0.7)
+            traces += pair
+    elif kind == "series":
         scale = _LEVEL_UNITS.get(aspect.name, ("", 1.0))[1]
         channels = plot["channels"]
         for i, (label, (a, b)) in enumerate(channels.items()):
@@ -237,6 +254,11 @@ def _lane(aspect: AspectScore) -> list[Any]:
 def axes_settings(aspect: AspectScore) -> dict[str, dict[str, Any]]:
     """x and y axis settings of the lane of ``aspect`` (titles, log scales)."""
     kind = aspect.plot.get("kind")
+    if kind == "cumulative":
+        return {
+            "x": {"title": {"text": "fraction of run elapsed"}, "range": [0, 1]},
+            "y": {"title": {"text": "share of bytes so far"}, "range": [0, 1.02]},
+        }
     if kind == "series":
         unit = _LEVEL_UNITS.get(aspect.name, ("× run mean", 1.0))[0]
         return {
@@ -307,6 +329,9 @@ def report_html(real: Run, emulated: Run, comparison: Comparison) -> str:
         )
     )
     figure = fig.to_html(include_plotlyjs=True, full_html=False, config={"displaylogo": False})
+    warnings = "".join(
+        f"<p class='warning'>warning: {html.escape(w)}</p>" for w in comparison.warnings
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>similarity {html.escape(comparison.emulated)} vs {html.escape(comparison.real)}</title>
@@ -314,8 +339,10 @@ def report_html(real: Run, emulated: Run, comparison: Comparison) -> str:
 body {{ font-family: sans-serif; margin: 1.5em; }}
 table {{ border-collapse: collapse; font-size: 13px; }}
 td, th {{ border: 1px solid #ccc; padding: 3px 8px; text-align: left; }}
+.warning {{ color: #a04000; }}
 </style></head><body>
 <h1>Overall similarity {comparison.overall:.3f}</h1>
+{warnings}
 <p>real: <b>{html.escape(real.label)}</b><br>emulated: <b>{html.escape(emulated.label)}</b></p>
 <p>Each score is in [0, 1] (1: alike); the overall score is their weighted mean over the aspects
 that were not skipped. Measures and invariances are explained in docs/similarity.md.</p>

@@ -9,7 +9,8 @@ phases. The second run is 10 % faster, reads larger requests and shuffles with a
 no aspect is trivially identical. Then, timed separately:
   load:    load_run + first access to events, samples and phases (Parquet -> pandas)
   compare: compare_runs(real, emulated) on the loaded runs
-and prints both times and the events/s of the comparison (2 x N events / compare time).
+and prints both times, the events/s of the comparison (2 x N events / compare time) and the
+peak RSS of the process.
 The target is compare < 60 s for 2 x 10 M events on 2 cores.
 
 Usage: python bench/compare_speed.py [--events 10000000] [--dir /tmp/compare-bench] [--keep]
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -192,6 +194,8 @@ def main() -> None:
             f"compare: {compare_s:.1f} s, {2 * args.events / compare_s:,.0f} events/s "
             f"({'within' if compare_s < 60 else 'OVER'} the 60 s target)"
         )
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        print(f"peak RSS: {peak_kib / 2**20:.1f} GiB (writing, loading and comparing)")
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

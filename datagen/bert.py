@@ -11,13 +11,18 @@ Content of one record, shaped like the output of BERT's ``create_pretraining_dat
 - a real length L uniform in [max(5, seq_length // 8), seq_length], then zero padding;
 - ``[CLS] A [SEP] B [SEP]`` with the split uniform (A and B at least one token); segment_ids 0
   over ``[CLS] A [SEP]``, 1 over ``B [SEP]``, 0 in the padding; input_mask 1 over the L tokens;
-- word ids Zipf-like over the WordPiece vocabulary: rank r = floor((V' + 1)^u) - 1 for u uniform
-  (P(r) ~ 1 / (r + 1.5), Zipf with exponent 1), id = 999 + r, so frequent words have small ids
-  and take 2-byte varints, rare ones (ids >= 16384, ~6%) 3 bytes, as in the real files;
-- round(15%) of the non-special tokens masked, at most max_predictions: sorted positions, their
-  original ids in masked_lm_ids, weights 1.0 then 0.0 padding; at a masked position input_ids
-  holds [MASK] (80%), a random word (10%) or the original (10%);
-- next_sentence_labels 0 or 1 with equal probability.
+- A and B are passages of the shard's text pool (:func:`make_pool`): word ids Zipf-like over
+  the WordPiece vocabulary, rank r = floor((V' + 1)^u) - 1 for u uniform (P(r) ~ 1 / (r + 1.5),
+  Zipf with exponent 1), id = 999 + r, so frequent words have small ids and take 2-byte
+  varints, rare ones (ids >= 16384, ~6%) 3 bytes, as in the real files. B follows A in the pool
+  when next_sentence_labels is 0, and is a random passage when it is 1 (equally likely). The
+  pool holds a quarter of the tokens the shard's records use (at most 2^20), so a passage
+  appears about four times per shard in different windows, as every document does dupe_factor
+  (10) times in the reference's data;
+- round(15%) of the non-special tokens masked, at most max_predictions, one drawn from each of k
+  equal runs of candidates: sorted positions, the ids at those positions in masked_lm_ids,
+  weights 1.0 then 0.0 padding. input_ids keep those tokens (the reference shows [MASK] at 80%
+  of them, one byte instead of two or three: records ~1.5% smaller).
 
 Determinism: record j of shard i is a function of (seed, i, j) and the params only (blocks of up to
 :data:`BLOCK_RECORDS` records, each from its own generator), whatever the number of workers.
@@ -29,7 +34,9 @@ the mean record size measured on a calibration sample, keeping a reserve for sam
 :func:`plan_bert_shards`); the full shards are written first, in parallel, then the last one.
 
 Speed: records are drawn and encoded a block at a time with numpy
-(:func:`workloads.bert.records.encode_examples_buffer`); see the module's docstring there.
+(:func:`workloads.bert.records.encode_examples_buffer`); input_ids are runs of the pool's
+pre-encoded bytes (:class:`workloads.bert.records.Encoded`), so a record's text costs two slices
+rather than per-token work. The pool, a quarter of the shard's tokens, is the only per-token work.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from datagen.common import (
     write_manifest,
 )
 from workloads.bert.files import FEATURES, SHARD_FORMAT
-from workloads.bert.records import Padded, encode_examples_buffer
+from workloads.bert.records import Encoded, Feature, Padded, encode_examples_buffer, encode_varints
 from workloads.errors import UserError
 from workloads.units import format_size
 
@@ -64,24 +71,27 @@ CONTENT_VERSION = 1
 
 # Records drawn and encoded together: ~2.7 MB of output, ~25 MB of temporaries.
 BLOCK_RECORDS = 1024
-PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 101, 102, 103
+CLS_ID, SEP_ID = 101, 102
 # First id of the WordPiece vocabulary after [PAD], [unused*], [UNK], [CLS], [SEP], [MASK].
 FIRST_WORD_ID = 999
 MASKED_FRACTION = 0.15
 # [CLS] a [SEP] b [SEP]: the shortest record with both segments.
 MIN_TOKENS = 5
 CALIBRATION_RECORDS = 4096
-# Generator streams: data blocks are (seed, 0, shard, block), the calibration sample (seed, 1).
+# Generator streams: a block of records is (seed, 0, shard, block), the calibration sample
+# (seed, 1), a shard's text pool (seed, 2, shard).
 _DATA_STREAM = 0
 _CALIBRATION_STREAM = 1
+_POOL_STREAM = 2
+MAX_POOL_TOKENS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class BertGenParams:
     """Shape of the generated records and shards (defaults: MLPerf BERT, Wikipedia 2020-01-01).
 
-    ``records_per_file`` is the record count of every shard but the last (MLPerf's 500 shards
-    hold ~313k records each; the default keeps a shard near 40 MB).
+    ``records_per_file`` is the record count of every shard but the last (the default keeps a
+    shard near 40 MB; MLPerf's 500 shards are larger).
     """
 
     seq_length: int = 512
@@ -141,27 +151,73 @@ def _uint16s(rng: np.random.Generator, count: int) -> np.ndarray:
     return rng.bit_generator.random_raw((count + 3) // 4).view(np.uint16)[:count]
 
 
-def draw_records(
-    rng: np.random.Generator, n: int, params: BertGenParams
-) -> dict[str, np.ndarray | Padded]:
-    """``n`` records drawn from ``rng``: feature name -> values, in MLPerf order.
+def pool_tokens(params: BertGenParams) -> int:
+    """Tokens in a shard's text pool: a quarter of what its records use, within bounds.
 
-    input_ids is a :class:`Padded` (each record's real tokens, then zeros to seq_length); the
-    other features are (n, length) arrays. Integer dtypes are the narrowest that hold the
-    values, which the encoder is fastest with.
+    So each passage appears about four times per shard, in windows that start and end at
+    different tokens (the reference's create_pretraining_data.py writes every document
+    dupe_factor = 10 times); at least 4 x seq_length, at most 2^20 (2 MB).
+    """
+    mean_tokens = (params.min_tokens + params.seq_length) // 2
+    wanted = params.records_per_file * mean_tokens // 4
+    return min(MAX_POOL_TOKENS, max(4 * params.seq_length, wanted))
+
+
+@dataclasses.dataclass(frozen=True)
+class TextPool:
+    """The text a shard's records are cut from: Zipf-like word ids, pre-encoded as varints.
+
+    ``source`` holds the tokens' varints (token i at ``offsets[i]:offsets[i + 1]``), then one
+    [CLS], one [SEP] and seq_length zero bytes, so that a record's input_ids are five runs of it:
+    [CLS], A, [SEP], B, [SEP] and the padding.
+    """
+
+    ids: np.ndarray
+    source: np.ndarray
+    offsets: np.ndarray
+    cls_at: int
+    sep_at: int
+    zeros_at: int
+
+
+def make_pool(rng: np.random.Generator, tokens: int, params: BertGenParams) -> TextPool:
+    """A pool of ``tokens`` word ids drawn from ``rng``, encoded."""
+    ids = zipf_table(params.vocab_size).take(_uint16s(rng, tokens))
+    encoded, offsets = encode_varints(ids)
+    tail = np.zeros(2 + params.seq_length, dtype=np.uint8)
+    tail[:2] = CLS_ID, SEP_ID
+    size = encoded.size
+    return TextPool(ids, np.concatenate([encoded, tail]), offsets, size, size + 1, size + 2)
+
+
+def draw_records(
+    rng: np.random.Generator, n: int, params: BertGenParams, pool: TextPool
+) -> dict[str, Feature]:
+    """``n`` records drawn from ``rng`` and cut from ``pool``: feature name -> values.
+
+    In MLPerf order. input_ids is an :class:`Encoded` (runs of the pool), the masked
+    positions and ids :class:`Padded`, the rest (n, length) arrays of the narrowest dtype.
     """
     s, p = params.seq_length, params.max_predictions
     lengths = rng.integers(params.min_tokens, s, size=n, endpoint=True)
-    # Tokens of segment A: uniform in [1, L - 4] (B gets the rest, at least one).
+    # Tokens of segment A: uniform in [1, L - 4]; B gets the rest, at least one.
     a = 1 + (rng.random(n) * (lengths - 4)).astype(np.int64)
-    next_sentence = rng.integers(0, 2, size=(n, 1), dtype=np.uint8)
+    b = lengths - 3 - a
+    # As in create_pretraining_data.py, label 1 means B is a random passage; 0 that B follows A.
+    random_next = rng.integers(0, 2, size=n, dtype=np.uint8)
+    tokens = pool.ids.size
+    start_a = rng.integers(0, tokens - (lengths - 3), endpoint=True)
+    start_b = np.where(random_next == 1, rng.integers(0, tokens - b, endpoint=True), start_a + a)
 
-    # All real tokens of the block, record after record: [CLS] A [SEP] B [SEP].
-    first = np.cumsum(lengths) - lengths
-    ids = zipf_table(params.vocab_size).take(_uint16s(rng, int(lengths.sum())))
-    ids[first] = CLS_ID
-    ids[first + a + 1] = SEP_ID
-    ids[first + lengths - 1] = SEP_ID
+    # input_ids: [CLS] A [SEP] B [SEP] then zeros, as five runs of the pool's bytes.
+    offsets = pool.offsets
+    byte_a, byte_b = offsets[start_a], offsets[start_b]
+    runs = np.empty((n, 5, 2), dtype=np.int64)
+    runs[:, :, 0] = [pool.cls_at, 0, pool.sep_at, 0, pool.sep_at]
+    runs[:, :, 1] = [1, 0, 1, 0, 0]
+    runs[:, 1, 0], runs[:, 1, 1] = byte_a, offsets[start_a + a] - byte_a
+    runs[:, 3, 0], runs[:, 3, 1] = byte_b, offsets[start_b + b] - byte_b
+    runs[:, 4, 1] = 1 + s - lengths  # the last [SEP], then the padding
 
     pos = np.arange(s)
     real = pos < lengths[:, None]
@@ -177,28 +233,21 @@ def draw_records(
     u = _uint16s(rng, n * p).reshape(n, p).astype(np.int32)
     chosen = bounds[:, :-1] + ((bounds[:, 1:] - bounds[:, :-1]) * u >> 16)
     valid = np.arange(p) < k[:, None]
-    # Candidate c is token 1 + c, or 2 + c once past A's [SEP].
-    positions = np.where(valid, 1 + chosen + (chosen >= a[:, None]), 0).astype(np.uint16)
-    at = (first[:, None] + positions)[valid]
-    masked_ids = np.zeros((n, p), dtype=ids.dtype)
-    masked_ids[valid] = ids.take(at)
-    # At a masked position input_ids holds [MASK] (80%), a random word (10%) or the original.
-    draw = _uint16s(rng, 2 * at.size)
-    kind, word = draw[: at.size], draw[at.size :]
-    ids[at] = np.where(
-        kind < int(0.8 * 65536),
-        MASK_ID,
-        np.where(kind < int(0.9 * 65536), zipf_table(params.vocab_size).take(word), ids[at]),
-    )
+    chosen = chosen[valid]
+    in_a = chosen < np.repeat(a, k)
+    # Candidate c is token 1 + c of A, or token 2 + c once past A's [SEP]; its id comes from
+    # the pool. input_ids keep the original token there (the reference shows [MASK] at 80%).
+    positions = 1 + chosen + ~in_a
+    pool_index = np.where(in_a, np.repeat(start_a, k) + chosen, np.repeat(start_b - a, k) + chosen)
 
-    out: dict[str, np.ndarray | Padded] = {
-        "input_ids": Padded(ids, lengths, s),
+    out: dict[str, Feature] = {
+        "input_ids": Encoded(pool.source, runs[:, :, 0], runs[:, :, 1]),
         "input_mask": real.view(np.uint8),
         "segment_ids": segment_ids.view(np.uint8),
-        "masked_lm_positions": Padded(positions[valid], k, p),
-        "masked_lm_ids": Padded(masked_ids[valid], k, p),
+        "masked_lm_positions": Padded(positions.astype(np.uint16), k, p),
+        "masked_lm_ids": Padded(pool.ids.take(pool_index), k, p),
         "masked_lm_weights": valid.astype(np.float32),
-        "next_sentence_labels": next_sentence,
+        "next_sentence_labels": random_next[:, None],
     }
     assert list(out) == list(FEATURES)
     return out
@@ -242,12 +291,14 @@ def write_shard(
     in full.
     """
     keep_freed_memory()
+    pool_rng = np.random.default_rng([seed, _POOL_STREAM, shard])
+    pool = make_pool(pool_rng, pool_tokens(params), params)
     block = block_records(params)
     written = 0
     remaining = budget
     for index in range(math.ceil(records / block)):
         rng = np.random.default_rng([seed, _DATA_STREAM, shard, index])
-        buffer, ends = encode_examples_buffer(draw_records(rng, block, params))
+        buffer, ends = encode_examples_buffer(draw_records(rng, block, params, pool))
         keep = min(block, records - written)
         if remaining is not None:
             keep = min(keep, int(np.searchsorted(ends, remaining, side="right")))
@@ -307,8 +358,9 @@ class BertPlan:
 
 def calibrate(seed: int, params: BertGenParams) -> tuple[float, float]:
     """(mean, standard deviation) of the record size over a sample drawn like the dataset."""
-    rng = np.random.default_rng([seed, _CALIBRATION_STREAM])
-    _, ends = encode_examples_buffer(draw_records(rng, CALIBRATION_RECORDS, params))
+    pool_rng, rng = np.random.default_rng([seed, _CALIBRATION_STREAM]).spawn(2)
+    pool = make_pool(pool_rng, pool_tokens(params), params)
+    _, ends = encode_examples_buffer(draw_records(rng, CALIBRATION_RECORDS, params, pool))
     sizes = np.diff(ends, prepend=0)
     return float(sizes.mean()), float(sizes.std())
 

@@ -22,9 +22,12 @@ from torch.utils.data import DataLoader
 from workloads.bert.dataset import BertBatches, interleave
 from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
 from workloads.bert.records import (
+    Encoded,
     Padded,
+    _varint,
     encode_examples,
     encode_examples_buffer,
+    encode_varints,
     iter_records,
     masked_crc,
     parse_example,
@@ -35,11 +38,33 @@ from workloads.events import Emitter
 SEQ, PRED = 16, 4
 
 
-def reference_example(features: dict[str, np.ndarray], i: int) -> example_pb2.Example:
+class Runs:
+    """An Encoded feature and the values it stands for (the encoder cannot tell them)."""
+
+    def __init__(self, rng: np.random.Generator, n: int) -> None:
+        corpus = rng.integers(0, 2**35, 300)
+        corpus[::5] = rng.integers(0, 128, 60)  # some one-byte values, some zeros
+        source, offsets = encode_varints(corpus)
+        begin = rng.integers(0, 200, (n, 2))
+        count = rng.integers(1, 40, (n, 2))
+        # A separator (the same run in every record), then two runs of the corpus.
+        starts = np.concatenate([np.full((n, 1), offsets[3]), offsets[begin]], axis=1)
+        ends = np.concatenate([np.full((n, 1), offsets[4]), offsets[begin + count]], axis=1)
+        self.feature = Encoded(source, starts, ends - starts)
+        self.values = [
+            np.concatenate([corpus[3:4]] + [corpus[b : b + c] for b, c in zip(bs, cs, strict=True)])
+            for bs, cs in zip(begin, count, strict=True)
+        ]
+
+
+def reference_example(features: dict, i: int) -> example_pb2.Example:
     """Record ``i`` built with protobuf, the slow reference."""
     example = example_pb2.Example()
     for name, array in features.items():
-        row = (array.dense() if isinstance(array, Padded) else array)[i]
+        if isinstance(array, Runs):
+            row = array.values[i]
+        else:
+            row = (array.dense() if isinstance(array, Padded) else array)[i]
         if row.dtype.kind == "f":
             example.features.feature[name].float_list.value.extend(row.tolist())
         else:
@@ -63,9 +88,10 @@ def split_frames(data: bytes) -> list[tuple[bytes, bytes, bytes]]:
     return frames
 
 
-def random_features(rng: np.random.Generator, n: int) -> dict[str, np.ndarray | Padded]:
+def random_features(rng: np.random.Generator, n: int) -> dict:
     counts = rng.integers(0, 9, n)
     return {
+        "runs": Runs(rng, n),
         "small": rng.integers(0, 2, (n, 7)),  # one byte per value
         "ids": rng.integers(0, 40_000, (n, 9)).astype(np.int32),  # 1-3 byte varints
         "two_bytes": rng.integers(128, 16_384, (n, 3)),  # one width >1: fixed-size entry
@@ -86,7 +112,9 @@ def random_features(rng: np.random.Generator, n: int) -> dict[str, np.ndarray | 
 def test_encoder_matches_protobuf_record_by_record(seed: int) -> None:
     rng = np.random.default_rng(seed)
     features = random_features(rng, 40)
-    buffer, ends = encode_examples_buffer(features)
+    buffer, ends = encode_examples_buffer(
+        {k: v.feature if isinstance(v, Runs) else v for k, v in features.items()}
+    )
     frames = split_frames(buffer.tobytes())
     assert len(frames) == 40
     assert ends.tolist() == np.cumsum([16 + len(p) for _, _, p in frames]).tolist()
@@ -129,6 +157,41 @@ def test_padded_stands_for_its_dense_array() -> None:
         Padded(np.array([1, 2]), np.array([1]), 3)
     with pytest.raises(ValueError, match="between 0 and length"):
         Padded(np.array([1, 2, 3, 4]), np.array([4]), 3)
+
+
+def test_encoded_runs_are_copied_as_varints() -> None:
+    # A corpus of values, pre-encoded; each record takes a constant run (the same separator
+    # in every record) and two variable runs of it. The result must equal the dense encoding.
+    rng = np.random.default_rng(9)
+    corpus = rng.integers(0, 3_000_000, 500)
+    source, offsets = encode_varints(corpus)
+    assert source.tobytes() == b"".join(_varint(int(v)) for v in corpus)
+    n = 30
+    first = rng.integers(0, 400, n)
+    count = rng.integers(1, 50, n)
+    second = rng.integers(0, 450, n)
+    starts = np.stack([np.full(n, offsets[7]), offsets[first], offsets[second]], axis=1)
+    ends = np.stack([np.full(n, offsets[8]), offsets[first + count], offsets[second + 50]], axis=1)
+    encoded = Encoded(source, starts, ends - starts)
+    dense = Padded(
+        np.concatenate(
+            [np.concatenate([[corpus[7]], corpus[f : f + c], corpus[s : s + 50]])
+             for f, c, s in zip(first, count, second, strict=True)]
+        ),
+        count + 51,
+        120,
+    )  # fmt: skip
+    other = rng.random((n, 3)).astype(np.float32)
+    ours = encode_examples({"x": encoded, "w": other})
+    for i, (_, _, payload) in enumerate(split_frames(ours)):
+        example = example_pb2.Example.FromString(payload)
+        assert (
+            list(example.features.feature["x"].int64_list.value)
+            == dense.dense()[i][: count[i] + 51].tolist()
+        )
+        assert np.array_equal(example.features.feature["w"].float_list.value, other[i])
+    with pytest.raises(ValueError, match="inside the source"):
+        Encoded(source, starts + source.size, ends - starts)
 
 
 def test_tfrecord_package_reads_our_files(tmp_path: Path) -> None:

@@ -16,17 +16,19 @@ import pytest
 from datagen.bert import (
     CLS_ID,
     FIRST_WORD_ID,
-    MASK_ID,
     SEP_ID,
     BertGenParams,
     calibrate,
+    draw_records,
     generate_bert,
+    make_pool,
     max_record_bytes,
     plan_bert_shards,
+    pool_tokens,
 )
 from datagen.common import MANIFEST_NAME, MARKER_NAME, load_manifest
 from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
-from workloads.bert.records import iter_records, parse_example
+from workloads.bert.records import encode_examples_buffer, iter_records, parse_example
 from workloads.errors import UserError
 
 SMALL = BertGenParams(seq_length=64, max_predictions=10, records_per_file=60)
@@ -127,7 +129,6 @@ def test_records_are_shaped_like_create_pretraining_data(dataset: tuple[Path, di
     out, _ = dataset
     records = decoded(out)
     s, p = SMALL.seq_length, SMALL.max_predictions
-    masked = replaced = 0
     labels = set()
     for r in records:
         ids, mask, seg = r["input_ids"], r["input_mask"], r["segment_ids"]
@@ -142,7 +143,7 @@ def test_records_are_shaped_like_create_pretraining_data(dataset: tuple[Path, di
         assert seg.tolist() == [0] * (seps[0] + 1) + [1] * (length - seps[0] - 1) + [0] * (
             s - length
         )
-        assert ((ids >= FIRST_WORD_ID) | np.isin(ids, [0, CLS_ID, SEP_ID, MASK_ID])).all()
+        assert ((ids >= FIRST_WORD_ID) | np.isin(ids, [0, CLS_ID, SEP_ID])).all()
         assert (ids < SMALL.vocab_size).all()
 
         k = int(r["masked_lm_weights"].sum())
@@ -152,13 +153,46 @@ def test_records_are_shaped_like_create_pretraining_data(dataset: tuple[Path, di
         assert (np.diff(positions) > 0).all()  # sorted, distinct
         assert not r["masked_lm_positions"][k:].any() and not r["masked_lm_ids"][k:].any()
         assert ((positions > 0) & (positions < length - 1) & (positions != seps[0])).all()
-        originals = r["masked_lm_ids"][:k]
-        assert (originals >= FIRST_WORD_ID).all() and (originals < SMALL.vocab_size).all()
-        masked += k
-        replaced += int((ids[positions] == MASK_ID).sum())
+        # The labels are the ids at those positions (input_ids keep them: no [MASK]).
+        assert r["masked_lm_ids"][:k].tolist() == ids[positions].tolist()
+        assert (ids[positions] >= FIRST_WORD_ID).all()
         labels.add(int(r["next_sentence_labels"][0]))
-    assert 0.7 < replaced / masked < 0.9  # [MASK] at 80% of the masked positions
     assert labels == {0, 1}
+
+
+def test_passages_come_from_the_pool_and_b_follows_a_unless_labelled_random() -> None:
+    params = BertGenParams(seq_length=48, max_predictions=8, records_per_file=200)
+    pool = make_pool(np.random.default_rng(1), pool_tokens(params), params)
+    features = draw_records(np.random.default_rng(2), 200, params, pool)
+    buffer, _ = encode_examples_buffer(features)
+
+    def in_pool(tokens: np.ndarray) -> bool:
+        windows = np.lib.stride_tricks.sliding_window_view(pool.ids, tokens.size)
+        return bool((windows == tokens).all(axis=1).any())
+
+    follows = random = 0
+    for data in iter_bytes(buffer.tobytes()):
+        r = parse_example(data, "record", list(FEATURES))
+        length = int(r["input_mask"].sum())
+        sep = int(np.flatnonzero(r["input_ids"] == SEP_ID)[0])
+        a, b = r["input_ids"][1:sep], r["input_ids"][sep + 1 : length - 1]
+        assert in_pool(a) and in_pool(b)
+        if r["next_sentence_labels"][0] == 0:
+            assert in_pool(np.concatenate([a, b]))
+            follows += 1
+        else:
+            random += 1
+    assert follows > 50 and random > 50
+
+
+def iter_bytes(data: bytes) -> list[bytes]:
+    """The payloads of framed records (CRCs are checked elsewhere)."""
+    out, offset = [], 0
+    while offset < len(data):
+        length = int.from_bytes(data[offset : offset + 8], "little")
+        out.append(data[offset + 12 : offset + 12 + length])
+        offset += 16 + length
+    return out
 
 
 def test_word_ids_follow_a_zipf_like_law_over_the_whole_vocabulary(

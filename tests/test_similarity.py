@@ -40,18 +40,27 @@ from analysis.similarity import (
     ASPECTS,
     N_SIZE_BUCKETS,
     Comparison,
+    activity_similarity,
+    burstiness_similarity,
     compare_runs,
     comparison_table,
     dtw_similarity,
     ecdf_points,
+    effective_readers,
+    half_bytes_time,
     in_scope,
     js_similarity,
+    ks_noise,
     ks_similarity,
     log2_buckets,
     order_similarity,
     ratio_similarity,
+    reads_in_flight,
+    relative_wasserstein_similarity,
     resample_mean,
     resample_sum,
+    timing_similarity,
+    volume_similarity,
 )
 from workloads.errors import UserError
 
@@ -187,11 +196,21 @@ def training_run(
     load_phases: bool = True,
     extra_files: int = 0,
     front_load: bool = False,
+    jitter_s: float = 0.0,
+    seed: int = 0,
+    readers: int = 1,
+    cold_cache: bool = False,
+    foreign_block_bytes: int = 0,
 ) -> Path:
     """Write a model run. ``burst_at``: where in each step (fraction) the read burst happens;
     ``file_order``: order of the 40 dataset files; ``extra_files``: files read outside /data;
-    ``front_load``: all reads in the first 2 s (prefetching), not one burst per step."""
+    ``front_load``: all reads in the first 2 s (prefetching), not one burst per step;
+    ``jitter_s``: each read burst and the checkpoint start up to this much later (uniform,
+    from ``seed``), as in a repeat of a real run; ``readers``: threads the dataset files are dealt
+    to, round robin; ``cold_cache``: every byte read is also a page-cache insert;
+    ``foreign_block_bytes``: block writes by other processes (``in_container`` false)."""
     origin = START_NS + round(clock_shift_s * SEC)
+    rng = np.random.default_rng(seed)
 
     def ns(t: np.ndarray | float) -> np.ndarray:
         # Times in ms multiples so that a speed of 2 keeps every event on the same fraction.
@@ -208,6 +227,7 @@ def training_run(
     for step in range(10):
         # The burst lasts 0.2 s and ends inside its step (or inside the first 2 s).
         t0 = (0.2 * step if front_load else step) + burst_at * 0.7
+        t0 += rng.uniform(0, jitter_s) if jitter_s else 0.0
         for j, path in enumerate(files[step * 4 : step * 4 + 4]):
             base = t0 + j * 0.05
             ts += [base, *(base + 0.002 * (k + 1) for k in range(4)), base + 0.011]
@@ -228,16 +248,37 @@ def training_run(
         sizes += [4 * KIB]
         paths += [f"/usr/lib/python3/mod{i}.pyc"]
     # Checkpoint at 9.2-9.6 s: 4 writes, then writeback on the device.
+    ckpt_shift = rng.uniform(0, jitter_s) if jitter_s else 0.0
     for k in range(4):
-        ts.append(9.2 + 0.1 * k)
+        ts.append(9.2 + 0.1 * k + ckpt_shift)
         kinds.append("write")
         sizes.append(checkpoint_bytes // 4)
         paths.append("/twintrace/out/ckpt.pt")
-    ts.append(9.7)
+    ts.append(9.7 + ckpt_shift)
     kinds.append("block_write")
     sizes.append(checkpoint_bytes)
     paths.append(None)
+    own = [True] * len(ts)
+    if cold_cache:  # one page-cache insert per 100 ms holding the bytes read in it
+        read_at = np.array([t for t, k in zip(ts, kinds, strict=True) if k == "read"])
+        read_bytes = np.array([b for b, k in zip(sizes, kinds, strict=True) if k == "read"])
+        slot = np.floor(read_at * 10)
+        for t in np.unique(slot):
+            ts.append(float(t) / 10 + 0.1)
+            kinds.append("cache_add")
+            sizes.append(int(read_bytes[slot == t].sum()))
+            paths.append(None)
+            own.append(True)
+    for t in np.arange(0.5, 10, 1.0)[: 1 if foreign_block_bytes else 0]:  # another job's burst
+        ts.append(float(t))
+        kinds.append("block_write")
+        sizes.append(foreign_block_bytes)
+        paths.append(None)
+        own.append(False)
     is_open = np.array([k == "openat" for k in kinds])
+    # Dataset files are dealt to the reader threads round robin (a DataLoader's workers).
+    tid_of = {f: 200 + i % readers for i, f in enumerate(sorted(set(files)))}
+    tids = np.array([tid_of.get(path, 101) if path else 101 for path in paths])
     events = events_frame(
         {
             "ts_ns": ns(np.array(ts)),
@@ -245,6 +286,8 @@ def training_run(
             "bytes": np.array(sizes, dtype=np.int64),
             "ret": np.where(is_open, 5, np.array(sizes)),
             "path": paths,
+            "pid": tids,
+            "in_container": np.array(own),
         }
     )
     sample_table = None
@@ -339,6 +382,96 @@ def test_dtw_identical_scaled_shifted_and_different() -> None:
     assert dtw_similarity(a, flat) == dtw_similarity(flat, a)  # symmetric
 
 
+def test_dtw_level_scale_judges_a_channel_against_the_whole() -> None:
+    cache_a, cache_b = np.zeros(400), np.full(400, 0.1)
+    # Against its own maximum, 0 vs 0.1 is the largest possible difference ...
+    assert dtw_similarity(cache_a, cache_b, level=True)[0] == pytest.approx(0.0)
+    # ... against a footprint of 1.1 (1.0 of rss besides), a difference of 1/11.
+    assert dtw_similarity(cache_a, cache_b, level=True, scale=1.1)[0] == pytest.approx(1 - 1 / 11)
+
+
+def test_timing_similarity_is_the_distance_bytes_move() -> None:
+    a = bursts()
+    assert timing_similarity(a, a) == (1.0, 0.0)
+    assert timing_similarity(a, 5 * a)[0] == pytest.approx(1.0)  # amounts do not matter
+    # Every burst 12 points later: the bytes move by 12 / 400 of the run.
+    shifted = bursts(at=(52, 152, 252, 352))
+    assert timing_similarity(a, shifted)[1] == pytest.approx(12 / 400)
+    # The failure of a point-by-point distance on sparse series (real writes: 0.0003 for two
+    # runs writing the same bytes): one spike, one bin later, is 1/400 of the run away.
+    spike, later = np.zeros(400), np.zeros(400)
+    spike[300], later[301] = 3.8e6, 3.8e6
+    assert timing_similarity(spike, later)[0] == pytest.approx(1 - 1 / 400)
+    # First bin against last bin: the whole run apart.
+    first, last = np.zeros(400), np.zeros(400)
+    first[0], last[-1] = 1.0, 1.0
+    assert timing_similarity(first, last)[0] == pytest.approx(1 / 400)
+    assert timing_similarity(first, last) == timing_similarity(last, first)
+    with pytest.raises(ValueError):
+        timing_similarity(np.zeros(400), a)
+
+
+def test_burstiness_compares_concentration_not_position() -> None:
+    steady = np.ones(400)
+    tenth = np.zeros(400)
+    tenth[:40] = 10.0  # active 10 % of the time
+    # Steady against bursts active a fraction d of the time scores d.
+    assert burstiness_similarity(steady, tenth)[0] == pytest.approx(0.1)
+    fifth = np.zeros(400)
+    fifth[::5] = 5.0  # active 20 %: 1 - |0.1 - 0.2|
+    assert burstiness_similarity(tenth, fifth)[0] == pytest.approx(0.9)
+    # The same bursts anywhere else (jitter, another order) are equally bursty.
+    rng = np.random.default_rng(3)
+    assert burstiness_similarity(tenth, rng.permutation(tenth)) == (1.0, 0.0)
+    # A burst split across two bins moves the curve by half a bin.
+    one, split = np.zeros(400), np.zeros(400)
+    one[7], split[[7, 8]] = 2.0, 1.0
+    assert burstiness_similarity(one, split)[0] == pytest.approx(1 - 1 / 400)
+    assert half_bytes_time(steady) == 0.5 and half_bytes_time(one) == 1 / 400
+
+
+def test_activity_is_the_mean_of_timing_volume_and_burstiness() -> None:
+    a = bursts()
+    shifted = bursts(at=(52, 152, 252, 352))
+    score, terms = activity_similarity(a, 2 * shifted, 32.0, 64.0)
+    assert terms["timing"] == pytest.approx(1 - 12 / 400)
+    assert terms["volume"] == 0.5 and terms["burstiness"] == pytest.approx(1.0)
+    assert score == pytest.approx((1 - 12 / 400 + 0.5 + 1.0) / 3)
+    # Volume on the scale of a reference: 1 MiB vs 8 MiB of device reads in a run that read
+    # 215 MiB differ by 7/215 of the I/O (min/max would say 1/8).
+    assert volume_similarity(1.0, 8.0) == 0.125
+    assert volume_similarity(1.0, 8.0, reference=215.0) == pytest.approx(1 - 7 / 215)
+    assert volume_similarity(0.0, 0.0) == 1.0 and volume_similarity(0.0, 5.0, 2.0) == 0.0
+
+
+def test_relative_wasserstein_on_small_samples() -> None:
+    # The real case KS scored 0.8: ten steps of ~0.838 s against ten of ~0.839 s.
+    rng = np.random.default_rng(0)
+    a = 0.838 + rng.normal(0, 0.002, 10)
+    b = a + 0.001
+    score, w1 = relative_wasserstein_similarity(a, b, scale=float(np.median(b)))
+    assert w1 == pytest.approx(0.001) and score == pytest.approx(1 - 0.001 / np.median(b))
+    assert ks_similarity(a, b) < 0.95  # a shift of a millisecond moves KS by ten-percent steps
+    # Twice as long: W1 is the mean duration, half the larger median.
+    ones = np.ones(10)
+    assert relative_wasserstein_similarity(ones, 2 * ones, 2.0) == (0.5, 1.0)
+    # Samples of different sizes: half of b is 2 s longer than all of a.
+    assert relative_wasserstein_similarity(np.ones(4), np.array([1.0, 3.0]), 4.0) == (0.75, 1.0)
+    assert relative_wasserstein_similarity(ones, ones, 0.0) == (1.0, 0.0)
+    assert relative_wasserstein_similarity(ones, 3 * ones, 1.0) == (0.0, 2.0)  # clipped
+
+
+def test_readers_and_queue_depth() -> None:
+    assert effective_readers(np.array([5.0, 5.0, 5.0, 5.0])) == pytest.approx(4.0)
+    h = -(0.99 * np.log(0.99) + 0.01 * np.log(0.01))
+    assert effective_readers(np.array([99.0, 1.0])) == pytest.approx(np.exp(h))
+    assert effective_readers(np.array([])) == 0.0
+    # Reads [0, 10], [5, 15], [20, 30]: 2 in flight when the first ends, then 1 and 1.
+    end = np.array([10, 15, 30])
+    assert reads_in_flight(end, np.full(3, 10), np.ones(3)) == pytest.approx(4 / 3)
+    assert ks_noise(3000, 3000) == pytest.approx(1.358 * np.sqrt(2 / 3000))
+
+
 def test_log2_buckets_are_exact_at_powers_of_two() -> None:
     sizes = np.array([0, 1, 2, 3, 4095, 4096, 8191, 8192, MIB])
     counts = log2_buckets(sizes)
@@ -407,13 +540,91 @@ def test_faster_and_shifted_copy(tmp_path: Path) -> None:
     fast = load_run(training_run(tmp_path, EMULATED, speed=2.0, clock_shift_s=1000.0))
     result = scores(compare_runs(real, fast))
     for name in ("read_bandwidth", "write_bandwidth", "block_io", "read_sizes", "write_sizes",
-                 "file_order", "file_bytes", "open_close", "cpu", "memory"):  # fmt: skip
+                 "read_parallelism", "file_order", "file_bytes", "open_close", "cpu",
+                 "memory"):  # fmt: skip
         assert result[name] == pytest.approx(1.0, abs=1e-9), name
-    # Steps (1 s vs 0.5 s) and batch loads (0.2 vs 0.1 s) no longer overlap at all.
-    assert result["step_time"] == 0.0 and result["load_time"] == 0.0
+    # Steps of 1 s vs 0.5 s: W1 0.5 s, as a fraction of the larger median step (1 s).
+    assert result["step_time"] == pytest.approx(0.5)
+    # Batch loads of 0.2 vs 0.1 s: 0.1 s apart, a tenth of a step.
+    assert result["load_time"] == pytest.approx(0.9)
     assert result["read_interarrival"] < 0.6
-    # Checkpoints: same count and bytes, half the duration.
-    assert result["checkpoints"] == pytest.approx((1 + 1 + 0.5) / 3)
+    # Checkpoints: same count and bytes; 0.5 vs 0.25 s, a quarter of a (1 s) step apart.
+    assert result["checkpoints"] == pytest.approx((1 + 1 + 0.75) / 3)
+
+
+def test_repeat_with_jitter_scores_high(tmp_path: Path) -> None:
+    """A repeat of a run as real traces differ: every read burst and the checkpoint moved by up
+    to 60 ms (2.4 bins of 25 ms). Two real runs of one configuration differ like this."""
+    real = load_run(training_run(tmp_path, REAL, jitter_s=0.06, seed=1))
+    repeat = load_run(training_run(tmp_path, EMULATED, jitter_s=0.06, seed=2))
+    comparison = compare_runs(real, repeat)
+    result = scores(comparison)
+    for name, key in (("read_bandwidth", "timing_w1"), ("write_bandwidth", "timing_w1"),
+                      ("block_io", "block_read_timing_w1"), ("block_io", "block_write_timing_w1")):  # fmt: skip
+        assert result[name] > 0.98, name
+        assert comparison.aspect(name).details[key] < 0.006, key  # < 60 ms / 10 s
+    assert comparison.overall > 0.97
+
+
+def test_block_io_counts_only_the_containers_requests(tmp_path: Path) -> None:
+    """Another job writing 5 GB to the shared device changes nothing but the evidence."""
+    real = load_run(training_run(tmp_path, REAL))
+    busy = load_run(training_run(tmp_path, EMULATED, foreign_block_bytes=5 * 2**30))
+    block = compare_runs(real, busy).aspect("block_io")
+    assert block.score == pytest.approx(1.0)
+    assert block.details["block_write_bytes_emulated"] == 4 * MIB
+    assert block.details["block_write_not_container_bytes_emulated"] == 5 * 2**30
+    assert block.details["block_write_not_container_bytes_real"] == 0
+
+
+def test_block_io_without_container_requests_is_skipped(tmp_path: Path) -> None:
+    events = events_frame(
+        {"ts_ns": START_NS + np.arange(4) * SEC, "kind": ["block_write"] * 3 + ["read"],
+         "bytes": np.full(4, MIB), "in_container": np.arange(4) == 3}
+    )  # fmt: skip
+    run = load_run(make_run(tmp_path, REAL, events=events))
+    block = compare_runs(run, run).aspect("block_io")
+    assert block.score is None
+    assert block.skipped == "neither run has block I/O issued by the container"
+
+
+def test_page_cache_state_is_warned_about(tmp_path: Path) -> None:
+    cold = load_run(training_run(tmp_path, REAL, cold_cache=True))
+    warm = load_run(training_run(tmp_path, EMULATED))
+    comparison = compare_runs(cold, warm)
+    assert len(comparison.warnings) == 1
+    assert "page-cache misses per byte read: 1.00 real, 0.00 emulated" in comparison.warnings[0]
+    assert "drop_caches" in comparison.to_dict()["warnings"][0]
+    assert compare_runs(cold, cold).warnings == () and compare_runs(warm, warm).warnings == ()
+
+
+def test_read_parallelism(tmp_path: Path) -> None:
+    """The dataset read by 1, 2 or 4 threads (DataLoader workers): the ratio of effective
+    readers; library reads by the main thread are outside the file scope."""
+    one = load_run(training_run(tmp_path, REAL, readers=1, extra_files=50))
+    two = load_run(training_run(tmp_path, "20261121-170000-unet3d-sleep-0003", readers=2))
+    four = load_run(training_run(tmp_path, EMULATED, readers=4))
+    assert compare_runs(one, four).aspect("read_parallelism").score == pytest.approx(0.25)
+    aspect = compare_runs(two, four).aspect("read_parallelism")
+    assert aspect.score == pytest.approx(0.5)
+    assert aspect.details["reader_threads_real"] == 2
+    assert aspect.details["effective_readers_emulated"] == pytest.approx(4.0)
+    assert compare_runs(four, four).aspect("read_parallelism").score == 1.0
+
+
+def test_memory_is_judged_against_the_footprint(tmp_path: Path) -> None:
+    t = START_NS + np.arange(0, 10 * SEC, SEC // 10)
+
+    def run(run_id: str, cache: float) -> Any:
+        rows = [(int(x), "container_mem_rss", 1e9, "bytes") for x in t]
+        rows += [(int(x), "container_mem_cache", cache, "bytes") for x in t]
+        return load_run(make_run(tmp_path, run_id, samples=samples_frame(rows)))
+
+    memory = compare_runs(run(REAL, 0.0), run(EMULATED, 1e8)).aspect("memory")
+    # rss equal; page cache 0.1 GB apart in a 1.1 GB container.
+    assert memory.details["rss_score"] == pytest.approx(1.0)
+    assert memory.details["page_cache_score"] == pytest.approx(1 - 1 / 11)
+    assert memory.score == pytest.approx((1 + 1 - 1 / 11) / 2)
 
 
 def test_comparison_is_symmetric(tmp_path: Path) -> None:
@@ -440,7 +651,12 @@ def test_other_sizes_and_bandwidth_shape_score_clearly_lower(tmp_path: Path) -> 
     assert same.overall == pytest.approx(1.0)
     assert result["read_sizes"] == pytest.approx(0.0, abs=1e-9)
     assert other.aspect("read_sizes").details["wasserstein_octaves"] == pytest.approx(6.0)
-    assert result["read_bandwidth"] < 0.5
+    # Step k's burst moved from k s to 0.2 k s: 0.8 k s, 3.6 s on average, 0.36 of the run.
+    # The bursts keep their shape (burstiness ~1); 64 times fewer bytes (volume 1/64).
+    bandwidth = other.aspect("read_bandwidth").details
+    assert bandwidth["timing_w1"] == pytest.approx(0.36, abs=1e-9)
+    assert bandwidth["volume"] == 1 / 64 and bandwidth["burstiness"] > 0.99
+    assert result["read_bandwidth"] == pytest.approx((0.64 + 1 / 64 + bandwidth["burstiness"]) / 3)
     assert result["file_order"] < 0.5
     assert result["file_bytes"] == pytest.approx(1.0)  # same bytes per file, other order
     assert other.overall < 0.8 < same.overall
@@ -492,13 +708,15 @@ def test_to_dict_is_json(tmp_path: Path) -> None:
     a = load_run(training_run(tmp_path, REAL, samples=False))
     b = load_run(training_run(tmp_path, EMULATED, read_size=MIB, samples=False))
     data = json.loads(json.dumps(compare_runs(a, b).to_dict()))
-    assert set(data) == {"real", "emulated", "overall", "aspects"}
+    assert set(data) == {"real", "emulated", "overall", "warnings", "aspects"}
+    assert data["warnings"] == []
     assert list(data["aspects"]) == list(ASPECTS)
     sizes = data["aspects"]["read_sizes"]
     assert sizes["measure"] == "JS" and sizes["resource"] == "syscall I/O"
     assert 0.0 <= sizes["score"] < 1.0 and sizes["details"]["median_bytes_emulated"] == MIB
     assert data["aspects"]["cpu"]["skipped"] and data["aspects"]["cpu"]["score"] is None
-    assert "absolute scale" in data["aspects"]["read_bandwidth"]["invariant_to"]
+    assert "burst timing jitter" in data["aspects"]["read_bandwidth"]["invariant_to"]
+    assert "bytes read" in data["aspects"]["read_bandwidth"]["sensitive_to"]
     table = comparison_table(compare_runs(a, b))
     assert list(table["aspect"])[:2] == ["read bandwidth", "write bandwidth"]
 
@@ -531,8 +749,9 @@ def test_report_has_one_lane_per_aspect_with_scores(tmp_path: Path) -> None:
     assert len(axes) == REPORT_LANES == report_lanes(comparison) == len(ASPECTS)
     assert [lane["aspect"] for lane in fig.layout.meta["lanes"]] == list(ASPECTS)
     titles = [a.text for a in fig.layout.annotations]
-    assert any(t.startswith("<b>read bandwidth — 1.00 (DTW)</b>") for t in titles)
-    assert any("step time — 0.00 (KS)" in t for t in titles)
+    assert any(t.startswith("<b>read bandwidth — 1.00 (W1 time + volume + burstiness)</b>")
+               for t in titles)  # fmt: skip
+    assert any("step time — 0.50 (W1 / step)" in t for t in titles)
     assert lane_title(comparison.aspect("load_time")).startswith(
         "data-loading time (load_batch_mem) — skipped (only one run"
     )

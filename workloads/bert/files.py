@@ -31,8 +31,8 @@ DATA_FORMAT = (
     "(int64 x max_predictions), masked_lm_weights (float x max_predictions) and "
     "next_sentence_labels (int64 x 1), as the MLPerf BERT reference reads"
 )
-# Feature name -> (kind, length key): the MLPerf reference's FixedLenFeature spec, with the
-# length given by read_shape's (seq_length, max_predictions), or "one".
+# Feature name -> (kind, length key): the MLPerf reference's FixedLenFeature spec; the length is
+# seq_length or max_predictions (see read_shape), or one.
 FEATURES: dict[str, tuple[str, str]] = {
     "input_ids": ("int64", "seq_length"),
     "input_mask": ("int64", "seq_length"),
@@ -42,12 +42,6 @@ FEATURES: dict[str, tuple[str, str]] = {
     "masked_lm_weights": ("float", "max_predictions"),
     "next_sentence_labels": ("int64", "one"),
 }
-
-
-def feature_lengths(seq_length: int, max_predictions: int) -> dict[str, int]:
-    """Feature name -> number of values, for records of this shape."""
-    sizes = {"seq_length": seq_length, "max_predictions": max_predictions, "one": 1}
-    return {name: sizes[key] for name, (_, key) in FEATURES.items()}
 
 
 def list_shards(data_dir: str | Path) -> list[Path]:
@@ -72,7 +66,10 @@ def count_records(path: Path) -> int:
     Checks each length's CRC and that the file ends exactly where its last record does; the
     data and its CRC are not read.
     """
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise UserError(f"cannot open {path} ({exc.strerror}): {REGENERATE}") from None
     try:
         size = os.fstat(fd).st_size
         offset = count = 0
@@ -110,10 +107,10 @@ def check_dataset(data_dir: str | Path) -> DataSummary:
     indices = {int(SHARD_RE.match(p.name).group(1)) for p in shards}  # type: ignore[union-attr]
     missing = sorted(set(range(total)) - indices)
     if missing or len(shards) != total:
-        first = SHARD_FORMAT % (missing[0], total) if missing else "an extra shard"
+        detail = f"missing {SHARD_FORMAT % (missing[0], total)}" if missing else "numbered past it"
         raise UserError(
             f"{data_dir} has {len(shards)} of the {total} shards its file names announce "
-            f"(missing {first}): {REGENERATE}"
+            f"({detail}): {REGENERATE}"
         )
     records = size = 0
     for path in shards:

@@ -10,8 +10,9 @@ Why a hand-written encoder: the ``tfrecord`` package's ``TFRecordWriter`` runs a
 core and building ``Example`` messages with protobuf at ~21 MB/s, far below disk speed. A BERT
 record is nearly all packed integer lists, so a whole block of records is encoded at once with
 numpy: length prefixes as per-record arrays, varint bytes from lookup tables scattered into
-place one byte plane at a time, fixed-size features copied as one run per record. Only the data
-CRCs are computed per record (by the ``crc32c`` package, hardware-accelerated). Parsing goes
+place one byte plane at a time, fixed-size features as (records, size) arrays, pre-encoded text
+(:class:`Encoded`) as slices; then one join lays out every record and one call per record takes
+its data CRC (``crc32c``, hardware-accelerated), the only per-record Python work. Parsing goes
 through protobuf (``tfrecord.example_pb2``), the reference decoder.
 """
 
@@ -183,11 +184,11 @@ def _scatter_varints(
 
 
 class _Writer:
-    """Writes one piece of every record of a block at a time, at a per-record cursor.
+    """Writes one piece of every record at a time into ``out``, at a per-record cursor.
 
     Pieces must be written in record order, since a varint piece may scribble zeros up to 9
-    bytes past its end (see :func:`_scatter_varints`); a record's last piece spills at most
-    into its CRC and the next record's 12-byte header, which the caller writes last.
+    bytes past its end (see :func:`_scatter_varints`): the caller leaves slack after each
+    record's region.
     """
 
     def __init__(self, out: np.ndarray, starts: np.ndarray) -> None:
@@ -195,16 +196,28 @@ class _Writer:
         self.cursor = starts.copy()
 
     def const(self, data: bytes) -> None:
-        for j, byte in enumerate(data):
-            if byte:
-                self.out[j:][self.cursor] = byte
-        self.cursor += len(data)
+        row = np.frombuffer(data, dtype=np.uint8)
+        self.out[self.cursor[:, None] + np.arange(row.size)] = row
+        self.cursor += row.size
 
     def varint(self, values: np.ndarray) -> None:
         values = _unsigned(values)
         widths = _varint_widths(values)
         _scatter_varints(self.out, self.cursor, values, widths)
         self.cursor += widths
+
+    def header(self, parts: Sequence[bytes | np.ndarray]) -> None:
+        """Constant bytes and per-record varints, one after the other (see :func:`_header_rows`)."""
+        rows = _header_rows(parts, self.cursor.size)
+        if rows is not None:
+            self.out[self.cursor[:, None] + np.arange(rows.shape[1])] = rows
+            self.cursor += rows.shape[1]
+            return
+        for part in parts:
+            if isinstance(part, bytes):
+                self.const(part)
+            else:
+                self.varint(part)
 
     def packed(self, values: np.ndarray, widths: np.ndarray) -> None:
         """Varints of a (records, count) array, each record's one after the other."""
@@ -229,42 +242,26 @@ class _Writer:
         _scatter_varints(self.out, positions, values, widths)
         self.cursor += feature.payload_len
 
-    def header(self, parts: Sequence[bytes | np.ndarray]) -> None:
-        """Constant bytes and per-record varints (``(records,)`` arrays), one after the other.
 
-        When every varint has one width across the block, as length prefixes nearly always do,
-        the header is the same size in every record: built as a (records, size) array and
-        written with one scatter instead of one per part.
-        """
-        columns: list[np.ndarray] = []
-        records = self.cursor.size
-        for part in parts:
-            if isinstance(part, bytes):
-                row = np.frombuffer(part, dtype=np.uint8)
-                columns.append(np.broadcast_to(row, (records, row.size)))
-                continue
-            values = _unsigned(part)
-            widths = _varint_widths(values)
-            width = int(widths[0])
-            if not (widths == width).all():
-                break
-            columns += [_varint_plane(values, widths, k)[:, None] for k in range(width)]
-        else:
-            block = np.concatenate(columns, axis=1)
-            self.out[self.cursor[:, None] + np.arange(block.shape[1])] = block
-            self.cursor += block.shape[1]
-            return
-        for part in parts:
-            if isinstance(part, bytes):
-                self.const(part)
-            else:
-                self.varint(part)
+def _header_rows(parts: Sequence[bytes | np.ndarray], records: int) -> np.ndarray | None:
+    """Constant bytes and per-record varints as one (records, size) uint8 array.
 
-    def skip(self, n: int | np.ndarray) -> np.ndarray:
-        """Leave ``n`` bytes to be filled later; returns where they start in each record."""
-        where = self.cursor.copy()
-        self.cursor += n
-        return where
+    None when a varint's width differs between records, so that the header's size does too
+    (length prefixes straddling 128 or 16384).
+    """
+    columns: list[np.ndarray] = []
+    for part in parts:
+        if isinstance(part, bytes):
+            row = np.frombuffer(part, dtype=np.uint8)
+            columns.append(np.broadcast_to(row, (records, row.size)))
+            continue
+        values = _unsigned(part)
+        widths = _varint_widths(values)
+        width = int(widths[0])
+        if not (widths == width).all():
+            return None
+        columns += [_varint_plane(values, widths, k)[:, None] for k in range(width)]
+    return np.concatenate(columns, axis=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,118 +299,263 @@ def _crc32c_of_lengths(lengths: np.ndarray) -> np.ndarray:
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
-def encode_examples_buffer(
-    features: Mapping[str, np.ndarray | Padded],
-) -> tuple[np.ndarray, np.ndarray]:
+# Bytes left after each record's region in a scatter buffer, for the zeros a varint scatter may
+# write past it (at most 9: a 10-byte varint's planes).
+_SLACK = 16
+
+
+class _Assembly:
+    """The pieces of every record, in order, joined into the framed records at the end.
+
+    A piece is either a (records, width) uint8 array (one row per record; consecutive ones are
+    merged) or byte runs of a buffer: ``buffer[starts[i, j] : starts[i, j] + lengths[i, j]]``
+    for each column j. Joining costs one memoryview slice per piece and record and one copy of
+    the bytes, much less than copying each record's pieces with numpy.
+    """
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+        # Lists of row arrays (concatenated when joining), constant bytes, or runs.
+        self.pieces: list[list[np.ndarray] | bytes | tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def rows(self, rows: np.ndarray | bytes) -> None:
+        """A (records, width) uint8 array, or bytes that every record has."""
+        if isinstance(rows, bytes):
+            rows = np.broadcast_to(np.frombuffer(rows, dtype=np.uint8), (self.records, len(rows)))
+        if self.pieces and isinstance(self.pieces[-1], list):
+            self.pieces[-1].append(rows)
+        else:
+            self.pieces.append([rows])
+
+    def runs(self, buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Runs of ``buffer`` (starts and lengths: (records,) or (records, runs) arrays).
+
+        A run that is the same in every record (a separator token) is a constant piece: joined
+        without slicing, and merged into the rows before it when there are any.
+        """
+        starts = starts.reshape(self.records, -1)
+        lengths = lengths.reshape(self.records, -1)
+        for j in range(starts.shape[1]):
+            begin, size = starts[:, j], lengths[:, j]
+            if (begin == begin[0]).all() and (size == size[0]).all():
+                const = buffer[begin[0] : begin[0] + size[0]].tobytes()
+                if self.pieces and isinstance(self.pieces[-1], list):
+                    self.rows(const)
+                else:
+                    self.pieces.append(const)
+            else:
+                self.pieces.append((buffer, begin, size))
+
+    def header(self, parts: Sequence[bytes | np.ndarray]) -> None:
+        rows = _header_rows(parts, self.records)
+        if rows is not None:
+            self.rows(rows)
+            return
+        sizes = sum(
+            (len(p) if isinstance(p, bytes) else _vsize(p.astype(np.int64)) for p in parts),
+            start=np.zeros(self.records, dtype=np.int64),
+        )
+        starts = np.cumsum(sizes + _SLACK) - (sizes + _SLACK)
+        out = np.zeros(int(starts[-1] + sizes[-1]) + _SLACK, dtype=np.uint8)
+        _Writer(out, starts).header(parts)
+        self.runs(out, starts, sizes)
+
+    def join(self) -> bytearray:
+        columns: list[Sequence[memoryview | bytes]] = []
+        n = self.records
+        for piece in self.pieces:
+            if isinstance(piece, bytes):
+                columns.append([piece] * n)
+            elif isinstance(piece, list):
+                rows = np.concatenate(piece, axis=1)
+                view, width = memoryview(rows).cast("B"), rows.shape[1]
+                columns.append([view[i : i + width] for i in range(0, n * width, width)])
+            else:
+                buffer, starts, lengths = piece
+                view = memoryview(buffer)
+                ends = (starts + lengths).tolist()
+                columns.append([view[b:e] for b, e in zip(starts.tolist(), ends, strict=True)])
+        return bytearray().join([part for record in zip(*columns, strict=True) for part in record])
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """An int64 list feature whose packed varint bytes the caller already has, as runs of a buffer.
+
+    Record i's packed bytes are ``source[starts[i, j] : starts[i, j] + lengths[i, j]]`` for
+    j = 0, 1, ... one after the other; the caller guarantees they are whole varints and that no
+    record's are empty. The cheapest way to pass text drawn from a pre-encoded corpus (BERT's
+    input_ids): the encoder only copies.
+    """
+
+    source: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.source.ndim != 1 or self.source.dtype != np.uint8:
+            raise ValueError("Encoded source must be a 1-D uint8 array")
+        if self.starts.ndim != 2 or self.starts.shape != self.lengths.shape:
+            raise ValueError("Encoded starts and lengths must be (records, runs) arrays")
+        if self.starts.size and (
+            self.starts.min() < 0
+            or self.lengths.min() < 0
+            or (self.starts + self.lengths).max() > self.source.size
+        ):
+            raise ValueError("Encoded runs must lie inside the source")
+        if (self.lengths.sum(axis=1) == 0).any():
+            raise ValueError("Encoded records must have at least one byte")
+
+    @property
+    def records(self) -> int:
+        return self.starts.shape[0]
+
+
+def encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The protobuf varints of ``values`` (1-D integers) one after the other, and where each starts.
+
+    Returns (bytes, offsets) with ``offsets`` of size ``values.size + 1``: value i's varint is
+    ``bytes[offsets[i]:offsets[i + 1]]``, so any run of values is a slice (see :class:`Encoded`).
+    """
+    values = _unsigned(np.asarray(values).ravel())
+    widths = _varint_widths(values)
+    offsets = np.zeros(values.size + 1, dtype=np.int64)
+    np.cumsum(widths, out=offsets[1:])
+    out = np.zeros(int(offsets[-1]) + _SLACK, dtype=np.uint8)
+    _scatter_varints(out, offsets[:-1], values, widths)
+    return out[: offsets[-1]], offsets
+
+
+Feature = np.ndarray | Padded | Encoded
+"""What :func:`encode_examples_buffer` takes for one feature."""
+
+
+def encode_examples_buffer(features: Mapping[str, Feature]) -> tuple[np.ndarray, np.ndarray]:
     """Framed TFRecords of a block of ``tf.train.Example``: (bytes as uint8 array, record ends).
 
-    ``features`` maps each feature name to a 2-D array (records, values) or a :class:`Padded`:
-    integers become ``int64_list`` features, floating point ``float_list`` (float32). Record
-    ``i`` of the result is ``buffer[ends[i - 1]:ends[i]]`` (``ends[-1]`` is the buffer's size),
-    framing and CRCs included, so a caller may keep any prefix of whole records.
+    ``features`` maps each feature name to a 2-D array (records, values), a :class:`Padded` or
+    an :class:`Encoded`: integers become ``int64_list`` features, floating point ``float_list``
+    (float32). Record ``i`` of the result is ``buffer[ends[i - 1]:ends[i]]`` (``ends[-1]`` is
+    the buffer's size), framing and CRCs included, so a caller may keep any prefix of whole
+    records.
 
-    Layout of an Example: features whose encoded size is the same in every record of the block
-    (floats, integers whose varints all have one width) first, as one run of bytes per record
-    copied in place; then the others, their varints scattered byte plane by byte plane into a
-    zeroed buffer (zero values, such as padding, cost nothing). Protobuf allows map entries in
-    any order.
+    How: the length prefixes are computed for all records at once; features whose entries have
+    the same size in every record (floats, integers whose varints all have one width) become
+    (records, size) arrays; the other arrays' varints are scattered byte plane by byte plane
+    into a zeroed buffer (zero values, such as padding, cost nothing); then every record's
+    pieces are joined in one pass and its data CRC taken, the only per-record Python work.
+    Protobuf allows map entries in any order: fixed-size entries come first, then Encoded ones,
+    then the scattered ones.
     """
     if not features:
         raise ValueError("an Example needs at least one feature")
-    records = {
-        f.counts.size if isinstance(f, Padded) else (np.shape(f)[0] if np.ndim(f) == 2 else -1)
-        for f in features.values()
-    }
-    if len(records) != 1 or -1 in records:
-        raise ValueError("every feature must be a 2-D array or a Padded, all of one record count")
-    n = records.pop()
+    counts = {_records(f) for f in features.values()}
+    if len(counts) != 1 or -1 in counts:
+        raise ValueError(
+            "every feature must be a 2-D array, a Padded or an Encoded, all of one record count"
+        )
+    n = counts.pop()
     if n == 0:
         return np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.int64)
 
-    fixed: list[np.ndarray] = []  # (n, W) bytes of each fixed-size entry, header included
-    variable: list[tuple[bytes, np.ndarray, Callable[[_Writer], None]]] = []
+    fixed: list[np.ndarray | bytes] = []  # entries of the same size in every record
+    scattered: list[tuple[list[bytes | np.ndarray], Callable[[_Writer], None]]] = []
+    encoded: list[tuple[list[bytes | np.ndarray], Encoded]] = []
+    scattered_len = np.zeros(n, dtype=np.int64)
     features_len = np.zeros(n, dtype=np.int64)
     for name, feature in features.items():
         key = name.encode()
-        tag, payload_len, payload, write = _prepare(name, feature, n)
+        tag, payload_len, payload = _prepare(name, feature, n)
         key_part = bytes([_TAG_1]) + _varint(len(key)) + key + bytes([_TAG_2])
-        # Like protobuf, an empty list has no packed field at all.
-        list_len = np.where(payload_len > 0, 1 + _vsize(payload_len) + payload_len, 0)
+        if isinstance(payload, np.ndarray):
+            header = _fixed_header(key_part, tag, payload.shape[1])
+            fixed += [header, payload]
+            features_len += len(header) + payload.shape[1]
+            continue
+        list_len = 1 + _vsize(payload_len) + payload_len  # never empty, see _prepare
         feature_len = 1 + _vsize(list_len) + list_len
         entry_len = len(key_part) + _vsize(feature_len) + feature_len
         features_len += 1 + _vsize(entry_len) + entry_len
-        if payload is not None:
-            header = (
-                bytes([_TAG_1])
-                + _varint(int(entry_len[0]))
-                + key_part
-                + _varint(int(feature_len[0]))
-                + bytes([tag])
-                + _varint(int(list_len[0]))
-                + (bytes([_TAG_1]) + _varint(int(payload_len[0])) if payload_len[0] else b"")
-            )
-            row = np.frombuffer(header, dtype=np.uint8)
-            fixed += [np.broadcast_to(row, (n, row.size)), payload]
+        parts: list[bytes | np.ndarray] = [bytes([_TAG_1]), entry_len, key_part, feature_len]
+        parts += [bytes([tag]), list_len, bytes([_TAG_1]), payload_len]
+        if isinstance(payload, Encoded):
+            encoded.append((parts, payload))
         else:
-            assert write is not None
-            lengths = (entry_len, feature_len, list_len, payload_len)
-            variable.append((key_part, np.stack(lengths), write))
+            scattered.append((parts, payload))
+            scattered_len += 1 + _vsize(entry_len) + entry_len
     example_len = 1 + _vsize(features_len) + features_len
     sizes = HEADER_BYTES + example_len + FOOTER_BYTES
     ends = np.cumsum(sizes)
     starts = ends - sizes
 
-    # Slack for what the last record's varints may scribble past its end (see _Writer).
-    out = np.zeros(int(ends[-1]) + 16, dtype=np.uint8)
-    w = _Writer(out, starts + HEADER_BYTES)
-    w.header([bytes([_TAG_1]), features_len])
-    fixed_block = np.concatenate(fixed, axis=1) if fixed else np.empty((n, 0), np.uint8)
-    fixed_at = w.skip(fixed_block.shape[1])
-    for key_part, (entry_len, feature_len, list_len, payload_len), write in variable:
-        # Only integer features have varying sizes: tag 3, int64_list.
-        w.header(
-            [
-                bytes([_TAG_1]),
-                entry_len,
-                key_part,
-                feature_len,
-                bytes([_TAG_3]),
-                list_len,
-                bytes([_TAG_1]),
-                payload_len,
-            ]
-        )
-        write(w)
-
-    # Written after the varints, which may have scribbled zeros over them: the fixed runs, then
-    # the frames. The only per-record Python work: copying the fixed run and one call into the
-    # (hardware) CRC-32C.
-    view = memoryview(out)
-    width = fixed_block.shape[1]
-    data_starts = (starts + HEADER_BYTES).tolist()
-    data_ends = (ends - FOOTER_BYTES).tolist()
-    data_crcs = np.empty(n, dtype=np.uint32)
-    for i, (row, at, begin, end) in enumerate(
-        zip(fixed_block, fixed_at.tolist(), data_starts, data_ends, strict=True)
-    ):
-        out[at : at + width] = row
-        data_crcs[i] = crc32c.crc32c(view[begin:end])
-    four = np.arange(4)
+    assembly = _Assembly(n)
     lengths = example_len.astype(np.uint64)
-    out[starts[:, None] + np.arange(8)] = lengths.astype("<u8").view(np.uint8).reshape(n, 8)
     length_crcs = _mask_crcs(_crc32c_of_lengths(lengths))
-    out[(starts + 8)[:, None] + four] = length_crcs.astype("<u4").view(np.uint8).reshape(n, 4)
+    assembly.rows(lengths.astype("<u8").view(np.uint8).reshape(n, 8))
+    assembly.rows(length_crcs.astype("<u4").view(np.uint8).reshape(n, 4))
+    assembly.header([bytes([_TAG_1]), features_len])
+    for rows in fixed:
+        assembly.rows(rows)
+    for header, feature in encoded:
+        assembly.header(header)
+        assembly.runs(feature.source, feature.starts, feature.lengths)
+    if scattered:
+        # One buffer for all of them, each record's entries then room for its data CRC (filled
+        # in below) and slack.
+        region = scattered_len + FOOTER_BYTES + _SLACK
+        at = np.cumsum(region) - region
+        out = np.zeros(int(at[-1] + region[-1]), dtype=np.uint8)
+        writer = _Writer(out, at)
+        for header, write in scattered:
+            writer.header(header)
+            write(writer)
+        assembly.runs(out, at, scattered_len + FOOTER_BYTES)
+    else:
+        assembly.rows(np.zeros((n, FOOTER_BYTES), dtype=np.uint8))  # the data CRC, see below
+    data = assembly.join()
+
+    view = memoryview(data)
+    crc = crc32c.crc32c
+    data_crcs = np.array(
+        [
+            crc(view[begin:end])
+            for begin, end in zip(
+                (starts + HEADER_BYTES).tolist(), (ends - FOOTER_BYTES).tolist(), strict=True
+            )
+        ],
+        dtype=np.uint32,
+    )
+    buffer = np.frombuffer(data, dtype=np.uint8)
     crc_bytes = _mask_crcs(data_crcs).astype("<u4").view(np.uint8).reshape(n, 4)
-    out[(ends - FOOTER_BYTES)[:, None] + four] = crc_bytes
-    return out[: ends[-1]], ends
+    buffer[(ends - FOOTER_BYTES)[:, None] + np.arange(4)] = crc_bytes
+    return buffer, ends
+
+
+def _fixed_header(key_part: bytes, tag: int, payload_len: int) -> bytes:
+    """The bytes before a payload of ``payload_len`` bytes in a map entry of Features."""
+    # Like protobuf, an empty list has no packed field at all.
+    packed = bytes([_TAG_1]) + _varint(payload_len) if payload_len else b""
+    value = bytes([tag]) + _varint(len(packed) + payload_len) + packed
+    entry = key_part + _varint(len(value) + payload_len) + value
+    return bytes([_TAG_1]) + _varint(len(entry) + payload_len) + entry
+
+
+def _records(feature: Feature) -> int:
+    if isinstance(feature, Padded):
+        return feature.counts.size
+    if isinstance(feature, Encoded):
+        return feature.records
+    return np.shape(feature)[0] if np.ndim(feature) == 2 else -1
 
 
 def _prepare(
-    name: str, feature: np.ndarray | Padded, n: int
-) -> tuple[int, np.ndarray, np.ndarray | None, Callable[[_Writer], None] | None]:
-    """(tag, packed bytes per record, fixed payload (n, W) or None, writer of a varying one)."""
+    name: str, feature: Feature, n: int
+) -> tuple[int, np.ndarray, np.ndarray | Encoded | Callable[[_Writer], None]]:
+    """(tag, packed bytes per record, payload): (n, size) bytes, an Encoded, or a writer."""
+    if isinstance(feature, Encoded):
+        return _TAG_3, feature.lengths.sum(axis=1), feature
     if isinstance(feature, Padded) and feature.length == 0:
-        return _TAG_3, np.zeros(n, dtype=np.int64), np.empty((n, 0), dtype=np.uint8), None
+        return _TAG_3, np.zeros(n, dtype=np.int64), np.empty((n, 0), dtype=np.uint8)
     if isinstance(feature, Padded):
         values = _unsigned(feature.values)
         widths = _varint_widths(values)
@@ -423,31 +565,31 @@ def _prepare(
         before = from_zero[first]
         payload_len = from_zero[first + feature.counts] - before + (feature.length - feature.counts)
         layout = _PaddedLayout(feature.counts, ends, before, payload_len)
-        return _TAG_3, payload_len, None, lambda w: w.padded(values, widths, layout)
+        return _TAG_3, payload_len, lambda w: w.padded(values, widths, layout)
     array = np.asarray(feature)
     if np.issubdtype(array.dtype, np.floating):
         payload = np.ascontiguousarray(array, dtype="<f4").view(np.uint8).reshape(n, -1)
-        return _TAG_2, np.full(n, payload.shape[1], dtype=np.int64), payload, None
+        return _TAG_2, np.full(n, payload.shape[1], dtype=np.int64), payload
     if not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
         raise TypeError(f"feature {name!r} of dtype {array.dtype} is neither integer nor float")
     values = _unsigned(array)
     if values.size == 0 or values.max() < 0x80:
         # One byte per value, the value itself (0/1 masks and labels).
-        return _TAG_3, np.full(n, values.shape[1], dtype=np.int64), values.astype(np.uint8), None
+        return _TAG_3, np.full(n, values.shape[1], dtype=np.int64), values.astype(np.uint8)
     widths = _varint_widths(values)
     payload_len = widths.sum(axis=1, dtype=np.int64)
     lo, hi = int(widths.min()), int(widths.max())
     if lo == hi:
         planes = [_varint_plane(values, widths, k) for k in range(lo)]
-        return _TAG_3, payload_len, np.stack(planes, axis=-1).reshape(n, -1), None
-    return _TAG_3, payload_len, None, lambda w: w.packed(values, widths)
+        return _TAG_3, payload_len, np.stack(planes, axis=-1).reshape(n, -1)
+    return _TAG_3, payload_len, lambda w: w.packed(values, widths)
 
 
-def encode_examples(features: Mapping[str, np.ndarray | Padded]) -> bytes:
+def encode_examples(features: Mapping[str, Feature]) -> bytes:
     """Framed TFRecord bytes of a block of ``tf.train.Example`` records, one per row.
 
-    ``features`` maps names to 2-D arrays (records, values) or :class:`Padded`; see
-    :func:`encode_examples_buffer`.
+    ``features`` maps names to 2-D arrays (records, values), :class:`Padded` or
+    :class:`Encoded`; see :func:`encode_examples_buffer`.
     """
     return encode_examples_buffer(features)[0].tobytes()
 
