@@ -1,0 +1,141 @@
+"""Integration: the analysis on real traced runs (real containers, bpftrace, torch).
+
+- similarity: a run against itself scores 1; two runs of one configuration (page cache dropped
+  before each) score >= 0.9; 1 vs 4 loader workers, and UNet3D vs DLRM, score clearly lower;
+  the HTML report renders in headless Chromium with one plot lane per aspect;
+- profiles: instrumented runs -> ``profile fit`` -> a profile file the sleep variant reads;
+- export and breakdown of a real run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from analysis.compare_report import REPORT_LANES, write_comparison_report
+from analysis.rundir import load_run
+from analysis.similarity import compare_runs
+from tests.browser import dom, subplot_count
+from tracing.runner import TraceRequest, trace
+from workloads.registry import WORKLOADS
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("analysis-runs")
+
+
+@pytest.fixture(scope="module")
+def unet3d_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from datagen.unet3d import UNet3DGenParams, generate_unet3d
+
+    out = tmp_path_factory.mktemp("u3d")
+    generate_unet3d(out, 24_000_000, seed=2, params=UNet3DGenParams(s1_range=(40, 64), s2_range=(48, 72), min_dim=40))
+    return out
+
+
+def traced(runs_dir: Path, data: Path, workload: str, variant: str, **settings: object) -> Path:
+    options = settings.pop("options", {"patch_size": 32} if workload == "unet3d" else {})
+    config = WORKLOADS[workload].config(variant, epochs=1, checkpoint_every=1, options=options, **settings)
+    drop_caches()
+    return trace(TraceRequest(image=f"twintrace/{workload}:{variant}", command=None, label=workload,
+                              runs_root=runs_dir, config=config, data_dir=data))
+
+
+@pytest.fixture(scope="module")
+def sleep_runs(images, runs_dir: Path, unet3d_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from datagen.dlrm import generate_dlrm
+
+    dlrm = tmp_path_factory.mktemp("dlrm")
+    generate_dlrm(dlrm, 6_000_000, seed=2)
+    return {
+        "a": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=2),
+        "b": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=2),
+        "w1": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=1),
+        "w4": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=4),
+        "dlrm": traced(runs_dir, dlrm, "dlrm", "sleep", batch_size=1024, workers=2),
+    }
+
+
+def test_similarity_separates_configurations_on_real_traces(sleep_runs: dict[str, Path], tmp_path: Path) -> None:
+    runs = {name: load_run(path) for name, path in sleep_runs.items()}
+
+    def score(x: str, y: str) -> float:
+        return compare_runs(runs[x], runs[y]).overall
+
+    assert score("a", "a") == 1.0
+    same = score("a", "b")
+    workers = score("w1", "w4")
+    workloads = score("a", "dlrm")
+    print(f"same configuration {same:.3f}; 1 vs 4 workers {workers:.3f}; unet3d vs dlrm {workloads:.3f}")
+    assert same >= 0.9
+    assert workers <= same - 0.05
+    assert workloads <= same - 0.2
+    assert score("b", "a") == pytest.approx(same)
+
+    comparison = compare_runs(runs["a"], runs["dlrm"])
+    report = write_comparison_report(runs["a"], runs["dlrm"], comparison, tmp_path / "compare.html")
+    html = dom(report)
+    assert subplot_count(html) == REPORT_LANES == len(comparison.aspects)
+
+
+def test_compare_cli_json_has_overall_and_aspects(sleep_runs: dict[str, Path], tmp_path: Path) -> None:
+    from cli import cli
+
+    result = CliRunner().invoke(cli, ["compare", str(sleep_runs["a"]), str(sleep_runs["b"]), "--json",
+                                      "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert 0.9 <= data["overall"] <= 1.0
+    assert {"read_bandwidth", "file_order", "step_time"} <= set(data["aspects"])
+    assert (tmp_path / "cmp" / "compare.html").exists() and (tmp_path / "cmp" / "comparison.json").exists()
+
+
+def test_export_and_breakdown_of_a_real_run(sleep_runs: dict[str, Path], tmp_path: Path) -> None:
+    from analysis.breakdown import accelerator_utilisation, step_table
+    from analysis.export import export_perfetto
+
+    run = load_run(sleep_runs["a"])
+    trace_json = json.loads(export_perfetto(run, tmp_path / "trace.json").read_text())
+    slices = [e for e in trace_json["traceEvents"] if e.get("ph") == "X"]
+    reads = run.events[run.events["kind"].isin(["read", "pread64", "readv"])]
+    assert len(slices) >= len(reads)
+    assert any(e.get("ph") == "C" for e in trace_json["traceEvents"])
+    steps = step_table(run)
+    summary = json.loads((sleep_runs["a"] / "summary.json").read_text())
+    assert len(steps) == summary["steps"]
+    assert 0.5 < accelerator_utilisation(run) <= 1.0  # sleep steps dominate these tiny I/O loads
+
+
+def test_profile_fit_from_instrumented_runs_drives_a_sleep_run(images, runs_dir: Path, unet3d_data: Path, tmp_path: Path) -> None:
+    from cli import cli
+
+    instrumented = [traced(runs_dir, unet3d_data, "unet3d", "instrumented", batch_size=b, workers=1, max_steps=4,
+                           options={"patch_size": 16}) for b in (1, 2)]
+    profile_path = tmp_path / "unet3d-cpu.json"
+    result = CliRunner().invoke(cli, ["profile", "fit", *map(str, instrumented), "--out", str(profile_path)])
+    assert result.exit_code == 0, result.output
+    profile = json.loads(profile_path.read_text())
+    assert profile["workload"] == "unet3d" and profile["schema_version"] == 1
+    assert sorted((p["g"], p["b"]) for p in profile["table"]) == [(1, 1), (1, 2)]
+    # The sleep variant reads the fitted profile: its emulated compute follows the table.
+    result = CliRunner().invoke(cli, ["trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(unet3d_data),
+                                      "--batch-size", "2", "--workers", "1", "--max-steps", "4", "--set", "patch_size=16",
+                                      "--profile", str(profile_path), "--out", str(runs_dir)])
+    assert result.exit_code == 0, result.output
+    sleep_run = load_run(Path(result.stdout.strip().splitlines()[-1]))
+    busy = sleep_run.phases[sleep_run.phases["key"] == "accelerator_busy"]["duration_ns"] / 1e9
+    point = next(p for p in profile["table"] if p["b"] == 2)
+    assert len(busy) == 4
+    assert abs(busy.median() - point["mean"]) <= 3 * point["std"] + 0.02
