@@ -25,8 +25,8 @@ $(STAMP): requirements.lock
 build: setup
 	$(PY) cli.py build
 
-# Small UNet3D data, the three images, one traced `original` and one traced `sleep` run, and
-# their timelines. Prints the two timeline HTML files at the end.
+# Small UNet3D data, the images, one traced `original` and one traced `sleep` run, their
+# timelines and how similar the emulation is to the real run. Prints the timeline HTML files.
 demo: build
 	@set -euo pipefail; \
 	if [ ! -f $(DEMO_DATA)/manifest.json ]; then \
@@ -34,6 +34,7 @@ demo: build
 	orig=$$($(PY) cli.py trace --workload unet3d --variant original --data $(DEMO_DATA) --epochs 1 --batch-size 2 --workers 2 --out $(DEMO_RUNS) | tail -n 1); \
 	sleep=$$($(PY) cli.py trace --workload unet3d --variant sleep --data $(DEMO_DATA) --epochs 1 --batch-size 2 --workers 2 --out $(DEMO_RUNS) | tail -n 1); \
 	$(PY) cli.py plot timeline $$orig $$sleep --out $$sleep/timeline-original-vs-sleep.html >/dev/null; \
+	$(PY) cli.py compare $$orig $$sleep; \
 	echo "timelines:"; \
 	$(PY) cli.py plot timeline $$orig; \
 	$(PY) cli.py plot timeline $$sleep

@@ -168,8 +168,8 @@ class TextPool:
     """The text a shard's records are cut from: Zipf-like word ids, pre-encoded as varints.
 
     ``source`` holds the tokens' varints (token i at ``offsets[i]:offsets[i + 1]``), then one
-    [CLS], one [SEP] and seq_length zero bytes, so that a record's input_ids are five runs of it:
-    [CLS], A, [SEP], B, [SEP] and the padding.
+    [CLS] and one [SEP], so that a record's input_ids are five runs of it, [CLS], A, [SEP], B,
+    [SEP], and its padding.
     """
 
     ids: np.ndarray
@@ -177,17 +177,15 @@ class TextPool:
     offsets: np.ndarray
     cls_at: int
     sep_at: int
-    zeros_at: int
 
 
 def make_pool(rng: np.random.Generator, tokens: int, params: BertGenParams) -> TextPool:
     """A pool of ``tokens`` word ids drawn from ``rng``, encoded."""
     ids = zipf_table(params.vocab_size).take(_uint16s(rng, tokens))
     encoded, offsets = encode_varints(ids)
-    tail = np.zeros(2 + params.seq_length, dtype=np.uint8)
-    tail[:2] = CLS_ID, SEP_ID
     size = encoded.size
-    return TextPool(ids, np.concatenate([encoded, tail]), offsets, size, size + 1, size + 2)
+    source = np.concatenate([encoded, np.array([CLS_ID, SEP_ID], dtype=np.uint8)])
+    return TextPool(ids, source, offsets, size, size + 1)
 
 
 def draw_records(
@@ -209,15 +207,14 @@ def draw_records(
     start_a = rng.integers(0, tokens - (lengths - 3), endpoint=True)
     start_b = np.where(random_next == 1, rng.integers(0, tokens - b, endpoint=True), start_a + a)
 
-    # input_ids: [CLS] A [SEP] B [SEP] then zeros, as five runs of the pool's bytes.
+    # input_ids: [CLS] A [SEP] B [SEP] as five runs of the pool's bytes, then zeros.
     offsets = pool.offsets
     byte_a, byte_b = offsets[start_a], offsets[start_b]
     runs = np.empty((n, 5, 2), dtype=np.int64)
     runs[:, :, 0] = [pool.cls_at, 0, pool.sep_at, 0, pool.sep_at]
-    runs[:, :, 1] = [1, 0, 1, 0, 0]
+    runs[:, :, 1] = [1, 0, 1, 0, 1]
     runs[:, 1, 0], runs[:, 1, 1] = byte_a, offsets[start_a + a] - byte_a
     runs[:, 3, 0], runs[:, 3, 1] = byte_b, offsets[start_b + b] - byte_b
-    runs[:, 4, 1] = 1 + s - lengths  # the last [SEP], then the padding
 
     pos = np.arange(s)
     real = pos < lengths[:, None]
@@ -241,7 +238,7 @@ def draw_records(
     pool_index = np.where(in_a, np.repeat(start_a, k) + chosen, np.repeat(start_b - a, k) + chosen)
 
     out: dict[str, Feature] = {
-        "input_ids": Encoded(pool.source, runs[:, :, 0], runs[:, :, 1]),
+        "input_ids": Encoded(pool.source, runs[:, :, 0], runs[:, :, 1], zeros=s - lengths),
         "input_mask": real.view(np.uint8),
         "segment_ids": segment_ids.view(np.uint8),
         "masked_lm_positions": Padded(positions.astype(np.uint16), k, p),

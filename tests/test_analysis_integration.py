@@ -122,7 +122,7 @@ def test_profile_fit_from_instrumented_runs_drives_a_sleep_run(images, runs_dir:
     from cli import cli
 
     instrumented = [traced(runs_dir, unet3d_data, "unet3d", "instrumented", batch_size=b, workers=1, max_steps=4,
-                           options={"patch_size": 16}) for b in (1, 2)]
+                           options={"patch_size": 32}) for b in (1, 2)]
     profile_path = tmp_path / "unet3d-cpu.json"
     result = CliRunner().invoke(cli, ["profile", "fit", *map(str, instrumented), "--out", str(profile_path)])
     assert result.exit_code == 0, result.output
@@ -131,7 +131,7 @@ def test_profile_fit_from_instrumented_runs_drives_a_sleep_run(images, runs_dir:
     assert sorted((p["g"], p["b"]) for p in profile["table"]) == [(1, 1), (1, 2)]
     # The sleep variant reads the fitted profile: its emulated compute follows the table.
     result = CliRunner().invoke(cli, ["trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(unet3d_data),
-                                      "--batch-size", "2", "--workers", "1", "--max-steps", "4", "--set", "patch_size=16",
+                                      "--batch-size", "2", "--workers", "1", "--max-steps", "4", "--set", "patch_size=32",
                                       "--profile", str(profile_path), "--out", str(runs_dir)])
     assert result.exit_code == 0, result.output
     sleep_run = load_run(Path(result.stdout.strip().splitlines()[-1]))

@@ -50,10 +50,15 @@ class Runs:
         # A separator (the same run in every record), then two runs of the corpus.
         starts = np.concatenate([np.full((n, 1), offsets[3]), offsets[begin]], axis=1)
         ends = np.concatenate([np.full((n, 1), offsets[4]), offsets[begin + count]], axis=1)
-        self.feature = Encoded(source, starts, ends - starts)
+        zeros = rng.integers(0, 4, n)  # zero values after the runs (padding)
+        self.feature = Encoded(source, starts, ends - starts, zeros=zeros)
         self.values = [
-            np.concatenate([corpus[3:4]] + [corpus[b : b + c] for b, c in zip(bs, cs, strict=True)])
-            for bs, cs in zip(begin, count, strict=True)
+            np.concatenate(
+                [corpus[3:4]]
+                + [corpus[b : b + c] for b, c in zip(bs, cs, strict=True)]
+                + [np.zeros(z, dtype=np.int64)]
+            )
+            for bs, cs, z in zip(begin, count, zeros, strict=True)
         ]
 
 
@@ -92,6 +97,7 @@ def random_features(rng: np.random.Generator, n: int) -> dict:
     counts = rng.integers(0, 9, n)
     return {
         "runs": Runs(rng, n),
+        "more_runs": Runs(rng, n),  # a second Encoded: its zeros are copied, not left in place
         "small": rng.integers(0, 2, (n, 7)),  # one byte per value
         "ids": rng.integers(0, 40_000, (n, 9)).astype(np.int32),  # 1-3 byte varints
         "two_bytes": rng.integers(128, 16_384, (n, 3)),  # one width >1: fixed-size entry

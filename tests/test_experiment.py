@@ -36,7 +36,7 @@ checkpoint_every = 0
 
 [workloads.unet3d]
 dataset = "u"
-options = {patch_size = 16}
+options = {patch_size = 32}
 
 [produce]
 timelines = true
@@ -67,7 +67,7 @@ def test_shipped_experiments_parse_and_expand() -> None:
         (('variant = ["sleep"]', 'variant = ["fast"]'), "unknown variant 'fast'"),
         (("epochs = 1", "epoch = 1"), "unknown key 'epoch'"),
         (('dataset = "u"', 'dataset = "nope"'), "has no dataset"),
-        (("patch_size = 16", "patch = 16"), "unknown setting 'patch'"),
+        (("patch_size = 32", "patch = 32"), "unknown setting 'patch'"),
         (('workers = [1]', 'workers = [1, 1]'), "same run twice"),
         (('memory_limit = ["", "6m"]', 'memory_limit = ["lots"]'), "lots"),
     ],

@@ -19,13 +19,14 @@ through protobuf (``tfrecord.example_pb2``), the reference decoder.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import numpy as np
-from tfrecord import example_pb2
 
 from workloads.errors import UserError
 
@@ -383,14 +384,16 @@ class Encoded:
     """An int64 list feature whose packed varint bytes the caller already has, as runs of a buffer.
 
     Record i's packed bytes are ``source[starts[i, j] : starts[i, j] + lengths[i, j]]`` for
-    j = 0, 1, ... one after the other; the caller guarantees they are whole varints and that no
-    record's are empty. The cheapest way to pass text drawn from a pre-encoded corpus (BERT's
-    input_ids): the encoder only copies.
+    j = 0, 1, ... one after the other, then ``zeros[i]`` zero bytes (zero values: padding); the
+    caller guarantees the runs are whole varints and that no record's bytes are empty. The
+    cheapest way to pass text drawn from a pre-encoded corpus (BERT's input_ids): the encoder
+    only copies the runs, and the zeros of the last Encoded feature cost nothing.
     """
 
     source: np.ndarray
     starts: np.ndarray
     lengths: np.ndarray
+    zeros: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.source.ndim != 1 or self.source.dtype != np.uint8:
@@ -403,8 +406,18 @@ class Encoded:
             or (self.starts + self.lengths).max() > self.source.size
         ):
             raise ValueError("Encoded runs must lie inside the source")
-        if (self.lengths.sum(axis=1) == 0).any():
+        if self.zeros is not None and (
+            self.zeros.shape != (self.starts.shape[0],) or self.zeros.min(initial=0) < 0
+        ):
+            raise ValueError("Encoded zeros must be a (records,) array of counts >= 0")
+        if (self.payload_len == 0).any():
             raise ValueError("Encoded records must have at least one byte")
+
+    @property
+    def payload_len(self) -> np.ndarray:
+        """Packed bytes per record."""
+        runs = self.lengths.sum(axis=1)
+        return runs if self.zeros is None else runs + self.zeros
 
     @property
     def records(self) -> int:
@@ -496,22 +509,26 @@ def encode_examples_buffer(features: Mapping[str, Feature]) -> tuple[np.ndarray,
     assembly.header([bytes([_TAG_1]), features_len])
     for rows in fixed:
         assembly.rows(rows)
-    for header, feature in encoded:
+    # The rest of each record goes through one zeroed buffer: the last Encoded feature's zero
+    # padding, the scattered entries, room for the data CRC (filled in below), then slack.
+    lead = np.zeros(n, dtype=np.int64)
+    for i, (header, feature) in enumerate(encoded):
         assembly.header(header)
         assembly.runs(feature.source, feature.starts, feature.lengths)
-    if scattered:
-        # One buffer for all of them, each record's entries then room for its data CRC (filled
-        # in below) and slack.
-        region = scattered_len + FOOTER_BYTES + _SLACK
-        at = np.cumsum(region) - region
-        out = np.zeros(int(at[-1] + region[-1]), dtype=np.uint8)
-        writer = _Writer(out, at)
-        for header, write in scattered:
-            writer.header(header)
-            write(writer)
-        assembly.runs(out, at, scattered_len + FOOTER_BYTES)
-    else:
-        assembly.rows(np.zeros((n, FOOTER_BYTES), dtype=np.uint8))  # the data CRC, see below
+        if feature.zeros is not None:
+            if i == len(encoded) - 1:
+                lead = feature.zeros.astype(np.int64)
+            else:
+                zero_bytes = np.zeros(int(feature.zeros.max()), dtype=np.uint8)
+                assembly.runs(zero_bytes, np.zeros(n, dtype=np.int64), feature.zeros)
+    region = lead + scattered_len + FOOTER_BYTES + _SLACK
+    at = np.cumsum(region) - region
+    out = np.zeros(int(at[-1] + region[-1]), dtype=np.uint8)
+    writer = _Writer(out, at + lead)
+    for header, write in scattered:
+        writer.header(header)
+        write(writer)
+    assembly.runs(out, at, region - _SLACK)
     data = assembly.join()
 
     view = memoryview(data)
@@ -553,7 +570,7 @@ def _prepare(
 ) -> tuple[int, np.ndarray, np.ndarray | Encoded | Callable[[_Writer], None]]:
     """(tag, packed bytes per record, payload): (n, size) bytes, an Encoded, or a writer."""
     if isinstance(feature, Encoded):
-        return _TAG_3, feature.lengths.sum(axis=1), feature
+        return _TAG_3, feature.payload_len, feature
     if isinstance(feature, Padded) and feature.length == 0:
         return _TAG_3, np.zeros(n, dtype=np.int64), np.empty((n, 0), dtype=np.uint8)
     if isinstance(feature, Padded):
@@ -649,6 +666,15 @@ def iter_records(path: str | Path, buffer_size: int = DEFAULT_BUFFER_SIZE) -> It
             offset += HEADER_BYTES + length + FOOTER_BYTES
 
 
+@functools.cache
+def _example_class() -> Any:
+    # Imported on first use: the tfrecord package imports torch (seconds), which writers of
+    # records (the generator's worker processes) do not need.
+    from tfrecord import example_pb2
+
+    return example_pb2.Example
+
+
 def parse_example(
     data: bytes, where: str = "record", features: Sequence[str] | None = None
 ) -> dict[str, np.ndarray]:
@@ -659,7 +685,7 @@ def parse_example(
     not used by twintrace and are rejected.
     """
     try:
-        example = example_pb2.Example.FromString(data)
+        example = _example_class().FromString(data)
     except Exception as exc:  # protobuf raises DecodeError, or RuntimeError from upb
         raise UserError(f"{where} is not a tf.train.Example ({exc}): {REGENERATE}") from None
     out: dict[str, np.ndarray] = {}

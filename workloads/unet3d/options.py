@@ -50,6 +50,12 @@ class UNet3DOptions:
                 f"unet3d option patch_size {self.patch_size} must be a multiple of "
                 f"2**depth = {2**self.depth}: choose e.g. patch_size {2**self.depth * max(1, self.patch_size // 2**self.depth)}"
             )
+        if self.patch_size // 2**self.depth < 2:
+            # Instance normalisation at the bottleneck needs more than one voxel.
+            raise UserError(
+                f"unet3d option patch_size {self.patch_size} leaves a 1-voxel bottleneck at depth "
+                f"{self.depth}: use patch_size of at least {2 ** (self.depth + 1)} or a smaller depth"
+            )
         if not 0.0 < self.eval_fraction < 1.0:
             raise UserError(
                 f"unet3d option eval_fraction must be in (0, 1), got {self.eval_fraction}"
