@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -376,7 +377,7 @@ class _Assembly:
                 view = memoryview(buffer)
                 ends = (starts + lengths).tolist()
                 columns.append([view[b:e] for b, e in zip(starts.tolist(), ends, strict=True)])
-        return bytearray().join([part for record in zip(*columns, strict=True) for part in record])
+        return bytearray().join(itertools.chain.from_iterable(zip(*columns, strict=True)))
 
 
 @dataclasses.dataclass(frozen=True)
