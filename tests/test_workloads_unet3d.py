@@ -20,10 +20,10 @@ from workloads.config import WorkloadConfig
 from workloads.errors import UserError
 from workloads.events import INSTRUMENTED_VARIANTS, Emitter
 from workloads.registry import WORKLOADS, get_workload
-from workloads.unet3d.task import build_model
 from workloads.unet3d.dataset import UNet3DDataset, check_dataset, list_cases
 from workloads.unet3d.model import UNet3D
 from workloads.unet3d.options import UNet3DOptions
+from workloads.unet3d.task import build_model
 
 pytestmark = pytest.mark.integration
 
