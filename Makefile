@@ -31,7 +31,9 @@ demo: build
 	@set -euo pipefail; \
 	if [ ! -f $(DEMO_DATA)/manifest.json ]; then \
 	  $(PY) cli.py datagen unet3d --out $(DEMO_DATA) --size 300MB --scale 0.5 --force; fi; \
+	sync; echo 3 > /proc/sys/vm/drop_caches; \
 	orig=$$($(PY) cli.py trace --workload unet3d --variant original --data $(DEMO_DATA) --epochs 1 --batch-size 2 --workers 2 --out $(DEMO_RUNS) | tail -n 1); \
+	sync; echo 3 > /proc/sys/vm/drop_caches; \
 	sleep=$$($(PY) cli.py trace --workload unet3d --variant sleep --data $(DEMO_DATA) --epochs 1 --batch-size 2 --workers 2 --out $(DEMO_RUNS) | tail -n 1); \
 	$(PY) cli.py plot timeline $$orig $$sleep --out $$sleep/timeline-original-vs-sleep.html >/dev/null; \
 	$(PY) cli.py compare $$orig $$sleep; \
