@@ -302,7 +302,9 @@ def _write_quickly(sink: FileSink, n: int) -> dict:
 def test_failing_task_cancels_the_rest_and_leaves_no_partial_file(tmp_path: Path) -> None:
     out = prepare_output_dir(tmp_path / "ds", force=False)
     tasks = [
-        FileTask("slow.bin", _write_slowly, (1000,), 1_024_000),  # ~10 s unless cancelled
+        # ~10 s unless cancelled; its size hint (16 MiB) closes a batch of tasks sent to one
+        # worker, so the failing task runs at the same time on the other worker.
+        FileTask("slow.bin", _write_slowly, (1000,), 16 << 20),
         FileTask("fails.bin", _write_then_fail, (4096,), 4096),
         *[FileTask(f"later_{i}.bin", _write_quickly, (10,), 10) for i in range(20)],
     ]
@@ -440,3 +442,14 @@ def test_parse_size_accepts_the_documented_formats(text: str, expected: int) -> 
 def test_parse_size_rejects_junk_clearly(text: str) -> None:
     with pytest.raises(UserError, match="cannot parse size|at least one byte"):
         parse_size(text)
+
+
+def test_small_files_are_batched_and_parts_stay_alone() -> None:
+    small = [FileTask(f"f{i}.bin", _write_quickly, (10,), 100_000) for i in range(130)]
+    batches = common.task_batches(small)
+    assert [len(b) for b in batches] == [64, 64, 2]
+    assert [t.name for b in batches for t in b] == [t.name for t in small]
+    big = [FileTask(f"big{i}.bin", _write_quickly, (10,), 100 << 20) for i in range(3)]
+    assert [len(b) for b in common.task_batches(big)] == [1, 1, 1]
+    parts = [FileTask("one.bin", _write_quickly, (10,), 10, part=(i * 10, 10)) for i in range(2)]
+    assert [len(b) for b in common.task_batches([*small[:3], *parts, *small[3:5]])] == [3, 1, 1, 2]
