@@ -57,13 +57,19 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def runs_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "--out", "runs_root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
-        show_default=True, help="Directory holding run directories.",
+        "--out",
+        "runs_root",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("runs"),
+        show_default=True,
+        help="Directory holding run directories.",
     )(func)
 
 
 @click.group()
-@click.version_option(package_name=None, version=__import__("workloads").__version__, prog_name="twintrace")
+@click.version_option(
+    package_name=None, version=__import__("workloads").__version__, prog_name="twintrace"
+)
 def cli() -> None:
     """twintrace: does your storage keep the GPUs fed, and does your benchmark behave like the
     real training job? Containerized ML-training workloads traced with eBPF."""
@@ -86,20 +92,47 @@ def doctor(runs_root: Path, as_json: bool) -> None:
     else:
         table = Table("check", "status", "detail", "fix")
         for c in checks:
-            table.add_row(c.name, "[green]pass[/]" if c.ok else "[red]FAIL[/]", c.detail, "" if c.ok else c.fix)
+            table.add_row(
+                c.name,
+                "[green]pass[/]" if c.ok else "[red]FAIL[/]",
+                c.detail,
+                "" if c.ok else c.fix,
+            )
         Console().print(table)
     if not all(c.ok for c in checks):
         sys.exit(1)
 
 
 @cli.command()
-@click.option("--workload", "workloads", multiple=True, help="Workload to build (repeatable; default: all).")
-@click.option("--variant", "variants", multiple=True, type=click.Choice(VARIANTS), help="Variant (repeatable; default: all).")
-@click.option("--base-image", default=None, help="OS image under twintrace/base (default: python:3.11-slim if available, else bootstrapped).")
-@click.option("--bootstrap-base", is_flag=True, help="Make the OS image locally with debootstrap (no registry needed).")
+@click.option(
+    "--workload", "workloads", multiple=True, help="Workload to build (repeatable; default: all)."
+)
+@click.option(
+    "--variant",
+    "variants",
+    multiple=True,
+    type=click.Choice(VARIANTS),
+    help="Variant (repeatable; default: all).",
+)
+@click.option(
+    "--base-image",
+    default=None,
+    help="OS image under twintrace/base (default: python:3.11-slim if available, else bootstrapped).",
+)
+@click.option(
+    "--bootstrap-base",
+    is_flag=True,
+    help="Make the OS image locally with debootstrap (no registry needed).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show the docker build output.")
 @user_errors
-def build(workloads: tuple[str, ...], variants: tuple[str, ...], base_image: str | None, bootstrap_base: bool, verbose: bool) -> None:
+def build(
+    workloads: tuple[str, ...],
+    variants: tuple[str, ...],
+    base_image: str | None,
+    bootstrap_base: bool,
+    verbose: bool,
+) -> None:
     """Build the images that are missing or out of date and print their tags.
 
     Example: ./cli.py build --workload unet3d --variant sleep
@@ -108,13 +141,19 @@ def build(workloads: tuple[str, ...], variants: tuple[str, ...], base_image: str
     from tracing.container import client
 
     def log(line: str) -> None:
-        if verbose or not line.startswith((" ---> ", "Step ", "Removing intermediate", "Successfully")):
+        if verbose or not line.startswith(
+            (" ---> ", "Step ", "Removing intermediate", "Successfully")
+        ):
             err_console.print(f"[dim]{line}[/]", markup=True, highlight=False) if verbose else None
-        if not verbose and line.startswith(("building ", "bootstrapping", "importing", "downloading", "pulling", "no registry")):
+        if not verbose and line.startswith(
+            ("building ", "bootstrapping", "importing", "downloading", "pulling", "no registry")
+        ):
             err_console.print(line)
 
     with err_console.status("building images"):
-        results = build_images(client(), workloads or None, variants or None, log, base_image, bootstrap_base)
+        results = build_images(
+            client(), workloads or None, variants or None, log, base_image, bootstrap_base
+        )
     for r in results:
         click.echo(f"{r.tag}\t{r.image_id[7:19]}\t{'built' if r.built else 'up to date'}")
 
@@ -129,35 +168,71 @@ def list_workloads(as_json: bool) -> None:
     """
     from workloads.registry import WORKLOADS
 
-    rows = [{"name": s.name, "description": s.description, "variants": list(s.variants), "datagen": s.datagen,
-             "data_format": s.data_format, "defaults": s.default_settings()} for s in WORKLOADS.values()]
+    rows = [
+        {
+            "name": s.name,
+            "description": s.description,
+            "variants": list(s.variants),
+            "datagen": s.datagen,
+            "data_format": s.data_format,
+            "defaults": s.default_settings(),
+        }
+        for s in WORKLOADS.values()
+    ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table("workload", "variants", "data (./cli.py datagen ...)", "defaults", show_lines=True)
+    table = Table(
+        "workload", "variants", "data (./cli.py datagen ...)", "defaults", show_lines=True
+    )
     for r in rows:
         defaults = {k: v for k, v in r["defaults"].items() if k != "options"}
-        table.add_row(f"[bold]{r['name']}[/]\n{r['description']}", "\n".join(r["variants"]),
-                      f"[bold]{r['datagen']}[/]: {r['data_format']}",
-                      " ".join(f"{k}={v}" for k, v in defaults.items()) + "\noptions (--set): "
-                      + " ".join(f"{k}={v}" for k, v in r["defaults"]["options"].items()))
+        table.add_row(
+            f"[bold]{r['name']}[/]\n{r['description']}",
+            "\n".join(r["variants"]),
+            f"[bold]{r['datagen']}[/]: {r['data_format']}",
+            " ".join(f"{k}={v}" for k, v in defaults.items())
+            + "\noptions (--set): "
+            + " ".join(f"{k}={v}" for k, v in r["defaults"]["options"].items()),
+        )
     Console(width=max(120, Console().width)).print(table)
 
 
 @cli.command()
 @click.argument("generator", type=click.Choice(["unet3d", "bert", "dlrm", "images"]))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory (empty, or use --force).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Output directory (empty, or use --force).",
+)
 @click.option("--size", required=True, help="Total size, e.g. 500MB, 2GiB, 1.5e9.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=int, default=None, help="Processes (default: all cores).")
 @click.option("--force", is_flag=True, help="Replace the contents of a non-empty output directory.")
-@click.option("--scale", type=float, default=None,
-              help="unet3d: multiply KiTS19 case dimensions by this (e.g. 0.5 for demos: ~8x smaller files).")
-@click.option("--group-size", type=int, default=None,
-              help="images: write the grouped format, G JPEGs per group file plus an index.")
+@click.option(
+    "--scale",
+    type=float,
+    default=None,
+    help="unet3d: multiply KiTS19 case dimensions by this (e.g. 0.5 for demos: ~8x smaller files).",
+)
+@click.option(
+    "--group-size",
+    type=int,
+    default=None,
+    help="images: write the grouped format, G JPEGs per group file plus an index.",
+)
 @user_errors
-def datagen(generator: str, out: Path, size: str, seed: int, workers: int | None, force: bool,
-            scale: float | None, group_size: int | None) -> None:
+def datagen(
+    generator: str,
+    out: Path,
+    size: str,
+    seed: int,
+    workers: int | None,
+    force: bool,
+    scale: float | None,
+    group_size: int | None,
+) -> None:
     """Generate a synthetic dataset in a workload's real on-disk format.
 
     GENERATOR is unet3d, bert, dlrm or images (read by resnet18, resnet50 and alexnet).
@@ -175,12 +250,26 @@ def datagen(generator: str, out: Path, size: str, seed: int, workers: int | None
     from datagen.registry import generate
 
     size_bytes = parse_size(size)
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=err_console) as bar:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+    ) as bar:
         task = bar.add_task(f"{generator} -> {out}", total=size_bytes)
-        manifest = generate(generator, out, size_bytes, seed=seed, workers=workers, force=force,
-                            progress=lambda done, total: bar.update(task, completed=done, total=total),
-                            scale=scale, group_size=group_size)
+        manifest = generate(
+            generator,
+            out,
+            size_bytes,
+            seed=seed,
+            workers=workers,
+            force=force,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            scale=scale,
+            group_size=group_size,
+        )
     click.echo(f"{len(manifest['files'])} files, {format_size(manifest['total_bytes'])} in {out}")
 
 
@@ -197,31 +286,92 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 @cli.command(context_settings={"allow_interspersed_args": False})
 @click.option("--workload", default=None, help="Workload to run (see ./cli.py workloads).")
 @click.option("--variant", type=click.Choice(VARIANTS), default="original", show_default=True)
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Dataset directory (mounted read-only at /data).")
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Dataset directory (mounted read-only at /data).",
+)
 @click.option("--epochs", type=int, default=None)
 @click.option("--batch-size", type=int, default=None)
 @click.option("--workers", type=int, default=None, help="DataLoader worker processes.")
-@click.option("--accelerators", type=int, default=None, help="Accelerators (ranks), real or emulated.")
+@click.option(
+    "--accelerators", type=int, default=None, help="Accelerators (ranks), real or emulated."
+)
 @click.option("--max-steps", type=int, default=None, help="Steps per epoch (0: whole dataset).")
 @click.option("--seed", type=int, default=None)
 @click.option("--eval-every", type=int, default=None, help="Evaluate every N epochs (0: never).")
-@click.option("--checkpoint-every", type=int, default=None, help="Checkpoint every N epochs (0: never).")
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Sleep profile JSON (sleep variant).")
-@click.option("--set", "sets", multiple=True, help="Workload option KEY=VALUE, e.g. --set patch_size=64 (repeatable).")
-@click.option("--image", default=None, help="Trace any image instead of a workload; the command follows `--`.")
-@click.option("--mount", "mounts", multiple=True, help="Extra bind mount SRC:DST[:ro|rw] (read-only by default).")
-@click.option("--memory-limit", default=None, help="Container memory limit (bounds its page cache too), e.g. 2g.")
+@click.option(
+    "--checkpoint-every", type=int, default=None, help="Checkpoint every N epochs (0: never)."
+)
+@click.option(
+    "--profile",
+    "profile_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Sleep profile JSON (sleep variant).",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    help="Workload option KEY=VALUE, e.g. --set patch_size=64 (repeatable).",
+)
+@click.option(
+    "--image", default=None, help="Trace any image instead of a workload; the command follows `--`."
+)
+@click.option(
+    "--mount",
+    "mounts",
+    multiple=True,
+    help="Extra bind mount SRC:DST[:ro|rw] (read-only by default).",
+)
+@click.option(
+    "--memory-limit",
+    default=None,
+    help="Container memory limit (bounds its page cache too), e.g. 2g.",
+)
 @click.option("--cpus", type=float, default=None, help="Container CPU limit, e.g. 1.5.")
-@click.option("--sample-interval", type=float, default=0.1, show_default=True, help="Sampler interval in seconds.")
-@click.option("--timeout", type=float, default=None, help="Stop the run after this many seconds (status failed).")
+@click.option(
+    "--sample-interval",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Sampler interval in seconds.",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Stop the run after this many seconds (status failed).",
+)
 @runs_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @user_errors
-def trace(workload: str | None, variant: str, data_dir: Path | None, epochs: int | None, batch_size: int | None,
-          workers: int | None, accelerators: int | None, max_steps: int | None, seed: int | None,
-          eval_every: int | None, checkpoint_every: int | None, profile_path: Path | None, sets: tuple[str, ...],
-          image: str | None, mounts: tuple[str, ...], memory_limit: str | None, cpus: float | None,
-          sample_interval: float, timeout: float | None, runs_root: Path, command: tuple[str, ...]) -> None:
+def trace(
+    workload: str | None,
+    variant: str,
+    data_dir: Path | None,
+    epochs: int | None,
+    batch_size: int | None,
+    workers: int | None,
+    accelerators: int | None,
+    max_steps: int | None,
+    seed: int | None,
+    eval_every: int | None,
+    checkpoint_every: int | None,
+    profile_path: Path | None,
+    sets: tuple[str, ...],
+    image: str | None,
+    mounts: tuple[str, ...],
+    memory_limit: str | None,
+    cpus: float | None,
+    sample_interval: float,
+    timeout: float | None,
+    runs_root: Path,
+    command: tuple[str, ...],
+) -> None:
     """Run a workload (or any image) in a container under eBPF tracing; print the run directory.
 
     Examples:
@@ -244,13 +394,25 @@ def trace(workload: str | None, variant: str, data_dir: Path | None, epochs: int
         if command:
             raise UserError("a command after `--` is only for --image runs")
         if workload not in WORKLOADS:
-            raise UserError(f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}")
+            raise UserError(
+                f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}"
+            )
         spec = WORKLOADS[workload]
         if data_dir is None:
-            raise UserError(f"--data is required: generate a dataset with `./cli.py datagen {spec.datagen} --out DIR --size 1GB`")
+            raise UserError(
+                f"--data is required: generate a dataset with `./cli.py datagen {spec.datagen} --out DIR --size 1GB`"
+            )
         spec.check_data(data_dir)
-        given = {"epochs": epochs, "batch_size": batch_size, "workers": workers, "accelerators": accelerators,
-                 "max_steps": max_steps, "seed": seed, "eval_every": eval_every, "checkpoint_every": checkpoint_every}
+        given = {
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "workers": workers,
+            "accelerators": accelerators,
+            "max_steps": max_steps,
+            "seed": seed,
+            "eval_every": eval_every,
+            "checkpoint_every": checkpoint_every,
+        }
         settings: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         options = _parse_sets(sets)
         spec.parse_options(options)  # validates names and types before anything starts
@@ -260,19 +422,39 @@ def trace(workload: str | None, variant: str, data_dir: Path | None, epochs: int
             from workloads.profile import load_profile
 
             load_profile(profile_path)
-            extra_mounts.append(BindMount(profile_path.resolve(), f"{CTL_MOUNT}-profile/profile.json", True))
+            extra_mounts.append(
+                BindMount(profile_path.resolve(), f"{CTL_MOUNT}-profile/profile.json", True)
+            )
             settings["profile"] = f"{CTL_MOUNT}-profile/profile.json"
         config = spec.config(variant, options=options, **settings)
-        request = TraceRequest(image=workload_tag(workload, variant), command=None, label=workload,
-                               runs_root=runs_root, config=config, data_dir=data_dir, mounts=tuple(extra_mounts),
-                               memory_limit=memory_limit, cpus=cpus, sample_interval=sample_interval, timeout_s=timeout)
+        request = TraceRequest(
+            image=workload_tag(workload, variant),
+            command=None,
+            label=workload,
+            runs_root=runs_root,
+            config=config,
+            data_dir=data_dir,
+            mounts=tuple(extra_mounts),
+            memory_limit=memory_limit,
+            cpus=cpus,
+            sample_interval=sample_interval,
+            timeout_s=timeout,
+        )
     else:
         if data_dir is not None:
             extra_mounts.append(BindMount.parse(f"{data_dir}:/data:ro"))
         label = image.split("/")[-1].replace(":", "-")
-        request = TraceRequest(image=image, command=list(command) or None, label=label, runs_root=runs_root,
-                               mounts=tuple(extra_mounts), memory_limit=memory_limit, cpus=cpus,
-                               sample_interval=sample_interval, timeout_s=timeout)
+        request = TraceRequest(
+            image=image,
+            command=list(command) or None,
+            label=label,
+            runs_root=runs_root,
+            mounts=tuple(extra_mounts),
+            memory_limit=memory_limit,
+            cpus=cpus,
+            sample_interval=sample_interval,
+            timeout_s=timeout,
+        )
     run_dir = run_trace(request, progress=lambda msg: err_console.print(f"[dim]{msg}[/]"))
     _print_summary(run_dir)
     click.echo(str(run_dir))
@@ -305,8 +487,14 @@ def list_runs(runs_root: Path, as_json: bool) -> None:
         return
     table = Table("run", "status", "image", "duration", "steps", "events")
     for r in rows:
-        table.add_row(r["run_id"], r["status"], r.get("image") or "", _fmt_s(r.get("duration_s")),
-                      str(r.get("steps", "")), str(r.get("events", "")))
+        table.add_row(
+            r["run_id"],
+            r["status"],
+            r.get("image") or "",
+            _fmt_s(r.get("duration_s")),
+            str(r.get("steps", "")),
+            str(r.get("events", "")),
+        )
     Console().print(table)
 
 
@@ -317,7 +505,9 @@ def _fmt_s(value: float | None) -> str:
 @cli.command()
 @click.argument("run")
 @runs_option
-@click.option("--json", "as_json", is_flag=True, help="Print summary.json (with the manifest's status).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print summary.json (with the manifest's status)."
+)
 @user_errors
 def show(run: str, runs_root: Path, as_json: bool) -> None:
     """Print a run's summary.
@@ -341,9 +531,19 @@ def plot() -> None:
 
 @plot.command("timeline")
 @click.argument("runs", nargs=-1, required=True)
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="HTML file (default: timeline.html in the first run directory).")
-@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="HTML file (default: timeline.html in the first run directory).",
+)
+@click.option(
+    "--runs-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+)
 @user_errors
 def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path) -> None:
     """Write a timeline of one or more runs, stacked on a common time axis; print its path.
@@ -363,10 +563,25 @@ def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path)
 @cli.command()
 @click.argument("real")
 @click.argument("emulated")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON breakdown on stdout (overall score under `overall`).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory for compare.html and comparison.json (default: the emulated run's directory).")
-@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the JSON breakdown on stdout (overall score under `overall`).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory for compare.html and comparison.json (default: the emulated run's directory).",
+)
+@click.option(
+    "--runs-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+)
 @user_errors
 def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_root: Path) -> None:
     """Score how closely an emulated run stresses the storage stack like a real one: per
@@ -389,7 +604,9 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
     data = comparison.to_dict()
     from tracing.rundir import atomic_write_json
 
-    atomic_write_json(target / name.replace(".html", ".json").replace("compare", "comparison", 1), data)
+    atomic_write_json(
+        target / name.replace(".html", ".json").replace("compare", "comparison", 1), data
+    )
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
@@ -406,12 +623,24 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
 
 @plot.command("breakdown")
 @click.argument("runs", nargs=-1, required=True)
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="HTML file (default: breakdown.html in the first run directory).")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="HTML file (default: breakdown.html in the first run directory).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown table as JSON records.")
-@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@click.option(
+    "--runs-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+)
 @user_errors
-def plot_breakdown(runs: tuple[str, ...], out_path: Path | None, as_json: bool, runs_root: Path) -> None:
+def plot_breakdown(
+    runs: tuple[str, ...], out_path: Path | None, as_json: bool, runs_root: Path
+) -> None:
     """Per-step overall, data-loading and compute time (median, IQR band) vs batch size, one line
     per accelerator count; throughputs, loader latencies and accelerator utilisation (AU), first
     step of each epoch excluded (docs/analysis.md). Needs instrumented or sleep runs.
@@ -433,10 +662,22 @@ def plot_breakdown(runs: tuple[str, ...], out_path: Path | None, as_json: bool, 
 
 @cli.command("export")
 @click.argument("run")
-@click.option("--format", "fmt", type=click.Choice(["perfetto", "csv"]), default="perfetto", show_default=True)
-@click.option("--out", "out_path", type=click.Path(path_type=Path), default=None,
-              help="perfetto: the JSON file (default RUN/trace.json); csv: a directory (default RUN/csv).")
-@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["perfetto", "csv"]), default="perfetto", show_default=True
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="perfetto: the JSON file (default RUN/trace.json); csv: a directory (default RUN/csv).",
+)
+@click.option(
+    "--runs-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+)
 @user_errors
 def export(run: str, fmt: str, out_path: Path | None, runs_root: Path) -> None:
     """Export a run as a Chrome/Perfetto trace (open it at ui.perfetto.dev) or as CSV files;
@@ -464,11 +705,26 @@ def profile() -> None:
 
 @profile.command("fit")
 @click.argument("runs", nargs=-1, required=True)
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Profile JSON to write.")
-@click.option("--accelerator", default=None, help="Accelerator name to record (default: from the runs).")
-@click.option("--runs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Profile JSON to write.",
+)
+@click.option(
+    "--accelerator", default=None, help="Accelerator name to record (default: from the runs)."
+)
+@click.option(
+    "--runs-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+)
 @user_errors
-def profile_fit(runs: tuple[str, ...], out_path: Path, accelerator: str | None, runs_root: Path) -> None:
+def profile_fit(
+    runs: tuple[str, ...], out_path: Path, accelerator: str | None, runs_root: Path
+) -> None:
     """Fit a sleep profile to the all_compute times of instrumented runs; print its path.
 
     Example: ./cli.py profile fit runs/RUN_B2 runs/RUN_B4 --out profiles/unet3d-cpu.json
@@ -481,17 +737,48 @@ def profile_fit(runs: tuple[str, ...], out_path: Path, accelerator: str | None, 
 
 
 @profile.command("measure")
-@click.option("--workload", required=True, help="Workload whose compute to measure (see ./cli.py workloads).")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), required=True, help="A dataset of the workload (one batch is read).")
+@click.option(
+    "--workload", required=True, help="Workload whose compute to measure (see ./cli.py workloads)."
+)
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="A dataset of the workload (one batch is read).",
+)
 @click.option("--batch-sizes", required=True, help="Comma-separated batch sizes, e.g. 1,2,4,8.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--set", "sets", multiple=True, help="Workload option KEY=VALUE (repeatable).")
-@click.option("--cv", "cv_target", type=float, default=0.05, show_default=True, help="Stop when the mean's coefficient of variation is under this.")
-@click.option("--max-seconds", type=float, default=60.0, show_default=True, help="Time limit per batch size.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Profile JSON to write.")
+@click.option(
+    "--cv",
+    "cv_target",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="Stop when the mean's coefficient of variation is under this.",
+)
+@click.option(
+    "--max-seconds", type=float, default=60.0, show_default=True, help="Time limit per batch size."
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Profile JSON to write.",
+)
 @user_errors
-def profile_measure(workload: str, data_dir: Path, batch_sizes: str, device: str, sets: tuple[str, ...],
-                    cv_target: float, max_seconds: float, out_path: Path) -> None:
+def profile_measure(
+    workload: str,
+    data_dir: Path,
+    batch_sizes: str,
+    device: str,
+    sets: tuple[str, ...],
+    cv_target: float,
+    max_seconds: float,
+    out_path: Path,
+) -> None:
     """Measure a workload's compute per step natively (warm-up excluded) and write a profile.
 
     Example: ./cli.py profile measure --workload resnet18 --data data/img --batch-sizes 2,4,8 --out resnet18-cpu.json
@@ -501,11 +788,23 @@ def profile_measure(workload: str, data_dir: Path, batch_sizes: str, device: str
     try:
         sizes = tuple(int(v) for v in batch_sizes.split(","))
     except ValueError:
-        raise UserError(f"--batch-sizes {batch_sizes!r}: give whole numbers separated by commas, e.g. 1,2,4") from None
-    settings = MeasureSettings(batch_sizes=sizes, device=device, cv_target=cv_target, max_seconds=max_seconds)
-    command = "./cli.py profile measure " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["profile", "measure"] else sys.argv[1:])
-    measured, warnings = measure(workload, data_dir, settings, _parse_sets(sets),
-                                 progress=lambda line: err_console.print(line, highlight=False), command=command)
+        raise UserError(
+            f"--batch-sizes {batch_sizes!r}: give whole numbers separated by commas, e.g. 1,2,4"
+        ) from None
+    settings = MeasureSettings(
+        batch_sizes=sizes, device=device, cv_target=cv_target, max_seconds=max_seconds
+    )
+    command = "./cli.py profile measure " + " ".join(
+        sys.argv[3:] if sys.argv[1:3] == ["profile", "measure"] else sys.argv[1:]
+    )
+    measured, warnings = measure(
+        workload,
+        data_dir,
+        settings,
+        _parse_sets(sets),
+        progress=lambda line: err_console.print(line, highlight=False),
+        command=command,
+    )
     _report_profile(measured, warnings, out_path)
 
 
@@ -513,9 +812,11 @@ def _report_profile(prof: Any, warnings: list[str], out_path: Path) -> None:
     for warning in warnings:
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     mean, std = prof.compute.mean, prof.compute.std
-    err_console.print(f"mean = {mean.g:.6g} g + {mean.b:.6g} b + {mean.const:.6g} s (R^2 {prof.fit.get('mean_r2')}); "
-                      f"std = {std.g:.6g} g + {std.b:.6g} b + {std.const:.6g} s; {len(prof.table)} table point(s)",
-                      highlight=False)
+    err_console.print(
+        f"mean = {mean.g:.6g} g + {mean.b:.6g} b + {mean.const:.6g} s (R^2 {prof.fit.get('mean_r2')}); "
+        f"std = {std.g:.6g} g + {std.b:.6g} b + {std.const:.6g} s; {len(prof.table)} table point(s)",
+        highlight=False,
+    )
     out_path.parent.mkdir(parents=True, exist_ok=True)
     prof.save(out_path)
     click.echo(str(out_path))
@@ -528,8 +829,14 @@ def experiment() -> None:
 
 @experiment.command("run")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "out_root", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/experiments"),
-              show_default=True, help="Experiments directory: runs, data and outputs go to OUT/NAME.")
+@click.option(
+    "--out",
+    "out_root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs/experiments"),
+    show_default=True,
+    help="Experiments directory: runs, data and outputs go to OUT/NAME.",
+)
 @click.option("--dry-run", is_flag=True, help="List the runs the grid makes and exit.")
 @user_errors
 def experiment_run(path: Path, out_root: Path, dry_run: bool) -> None:
@@ -545,15 +852,21 @@ def experiment_run(path: Path, out_root: Path, dry_run: bool) -> None:
         for i, spec in enumerate(exp.runs, 1):
             click.echo(f"[{i}/{len(exp.runs)}] {spec.key}")
         return
-    outcomes = run_experiment(exp, out_root, log=lambda line: err_console.print(line, highlight=False))
+    outcomes = run_experiment(
+        exp, out_root, log=lambda line: err_console.print(line, highlight=False)
+    )
     table = Table("run", "status", "duration", "run directory / error")
     for o in outcomes:
         colour = {"completed": "green", "skipped": "cyan", "failed": "red"}[o.status]
-        table.add_row(o.key, f"[{colour}]{o.status}[/]", _fmt_s(o.duration_s), o.error or o.run_dir or "")
+        table.add_row(
+            o.key, f"[{colour}]{o.status}[/]", _fmt_s(o.duration_s), o.error or o.run_dir or ""
+        )
     Console(width=max(140, Console().width)).print(table)
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
-        raise UserError(f"{len(failed)} of {len(outcomes)} runs failed (see the table); run the experiment again to retry them")
+        raise UserError(
+            f"{len(failed)} of {len(outcomes)} runs failed (see the table); run the experiment again to retry them"
+        )
 
 
 if __name__ == "__main__":

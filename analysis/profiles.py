@@ -33,7 +33,9 @@ def fit_runs(runs: Sequence[Run], accelerator: str | None = None) -> tuple[Sleep
         raise UserError("give at least one instrumented run to fit")
     workloads = {r.workload for r in runs}
     if len(workloads) > 1:
-        raise UserError(f"runs of several workloads ({', '.join(sorted(workloads))}): fit one workload at a time")
+        raise UserError(
+            f"runs of several workloads ({', '.join(sorted(workloads))}): fit one workload at a time"
+        )
     samples: dict[tuple[int, int], list[np.ndarray]] = {}
     devices = set()
     for run in runs:

@@ -148,7 +148,9 @@ def bench_generator(name: str, args: argparse.Namespace, size: int) -> float:
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         warm = Path(tmp) / "warmup"
         started = time.perf_counter()
-        generate(name, warm, 24 << 20, workers=args.workers, scale=0.25 if name == "unet3d" else None)
+        generate(
+            name, warm, 24 << 20, workers=args.workers, scale=0.25 if name == "unet3d" else None
+        )
         print(f"worker start-up + warm-up dataset: {time.perf_counter() - started:.2f} s")
     settle()
 
@@ -162,7 +164,9 @@ def bench_generator(name: str, args: argparse.Namespace, size: int) -> float:
                 seconds, nbytes = time_dd(directory, size)
                 results["dd"] = (nbytes / seconds / 1e6, 0.0)
             else:
-                seconds, nbytes, sync_s = time_generator(name, directory, size, args.workers, args.seed)
+                seconds, nbytes, sync_s = time_generator(
+                    name, directory, size, args.workers, args.seed
+                )
                 results["gen"] = (nbytes / seconds / 1e6, sync_s)
             settle()
         gen, sync_s = results["gen"]

@@ -50,7 +50,17 @@ def make_raw(raw: Path, n_events: int) -> int:
             for r in rows:
                 if written >= n_events:
                     break
-                chunk.append("\t".join([str(int(r[0]) + shift), r[1], str(int(r[2]) + pid_shift), str(int(r[3]) + pid_shift), *r[4:]]))
+                chunk.append(
+                    "\t".join(
+                        [
+                            str(int(r[0]) + shift),
+                            r[1],
+                            str(int(r[2]) + pid_shift),
+                            str(int(r[3]) + pid_shift),
+                            *r[4:],
+                        ]
+                    )
+                )
                 written += 1
             out.write("\n".join(chunk) + "\n")
             rep += 1
@@ -66,8 +76,15 @@ def run_ingest(raw: Path, out: Path) -> float:
 
 def run_pandas(raw: Path) -> float:
     t = time.perf_counter()
-    pd.read_csv(raw / "syscalls.txt", sep="\t", header=None, names=list(ingest._SYSCALL_COLUMNS),
-                skiprows=2, quoting=3, keep_default_na=False)
+    pd.read_csv(
+        raw / "syscalls.txt",
+        sep="\t",
+        header=None,
+        names=list(ingest._SYSCALL_COLUMNS),
+        skiprows=2,
+        quoting=3,
+        keep_default_na=False,
+    )
     return time.perf_counter() - t
 
 

@@ -38,7 +38,9 @@ from workloads.config import WorkloadConfig  # noqa: E402
 
 def throughput(run_dir: Path) -> float:
     phases = pd.read_parquet(run_dir / "phases.parquet")
-    steps = phases[(phases["key"] == "step_end") & (phases["rank"].isin([0, -1]))].sort_values("ts_ns")
+    steps = phases[(phases["key"] == "step_end") & (phases["rank"].isin([0, -1]))].sort_values(
+        "ts_ns"
+    )
     if len(steps) < 3:
         raise SystemExit(f"{run_dir}: only {len(steps)} steps; use more data or epochs")
     span = (steps["ts_ns"].iloc[-1] - steps["ts_ns"].iloc[0]) / 1e9
@@ -58,7 +60,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--compute-s", type=float, default=0.005, help="sleep profile mean (sleep variant)")
+    parser.add_argument(
+        "--compute-s", type=float, default=0.005, help="sleep profile mean (sleep variant)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="twintrace-overhead-"))
     try:
@@ -66,29 +70,57 @@ def main() -> None:
         settings: dict = {}
         if args.variant == "sleep":
             profile = work / "profile.json"
-            profile.write_text(json.dumps({
-                "schema_version": 1, "workload": "unet3d", "accelerator": "none",
-                "source": "bench/tracer_overhead.py: constant compute time, data pipeline dominates",
-                "compute": {"mean": {"g": 0.0, "b": 0.0, "const": args.compute_s},
-                            "std": {"g": 0.0, "b": 0.0, "const": 0.0}},
-            }))
+            profile.write_text(
+                json.dumps(
+                    {
+                        "schema_version": 1,
+                        "workload": "unet3d",
+                        "accelerator": "none",
+                        "source": "bench/tracer_overhead.py: constant compute time, data pipeline dominates",
+                        "compute": {
+                            "mean": {"g": 0.0, "b": 0.0, "const": args.compute_s},
+                            "std": {"g": 0.0, "b": 0.0, "const": 0.0},
+                        },
+                    }
+                )
+            )
             mounts = (BindMount(profile, f"{CTL_MOUNT}-profile/profile.json", True),)
             settings["profile"] = f"{CTL_MOUNT}-profile/profile.json"
-        config = WorkloadConfig(workload="unet3d", variant=args.variant, epochs=args.epochs,
-                                batch_size=args.batch_size, workers=args.workers, checkpoint_every=0, **settings)
+        config = WorkloadConfig(
+            workload="unet3d",
+            variant=args.variant,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            checkpoint_every=0,
+            **settings,
+        )
         ratios = []
         for i in range(args.rounds):
             result = {}
             for traced in (True, False) if i % 2 == 0 else (False, True):
                 drop_caches()
-                run_dir = trace(TraceRequest(image=workload_tag("unet3d", args.variant), command=None, label="overhead",
-                                             runs_root=work / "runs", config=config, data_dir=args.data,
-                                             mounts=mounts, tracing=traced))
+                run_dir = trace(
+                    TraceRequest(
+                        image=workload_tag("unet3d", args.variant),
+                        command=None,
+                        label="overhead",
+                        runs_root=work / "runs",
+                        config=config,
+                        data_dir=args.data,
+                        mounts=mounts,
+                        tracing=traced,
+                    )
+                )
                 result[traced] = throughput(run_dir)
             ratios.append(result[True] / result[False])
-            print(f"round {i + 1}: traced {result[True]:.3f} steps/s, untraced {result[False]:.3f} steps/s, "
-                  f"ratio {ratios[-1]:.3f}")
-        print(f"traced/untraced step throughput = {statistics.median(ratios):.3f} (median of {args.rounds}; goal >= 0.98)")
+            print(
+                f"round {i + 1}: traced {result[True]:.3f} steps/s, untraced {result[False]:.3f} steps/s, "
+                f"ratio {ratios[-1]:.3f}"
+            )
+        print(
+            f"traced/untraced step throughput = {statistics.median(ratios):.3f} (median of {args.rounds}; goal >= 0.98)"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -54,5 +54,11 @@ def generate(
     module, function, _ = GENERATORS[name]
     generator = getattr(importlib.import_module(module), function)
     return generator(
-        Path(out), size_bytes, seed=seed, workers=workers, force=force, progress=progress, params=params
+        Path(out),
+        size_bytes,
+        seed=seed,
+        workers=workers,
+        force=force,
+        progress=progress,
+        params=params,
     )

@@ -79,7 +79,10 @@ def _stream_build(cli: docker.DockerClient, log: Log, **kwargs: object) -> str:
     try:
         for chunk in cli.api.build(decode=True, rm=True, forcerm=True, **kwargs):
             if "error" in chunk:
-                raise UserError(f"building {kwargs.get('tag')} failed: {chunk['error'].strip()}\n" + "\n".join(tail[-10:]))
+                raise UserError(
+                    f"building {kwargs.get('tag')} failed: {chunk['error'].strip()}\n"
+                    + "\n".join(tail[-10:])
+                )
             line = (chunk.get("stream") or "").rstrip()
             if line:
                 tail.append(line)
@@ -104,11 +107,24 @@ def prepare_wheelhouse(log: Log) -> Path:
         return wheelhouse
     log(f"downloading wheels into {wheelhouse}")
     # `pip wheel` takes published wheels as they are and builds one from a source-only release.
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheelhouse), "-r", str(req)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "-q",
+        "-w",
+        str(wheelhouse),
+        "-r",
+        str(req),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise UserError(f"could not download the image's Python wheels: {done.stderr.strip().splitlines()[-1:]}; "
-                        "check that PyPI is reachable from this host")
+        raise UserError(
+            f"could not download the image's Python wheels: {done.stderr.strip().splitlines()[-1:]}; "
+            "check that PyPI is reachable from this host"
+        )
     shutil.copyfile(req, marker)  # written last: marks a complete wheelhouse
     return wheelhouse
 
@@ -116,25 +132,44 @@ def prepare_wheelhouse(log: Log) -> Path:
 def bootstrap_os_image(cli: docker.DockerClient, log: Log) -> str:
     """Make twintrace/os:bookworm with debootstrap + docker import (no registry needed)."""
     if shutil.which("debootstrap") is None:
-        raise UserError("debootstrap is not installed: run `make setup` as root (apt-get install debootstrap)")
+        raise UserError(
+            "debootstrap is not installed: run `make setup` as root (apt-get install debootstrap)"
+        )
     log("bootstrapping a Debian bookworm root with debootstrap (about a minute)")
-    with tempfile.TemporaryDirectory(prefix="twintrace-rootfs-", dir=CACHE if CACHE.exists() else None) as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="twintrace-rootfs-", dir=CACHE if CACHE.exists() else None
+    ) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        cmd = ["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates", "bookworm", str(rootfs)]
+        cmd = [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3,python3-venv,ca-certificates",
+            "bookworm",
+            str(rootfs),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            raise UserError("debootstrap failed: " + " ".join(done.stdout.strip().splitlines()[-3:] + done.stderr.strip().splitlines()[-3:]))
+            raise UserError(
+                "debootstrap failed: "
+                + " ".join(
+                    done.stdout.strip().splitlines()[-3:] + done.stderr.strip().splitlines()[-3:]
+                )
+            )
         log("importing the root filesystem as " + OS_TAG)
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         try:
-            cli.api.import_image_from_stream(tar.stdout, repository=OS_TAG.split(":")[0], tag=OS_TAG.split(":")[1])
+            cli.api.import_image_from_stream(
+                tar.stdout, repository=OS_TAG.split(":")[0], tag=OS_TAG.split(":")[1]
+            )
         finally:
             tar.stdout.close()
             tar.wait()
     return cli.images.get(OS_TAG).id
 
 
-def resolve_base_os(cli: docker.DockerClient, log: Log, base_image: str | None, bootstrap: bool) -> str:
+def resolve_base_os(
+    cli: docker.DockerClient, log: Log, base_image: str | None, bootstrap: bool
+) -> str:
     """Pick the OS image under twintrace/base: explicit, registry, or bootstrapped locally."""
     if bootstrap:
         # An existing twintrace/os image is reused; `docker rmi twintrace/os:bookworm` forces a new one.
@@ -143,7 +178,9 @@ def resolve_base_os(cli: docker.DockerClient, log: Log, base_image: str | None, 
         return OS_TAG
     if base_image:
         if not _has(cli, base_image) and not _try_pull(cli, base_image, log):
-            raise UserError(f"base image {base_image} is neither local nor pullable: use --bootstrap-base to make one with debootstrap")
+            raise UserError(
+                f"base image {base_image} is neither local nor pullable: use --bootstrap-base to make one with debootstrap"
+            )
         return base_image
     for candidate in (REGISTRY_BASE, OS_TAG):
         if _has(cli, candidate):
@@ -173,7 +210,9 @@ def _try_pull(cli: docker.DockerClient, tag: str, log: Log) -> bool:
         return False
 
 
-def build_base(cli: docker.DockerClient, log: Log, base_image: str | None = None, bootstrap: bool = False) -> BuildResult:
+def build_base(
+    cli: docker.DockerClient, log: Log, base_image: str | None = None, bootstrap: bool = False
+) -> BuildResult:
     os_image = resolve_base_os(cli, log, base_image, bootstrap)
     os_id = cli.images.get(os_image).id
     wheelhouse = prepare_wheelhouse(log)
@@ -183,23 +222,38 @@ def build_base(cli: docker.DockerClient, log: Log, base_image: str | None = None
         return BuildResult(BASE_TAG, image_id, False)
     log(f"building {BASE_TAG} on {os_image}")
     image_id = _stream_build(
-        cli, log, path=str(BASE_CONTEXT), dockerfile=str(REPO / "Dockerfile.base"), tag=BASE_TAG,
-        buildargs={"BASE_IMAGE": os_image}, labels={HASH_LABEL: inputs},
+        cli,
+        log,
+        path=str(BASE_CONTEXT),
+        dockerfile=str(REPO / "Dockerfile.base"),
+        tag=BASE_TAG,
+        buildargs={"BASE_IMAGE": os_image},
+        labels={HASH_LABEL: inputs},
     )
     return BuildResult(BASE_TAG, image_id, True)
 
 
-def build_workload(cli: docker.DockerClient, workload: str, variant: str, base_id: str, log: Log) -> BuildResult:
+def build_workload(
+    cli: docker.DockerClient, workload: str, variant: str, base_id: str, log: Log
+) -> BuildResult:
     tag = workload_tag(workload, variant)
     dockerfile = REPO / "images" / workload / "Dockerfile"
-    inputs = _hash_files([dockerfile, *(p for p in (REPO / "workloads").rglob("*") if p.is_file())], [variant, base_id])
+    inputs = _hash_files(
+        [dockerfile, *(p for p in (REPO / "workloads").rglob("*") if p.is_file())],
+        [variant, base_id],
+    )
     current, image_id = _existing_hash(cli, tag)
     if current == inputs and image_id:
         return BuildResult(tag, image_id, False)
     log(f"building {tag}")
     image_id = _stream_build(
-        cli, log, path=str(REPO), dockerfile=f"images/{workload}/Dockerfile", tag=tag,
-        buildargs={"VARIANT": variant, "BASE_TAG": BASE_TAG}, labels={HASH_LABEL: inputs},
+        cli,
+        log,
+        path=str(REPO),
+        dockerfile=f"images/{workload}/Dockerfile",
+        tag=tag,
+        buildargs={"VARIANT": variant, "BASE_TAG": BASE_TAG},
+        labels={HASH_LABEL: inputs},
     )
     return BuildResult(tag, image_id, True)
 
@@ -216,7 +270,9 @@ def build(
     chosen = list(workloads or IMAGE_WORKLOADS)
     for name in chosen:
         if name not in IMAGE_WORKLOADS:
-            raise UserError(f"unknown workload {name!r}: choose one of {', '.join(IMAGE_WORKLOADS)}")
+            raise UserError(
+                f"unknown workload {name!r}: choose one of {', '.join(IMAGE_WORKLOADS)}"
+            )
     chosen_variants = list(variants or VARIANTS)
     for variant in chosen_variants:
         if variant not in VARIANTS:

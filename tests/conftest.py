@@ -55,11 +55,10 @@ def bpftrace_running() -> list[int]:
                 cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if cmdline and Path(cmdline[0].decode(errors="replace")).name == "bpftrace" and any(
-                b"tracing/bpf/" in part for part in cmdline
+            if (
+                cmdline
+                and Path(cmdline[0].decode(errors="replace")).name == "bpftrace"
+                and any(b"tracing/bpf/" in part for part in cmdline)
             ):
                 pids.append(int(proc.name))
     return pids
-
-
-

@@ -41,20 +41,37 @@ def unet3d_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from datagen.unet3d import UNet3DGenParams, generate_unet3d
 
     out = tmp_path_factory.mktemp("u3d")
-    generate_unet3d(out, 24_000_000, seed=2, params=UNet3DGenParams(s1_range=(40, 64), s2_range=(48, 72), min_dim=40))
+    generate_unet3d(
+        out,
+        24_000_000,
+        seed=2,
+        params=UNet3DGenParams(s1_range=(40, 64), s2_range=(48, 72), min_dim=40),
+    )
     return out
 
 
 def traced(runs_dir: Path, data: Path, workload: str, variant: str, **settings: object) -> Path:
     options = settings.pop("options", {"patch_size": 32} if workload == "unet3d" else {})
-    config = WORKLOADS[workload].config(variant, epochs=1, checkpoint_every=1, options=options, **settings)
+    config = WORKLOADS[workload].config(
+        variant, epochs=1, checkpoint_every=1, options=options, **settings
+    )
     drop_caches()
-    return trace(TraceRequest(image=f"twintrace/{workload}:{variant}", command=None, label=workload,
-                              runs_root=runs_dir, config=config, data_dir=data))
+    return trace(
+        TraceRequest(
+            image=f"twintrace/{workload}:{variant}",
+            command=None,
+            label=workload,
+            runs_root=runs_dir,
+            config=config,
+            data_dir=data,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
-def sleep_runs(images, runs_dir: Path, unet3d_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def sleep_runs(
+    images, runs_dir: Path, unet3d_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
     from datagen.dlrm import generate_dlrm
 
     dlrm = tmp_path_factory.mktemp("dlrm")
@@ -68,7 +85,9 @@ def sleep_runs(images, runs_dir: Path, unet3d_data: Path, tmp_path_factory: pyte
     }
 
 
-def test_similarity_separates_configurations_on_real_traces(sleep_runs: dict[str, Path], tmp_path: Path) -> None:
+def test_similarity_separates_configurations_on_real_traces(
+    sleep_runs: dict[str, Path], tmp_path: Path
+) -> None:
     runs = {name: load_run(path) for name, path in sleep_runs.items()}
 
     def score(x: str, y: str) -> float:
@@ -78,7 +97,9 @@ def test_similarity_separates_configurations_on_real_traces(sleep_runs: dict[str
     same = score("a", "b")
     workers = score("w1", "w4")
     workloads = score("a", "dlrm")
-    print(f"same configuration {same:.3f}; 1 vs 4 workers {workers:.3f}; unet3d vs dlrm {workloads:.3f}")
+    print(
+        f"same configuration {same:.3f}; 1 vs 4 workers {workers:.3f}; unet3d vs dlrm {workloads:.3f}"
+    )
     assert same >= 0.9
     assert workers <= same - 0.05
     assert workloads <= same - 0.2
@@ -90,16 +111,29 @@ def test_similarity_separates_configurations_on_real_traces(sleep_runs: dict[str
     assert subplot_count(html) == REPORT_LANES == len(comparison.aspects)
 
 
-def test_compare_cli_json_has_overall_and_aspects(sleep_runs: dict[str, Path], tmp_path: Path) -> None:
+def test_compare_cli_json_has_overall_and_aspects(
+    sleep_runs: dict[str, Path], tmp_path: Path
+) -> None:
     from cli import cli
 
-    result = CliRunner().invoke(cli, ["compare", str(sleep_runs["a"]), str(sleep_runs["b"]), "--json",
-                                      "--out", str(tmp_path / "cmp")])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "compare",
+            str(sleep_runs["a"]),
+            str(sleep_runs["b"]),
+            "--json",
+            "--out",
+            str(tmp_path / "cmp"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert 0.9 <= data["overall"] <= 1.0
     assert {"read_bandwidth", "file_order", "step_time"} <= set(data["aspects"])
-    assert (tmp_path / "cmp" / "compare.html").exists() and (tmp_path / "cmp" / "comparison.json").exists()
+    assert (tmp_path / "cmp" / "compare.html").exists() and (
+        tmp_path / "cmp" / "comparison.json"
+    ).exists()
 
 
 def test_export_and_breakdown_of_a_real_run(sleep_runs: dict[str, Path], tmp_path: Path) -> None:
@@ -118,21 +152,57 @@ def test_export_and_breakdown_of_a_real_run(sleep_runs: dict[str, Path], tmp_pat
     assert 0.5 < accelerator_utilisation(run) <= 1.0  # sleep steps dominate these tiny I/O loads
 
 
-def test_profile_fit_from_instrumented_runs_drives_a_sleep_run(images, runs_dir: Path, unet3d_data: Path, tmp_path: Path) -> None:
+def test_profile_fit_from_instrumented_runs_drives_a_sleep_run(
+    images, runs_dir: Path, unet3d_data: Path, tmp_path: Path
+) -> None:
     from cli import cli
 
-    instrumented = [traced(runs_dir, unet3d_data, "unet3d", "instrumented", batch_size=b, workers=1, max_steps=4,
-                           options={"patch_size": 32}) for b in (1, 2)]
+    instrumented = [
+        traced(
+            runs_dir,
+            unet3d_data,
+            "unet3d",
+            "instrumented",
+            batch_size=b,
+            workers=1,
+            max_steps=4,
+            options={"patch_size": 32},
+        )
+        for b in (1, 2)
+    ]
     profile_path = tmp_path / "unet3d-cpu.json"
-    result = CliRunner().invoke(cli, ["profile", "fit", *map(str, instrumented), "--out", str(profile_path)])
+    result = CliRunner().invoke(
+        cli, ["profile", "fit", *map(str, instrumented), "--out", str(profile_path)]
+    )
     assert result.exit_code == 0, result.output
     profile = json.loads(profile_path.read_text())
     assert profile["workload"] == "unet3d" and profile["schema_version"] == 1
     assert sorted((p["g"], p["b"]) for p in profile["table"]) == [(1, 1), (1, 2)]
     # The sleep variant reads the fitted profile: its emulated compute follows the table.
-    result = CliRunner().invoke(cli, ["trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(unet3d_data),
-                                      "--batch-size", "2", "--workers", "1", "--max-steps", "4", "--set", "patch_size=32",
-                                      "--profile", str(profile_path), "--out", str(runs_dir)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "trace",
+            "--workload",
+            "unet3d",
+            "--variant",
+            "sleep",
+            "--data",
+            str(unet3d_data),
+            "--batch-size",
+            "2",
+            "--workers",
+            "1",
+            "--max-steps",
+            "4",
+            "--set",
+            "patch_size=32",
+            "--profile",
+            str(profile_path),
+            "--out",
+            str(runs_dir),
+        ],
+    )
     assert result.exit_code == 0, result.output
     sleep_run = load_run(Path(result.stdout.strip().splitlines()[-1]))
     busy = sleep_run.phases[sleep_run.phases["key"] == "accelerator_busy"]["duration_ns"] / 1e9

@@ -33,7 +33,10 @@ def test_every_command_is_documented_with_an_example(name: str, cmd: click.Comma
     [
         (["datagen", "unet3d", "--out", "{tmp}/d", "--size", "lots"], "cannot parse size"),
         (["trace", "--workload", "nosuch", "--data", "{tmp}"], "unknown workload"),
-        (["trace", "--workload", "unet3d", "--variant", "fast", "--data", "{tmp}"], "Invalid value for '--variant'"),
+        (
+            ["trace", "--workload", "unet3d", "--variant", "fast", "--data", "{tmp}"],
+            "Invalid value for '--variant'",
+        ),
         (["trace", "--workload", "unet3d", "--data", "{tmp}/missing"], "{tmp}/missing"),
         (["trace", "--workload", "unet3d", "--data", "{tmp}"], "has no case_NNNNN_x.npy files"),
         (["trace", "--workload", "unet3d"], "--data is required"),
@@ -42,7 +45,9 @@ def test_every_command_is_documented_with_an_example(name: str, cmd: click.Comma
         (["plot", "timeline", "{tmp}/nope"], "nope"),
     ],
 )
-def test_bad_input_gets_one_clear_line_and_a_non_zero_exit(tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_input_gets_one_clear_line_and_a_non_zero_exit(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     result = CliRunner().invoke(cli_module.cli, args)
     assert result.exit_code != 0
@@ -56,8 +61,17 @@ def test_runs_and_show(tmp_path: Path) -> None:
     manifest = initial_manifest(run_dir, image={"tag": "twintrace/unet3d:sleep", "id": "sha256:0"})
     manifest["status"] = "completed"
     atomic_write_json(run_dir / "manifest.json", manifest)
-    summary = {"schema_version": 1, "run_id": run_dir.name, "status": "completed", "duration_s": 2.5, "steps": 4,
-               "lost_events": 0, "syscalls": {"read": {"count": 3, "bytes": 300}}, "block": {}, "page_cache": {}}
+    summary = {
+        "schema_version": 1,
+        "run_id": run_dir.name,
+        "status": "completed",
+        "duration_s": 2.5,
+        "steps": 4,
+        "lost_events": 0,
+        "syscalls": {"read": {"count": 3, "bytes": 300}},
+        "block": {},
+        "page_cache": {},
+    }
     atomic_write_json(run_dir / "summary.json", summary)
     runner = CliRunner()
     listed = runner.invoke(cli_module.cli, ["runs", "--out", str(tmp_path), "--json"])

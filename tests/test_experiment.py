@@ -68,11 +68,13 @@ def test_shipped_experiments_parse_and_expand() -> None:
         (("epochs = 1", "epoch = 1"), "unknown key 'epoch'"),
         (('dataset = "u"', 'dataset = "nope"'), "has no dataset"),
         (("patch_size = 32", "patch = 32"), "unknown setting 'patch'"),
-        (('workers = [1]', 'workers = [1, 1]'), "same run twice"),
+        (("workers = [1]", "workers = [1, 1]"), "same run twice"),
         (('memory_limit = ["", "6m"]', 'memory_limit = ["lots"]'), "lots"),
     ],
 )
-def test_bad_experiment_files_fail_with_one_clear_line(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
+def test_bad_experiment_files_fail_with_one_clear_line(
+    tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
     old, new = edit
     assert old in TINY
     with pytest.raises(UserError, match=message):
@@ -98,7 +100,9 @@ def test_experiment_records_failures_continues_and_resumes(images, tmp_path: Pat
     ok = by_key["unet3d-sleep-b2-g1-w1-r1"]
     starved = by_key["unet3d-sleep-b2-g1-w1-mem6m-r1"]
     assert ok.status == "completed" and starved.status == "failed" and starved.error
-    assert any(line.startswith("[1/2]") for line in lines) and any(line.startswith("[2/2]") for line in lines)
+    assert any(line.startswith("[1/2]") for line in lines) and any(
+        line.startswith("[2/2]") for line in lines
+    )
     state = json.loads((out / "tiny" / "state.json").read_text())
     assert state["runs"][starved.key]["status"] == "failed"
     assert json.loads((Path(starved.run_dir) / "manifest.json").read_text())["status"] == "failed"

@@ -51,7 +51,9 @@ def test_paths_are_resolved_from_openat() -> None:
     assert after[after["kind"] == "mmap"]["path"].iloc[0] == "/etc/os-release"
     # Every read of python3 and cat (whose files were all opened within the trace) has a path;
     # bash's fd 255 was made by dup2, which is not traced, so it stays unresolved.
-    reads = df[df["kind"].isin(["read", "pread64"]) & (df["fd"] > 2) & df["comm"].isin(["python3", "cat"])]
+    reads = df[
+        df["kind"].isin(["read", "pread64"]) & (df["fd"] > 2) & df["comm"].isin(["python3", "cat"])
+    ]
     assert len(reads) > 100 and reads["path"].notna().all()
 
 
@@ -67,7 +69,11 @@ def test_block_cache_and_proc() -> None:
     assert set(block["dev"]) == {"254:0"}  # vda: major 254, minor 0
 
     cache = ingest.parse_cache(RAW / "cache.txt", stats)
-    pages = sum(int(line.rsplit(": ", 1)[1]) for line in (RAW / "cache.txt").read_text().splitlines() if line.startswith("@add["))
+    pages = sum(
+        int(line.rsplit(": ", 1)[1])
+        for line in (RAW / "cache.txt").read_text().splitlines()
+        if line.startswith("@add[")
+    )
     assert cache.loc[cache["kind"] == "cache_add", "count"].sum() == pages
     assert (cache["bytes"] == cache["count"] * 4096).all()
 
@@ -95,7 +101,9 @@ def test_schema_and_summary() -> None:
     import pandas as pd
 
     summary = ingest.summarize(table, pd.DataFrame({"key": [], "rank": []}), stats)
-    assert summary["syscalls"]["openat"]["count"] == sum(1 for r in _lines("syscalls.txt") if r[1] == "openat")
+    assert summary["syscalls"]["openat"]["count"] == sum(
+        1 for r in _lines("syscalls.txt") if r[1] == "openat"
+    )
     assert summary["processes"] == {"fork": 2, "exec": 2, "exit": 3}
     assert summary["block"]["block_read"]["count"] > 0
 
@@ -118,7 +126,11 @@ def test_reads_through_a_dup_of_the_descriptor_are_resolved() -> None:
     assert len(copies) == 2  # one in np.save, one in np.load
     new_fd = int(copies["ret"].iloc[-1])
     # Through the copy, np.load reads the 128-byte header, seeks back and reads the whole file.
-    via_copy = arr[arr["kind"].isin(ingest.READ_KINDS) & (arr["fd"] == new_fd) & (arr["ts_ns"] > copies["ts_ns"].iloc[-1])]
+    via_copy = arr[
+        arr["kind"].isin(ingest.READ_KINDS)
+        & (arr["fd"] == new_fd)
+        & (arr["ts_ns"] > copies["ts_ns"].iloc[-1])
+    ]
     assert via_copy["bytes"].sum() == 128 + 800_128
     writes = arr[arr["kind"].isin(ingest.WRITE_KINDS)]
     assert writes["bytes"].sum() == 800_128  # 128-byte header + 100000 float64
@@ -146,9 +158,18 @@ def test_a_closed_descriptor_number_reused_by_an_untraced_call_gets_no_path() ->
     sys = pd.DataFrame(rows, columns=["ts_ns", "kind", "pid", "fd", "ret", "path"]).astype(
         {"pid": "int32", "fd": "int32", "path": "string"}
     )
-    forks = pd.DataFrame({"ts_ns": [11], "kind": ["fork"], "pid": [7], "ret": [8]}).astype({"pid": "int32"})
+    forks = pd.DataFrame({"ts_ns": [11], "kind": ["fork"], "pid": [7], "ret": [8]}).astype(
+        {"pid": "int32"}
+    )
     out = ingest.resolve_paths(sys, forks)
     assert list(out["path"].fillna("-")) == [
-        "/data/a.jpg", "/data/a.jpg", "/data/a.jpg", "-", "/data/b.jpg", "/data/b.jpg",
-        "/data/a.jpg", "/data/a.jpg", "-",
+        "/data/a.jpg",
+        "/data/a.jpg",
+        "/data/a.jpg",
+        "-",
+        "/data/b.jpg",
+        "/data/b.jpg",
+        "/data/a.jpg",
+        "/data/a.jpg",
+        "-",
     ]

@@ -34,7 +34,9 @@ def _manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
 
 
-def test_reading_n_known_files_shows_n_opens_and_their_bytes(images, tmp_path: Path, runs_root: Path) -> None:
+def test_reading_n_known_files_shows_n_opens_and_their_bytes(
+    images, tmp_path: Path, runs_root: Path
+) -> None:
     data = tmp_path / "data"
     data.mkdir()
     for i, size in enumerate(SIZES):
@@ -48,8 +50,15 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(images, tmp_path: P
     # Cold cache, so the page-cache lane must show the files coming in.
     subprocess.run(["sync"], check=True)
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    run_dir = trace(TraceRequest(image=BASE, command=["python3", "-c", script], label="groundtruth",
-                                 runs_root=runs_root, mounts=(BindMount(data, "/data", True),)))
+    run_dir = trace(
+        TraceRequest(
+            image=BASE,
+            command=["python3", "-c", script],
+            label="groundtruth",
+            runs_root=runs_root,
+            mounts=(BindMount(data, "/data", True),),
+        )
+    )
     manifest = _manifest(run_dir)
     assert manifest["status"] == "completed" and manifest["exit_code"] == 0
     assert manifest["lost_events"] == 0
@@ -63,7 +72,9 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(images, tmp_path: P
         closes = events[(events["kind"] == "close") & (events["path"] == path)]
         assert len(closes) == 1, path
     # Nothing else under /data was opened, and the process tree was captured.
-    data_opens = events[(events["kind"] == "openat") & events["path"].str.startswith("/data/", na=False)]
+    data_opens = events[
+        (events["kind"] == "openat") & events["path"].str.startswith("/data/", na=False)
+    ]
     assert len(data_opens) == len(SIZES)
     assert (events["kind"] == "exec").sum() >= 1
     cache_pages = events.loc[events["kind"] == "cache_add", "count"].sum()
@@ -77,7 +88,14 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(images, tmp_path: P
 
 def test_failed_workload_leaves_a_failed_run(images, runs_root: Path) -> None:
     with pytest.raises(UserError, match="exited with code 3"):
-        trace(TraceRequest(image=BASE, command=["python3", "-c", "import sys; sys.exit(3)"], label="fails", runs_root=runs_root))
+        trace(
+            TraceRequest(
+                image=BASE,
+                command=["python3", "-c", "import sys; sys.exit(3)"],
+                label="fails",
+                runs_root=runs_root,
+            )
+        )
     (run_dir,) = runs_root.iterdir()
     manifest = _manifest(run_dir)
     assert manifest["status"] == "failed" and manifest["exit_code"] == 3
@@ -85,11 +103,26 @@ def test_failed_workload_leaves_a_failed_run(images, runs_root: Path) -> None:
     assert not client().containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"})
 
 
-def test_ctrl_c_leaves_no_container_no_bpftrace_and_an_interrupted_manifest(images, runs_root: Path) -> None:
+def test_ctrl_c_leaves_no_container_no_bpftrace_and_an_interrupted_manifest(
+    images, runs_root: Path
+) -> None:
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), "trace", "--image", BASE, "--out", str(runs_root), "--",
-         "python3", "-c", "import time\nwhile True: time.sleep(0.1)"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            str(REPO / "cli.py"),
+            "trace",
+            "--image",
+            BASE,
+            "--out",
+            str(runs_root),
+            "--",
+            "python3",
+            "-c",
+            "import time\nwhile True: time.sleep(0.1)",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 120
@@ -129,20 +162,42 @@ def unet3d_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     out = tmp_path_factory.mktemp("unet3d-data")
     # Six small cases (patch 32 fits in every one).
-    generate_unet3d(out, 8_000_000, seed=1, params=UNet3DGenParams(s1_range=(40, 48), s2_range=(48, 56), min_dim=40))
+    generate_unet3d(
+        out,
+        8_000_000,
+        seed=1,
+        params=UNet3DGenParams(s1_range=(40, 48), s2_range=(48, 56), min_dim=40),
+    )
     return out
 
 
 def _unet3d_run(runs_root: Path, data: Path, variant: str, **settings: object) -> Path:
     from workloads.config import WorkloadConfig
 
-    config = WorkloadConfig(workload="unet3d", variant=variant, epochs=1, batch_size=2, workers=2,
-                            options={"patch_size": 32}, **settings)
-    return trace(TraceRequest(image=f"twintrace/unet3d:{variant}", command=None, label="unet3d",
-                              runs_root=runs_root, config=config, data_dir=data))
+    config = WorkloadConfig(
+        workload="unet3d",
+        variant=variant,
+        epochs=1,
+        batch_size=2,
+        workers=2,
+        options={"patch_size": 32},
+        **settings,
+    )
+    return trace(
+        TraceRequest(
+            image=f"twintrace/unet3d:{variant}",
+            command=None,
+            label="unet3d",
+            runs_root=runs_root,
+            config=config,
+            data_dir=data,
+        )
+    )
 
 
-def test_unet3d_sleep_run_reads_every_file_and_takes_the_expected_steps(images, unet3d_data: Path, runs_root: Path) -> None:
+def test_unet3d_sleep_run_reads_every_file_and_takes_the_expected_steps(
+    images, unet3d_data: Path, runs_root: Path
+) -> None:
     run_dir = _unet3d_run(runs_root, unet3d_data, "sleep")
     summary = json.loads((run_dir / "summary.json").read_text())
     files = sorted(p.name for p in unet3d_data.glob("case_*.npy"))
@@ -153,34 +208,63 @@ def test_unet3d_sleep_run_reads_every_file_and_takes_the_expected_steps(images, 
     for name in files:
         path = f"/data/{name}"
         assert ((events["kind"] == "openat") & (events["path"] == path)).sum() >= 1, path
-        read = events.loc[events["kind"].isin(["read", "pread64", "readv"]) & (events["path"] == path), "bytes"].sum()
+        read = events.loc[
+            events["kind"].isin(["read", "pread64", "readv"]) & (events["path"] == path), "bytes"
+        ].sum()
         size = (unet3d_data / name).stat().st_size
         # np.load reads the header through Python's buffered file, then the whole file through a
         # dup of the descriptor: every byte at least once, only the head (a few KiB) twice.
         assert size <= read <= size + 16384, path
     # The dataset files were read by the loader workers, not by the main process.
-    data_reads = events[events["kind"].isin(["read", "pread64"]) & events["path"].str.startswith("/data/", na=False)]
-    assert set(data_reads["comm"].astype(str)) <= {"pt_data_worker", "python"} and data_reads["pid"].nunique() == 2
+    data_reads = events[
+        events["kind"].isin(["read", "pread64"]) & events["path"].str.startswith("/data/", na=False)
+    ]
+    assert (
+        set(data_reads["comm"].astype(str)) <= {"pt_data_worker", "python"}
+        and data_reads["pid"].nunique() == 2
+    )
     phases = pd.read_parquet(run_dir / "phases.parquet")
     keys = set(phases["key"].astype(str))
-    assert {"init", "run", "epoch", "checkpoint", "accelerator_busy", "all_compute", "load_batch_mem", "sample_load"} <= keys
+    assert {
+        "init",
+        "run",
+        "epoch",
+        "checkpoint",
+        "accelerator_busy",
+        "all_compute",
+        "load_batch_mem",
+        "sample_load",
+    } <= keys
     assert (phases["key"] == "sample_load").sum() == len(files) // 2
     assert list((run_dir / "out" / "checkpoints").glob("*.pt"))
 
 
-def test_unet3d_original_and_instrumented_runs_complete(images, unet3d_data: Path, runs_root: Path) -> None:
+def test_unet3d_original_and_instrumented_runs_complete(
+    images, unet3d_data: Path, runs_root: Path
+) -> None:
     original = _unet3d_run(runs_root, unet3d_data, "original", max_steps=2)
     summary = json.loads((original / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 2
     phases = pd.read_parquet(original / "phases.parquet")
-    assert "model_forward_pass" not in set(phases["key"].astype(str))  # only instrumented logs phases
+    assert "model_forward_pass" not in set(
+        phases["key"].astype(str)
+    )  # only instrumented logs phases
     checkpoint_writes = _events(original)
-    ckpt = checkpoint_writes[checkpoint_writes["path"].str.contains("/twintrace/out/checkpoints/", na=False)]
+    ckpt = checkpoint_writes[
+        checkpoint_writes["path"].str.contains("/twintrace/out/checkpoints/", na=False)
+    ]
     assert ckpt.loc[ckpt["kind"].isin(["write", "writev", "pwrite64"]), "bytes"].sum() > 0
 
     instrumented = _unet3d_run(runs_root, unet3d_data, "instrumented", max_steps=2)
     phases = pd.read_parquet(instrumented / "phases.parquet")
-    per_step = {"load_batch_mem", "load_batch_gpu", "model_forward_pass", "loss_tensor_calc",
-                "model_backward_pass", "model_optim_step", "all_compute"}
+    per_step = {
+        "load_batch_mem",
+        "load_batch_gpu",
+        "model_forward_pass",
+        "loss_tensor_calc",
+        "model_backward_pass",
+        "model_optim_step",
+        "all_compute",
+    }
     counts = phases[phases["key"].isin(per_step)].groupby("key").size()
     assert set(counts.index) == per_step and (counts == 2).all()

@@ -34,10 +34,19 @@ def _phases(run_dir: Path) -> pd.DataFrame:
 
 def _run(runs_root: Path, data: Path, workload: str, variant: str, **settings: object) -> Path:
     options = settings.pop("options", {})
-    config = WORKLOADS[workload].config(variant, epochs=1, workers=2, checkpoint_every=0,
-                                        options=options, **settings)
-    run_dir = trace(TraceRequest(image=f"twintrace/{workload}:{variant}", command=None, label=workload,
-                                 runs_root=runs_root, config=config, data_dir=data))
+    config = WORKLOADS[workload].config(
+        variant, epochs=1, workers=2, checkpoint_every=0, options=options, **settings
+    )
+    run_dir = trace(
+        TraceRequest(
+            image=f"twintrace/{workload}:{variant}",
+            command=None,
+            label=workload,
+            runs_root=runs_root,
+            config=config,
+            data_dir=data,
+        )
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["lost_events"] == 0
     return run_dir
@@ -60,7 +69,9 @@ def dlrm_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("variant", ["sleep", "original"])
-def test_dlrm_reads_one_contiguous_batch_per_step(images, dlrm_data: Path, runs_root: Path, variant: str) -> None:
+def test_dlrm_reads_one_contiguous_batch_per_step(
+    images, dlrm_data: Path, runs_root: Path, variant: str
+) -> None:
     from workloads.dlrm.files import RECORD_BYTES, load_dataset
 
     data = load_dataset(dlrm_data)
@@ -114,7 +125,9 @@ def test_image_folder_run_opens_and_reads_every_training_image_once(
     from workloads.images.files import load_image_data
 
     data = load_image_data(folder_data)
-    run_dir = _run(runs_root, folder_data, workload, variant, batch_size=4, options={"image_size": 64})
+    run_dir = _run(
+        runs_root, folder_data, workload, variant, batch_size=4, options={"image_size": 64}
+    )
     assert _steps(run_dir) == -(-len(data.train) // 4)
     events = _events(run_dir)
     for sample in data.train:
@@ -125,8 +138,10 @@ def test_image_folder_run_opens_and_reads_every_training_image_once(
         assert read == sample.path.stat().st_size, path
 
 
-@pytest.mark.parametrize(("workload", "variant"), [("resnet18", "sleep"), ("alexnet", "sleep"), ("resnet50", "sleep"),
-                                                   ("resnet50", "original")])
+@pytest.mark.parametrize(
+    ("workload", "variant"),
+    [("resnet18", "sleep"), ("alexnet", "sleep"), ("resnet50", "sleep"), ("resnet50", "original")],
+)
 def test_grouped_images_open_each_group_once_and_no_image_file(
     images, grouped_data: Path, runs_root: Path, workload: str, variant: str
 ) -> None:
@@ -134,13 +149,19 @@ def test_grouped_images_open_each_group_once_and_no_image_file(
 
     data = load_image_data(grouped_data)
     assert data.layout == "grouped" and data.group_size == 4
-    run_dir = _run(runs_root, grouped_data, workload, variant, batch_size=8, options={"image_size": 64})
+    run_dir = _run(
+        runs_root, grouped_data, workload, variant, batch_size=8, options={"image_size": 64}
+    )
     # Each step takes batch_size / G = 2 groups: one open and one whole read per group file.
     assert _steps(run_dir) == -(-len(data.train) // 2)
     events = _events(run_dir)
-    data_opens = events[(events["kind"] == "openat") & events["path"].str.startswith("/data/", na=False)]
+    data_opens = events[
+        (events["kind"] == "openat") & events["path"].str.startswith("/data/", na=False)
+    ]
     groups = data_opens[data_opens["path"].str.endswith(".bin")]
-    assert sorted(groups["path"]) == sorted(f"/data/{g.path.relative_to(grouped_data)}" for g in data.train)
+    assert sorted(groups["path"]) == sorted(
+        f"/data/{g.path.relative_to(grouped_data)}" for g in data.train
+    )
     assert not data_opens["path"].str.upper().str.endswith((".JPEG", ".JPG")).any()
     for group in data.train:
         path = f"/data/{group.path.relative_to(grouped_data)}"
@@ -163,17 +184,23 @@ def bert_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("variant", ["sleep", "original"])
-def test_bert_reads_every_shard_once_interleaved(images, bert_data: Path, runs_root: Path, variant: str) -> None:
+def test_bert_reads_every_shard_once_interleaved(
+    images, bert_data: Path, runs_root: Path, variant: str
+) -> None:
     from workloads.bert.files import count_records, list_shards
 
     shards = list_shards(bert_data)
     assert len(shards) >= 4
     records = sum(count_records(s) for s in shards)
     settings = {"max_steps": 3} if variant == "original" else {}
-    options = {"hidden": 32, "layers": 1, "heads": 2, "intermediate": 64} if variant == "original" else {}
+    options = (
+        {"hidden": 32, "layers": 1, "heads": 2, "intermediate": 64} if variant == "original" else {}
+    )
     run_dir = _run(runs_root, bert_data, "bert", variant, batch_size=8, options=options, **settings)
     events = _events(run_dir)
-    opens = events[(events["kind"] == "openat") & events["path"].str.startswith("/data/part-", na=False)]
+    opens = events[
+        (events["kind"] == "openat") & events["path"].str.startswith("/data/part-", na=False)
+    ]
     if variant == "sleep":
         # A whole epoch: every shard opened exactly once by the loader workers and read
         # completely, several shards open at once (interleaved), reads of up to 256 KiB. (The
@@ -181,13 +208,26 @@ def test_bert_reads_every_shard_once_interleaved(images, bert_data: Path, runs_r
         workers = events["comm"].astype(str) == "pt_data_worker"
         opens = opens[workers[opens.index]]
         assert sorted(opens["path"]) == sorted(f"/data/{s.name}" for s in shards)
-        reads = events[events["kind"].isin(READS) & events["path"].str.startswith("/data/part-", na=False) & workers]
+        reads = events[
+            events["kind"].isin(READS)
+            & events["path"].str.startswith("/data/part-", na=False)
+            & workers
+        ]
         for shard in shards:
-            assert reads.loc[reads["path"] == f"/data/{shard.name}", "bytes"].sum() == shard.stat().st_size
+            assert (
+                reads.loc[reads["path"] == f"/data/{shard.name}", "bytes"].sum()
+                == shard.stat().st_size
+            )
         assert reads["bytes"].max() <= 256 * 1024
-        closes = events[(events["kind"] == "close") & events["path"].str.startswith("/data/part-", na=False) & workers]
+        closes = events[
+            (events["kind"] == "close")
+            & events["path"].str.startswith("/data/part-", na=False)
+            & workers
+        ]
         first_close = closes["ts_ns"].min()
-        assert (opens["ts_ns"] < first_close).sum() >= 2  # a second shard opened before the first closed
+        assert (
+            opens["ts_ns"] < first_close
+        ).sum() >= 2  # a second shard opened before the first closed
         # Every full batch of each worker's records is a step.
         assert _steps(run_dir) <= records // 8
         assert (_phases(run_dir)["key"] == "batch_load").sum() >= _steps(run_dir)

@@ -30,17 +30,31 @@ def command(name: str, out: Path, cgroup_id: int, ready_file: Path) -> list[str]
     """The bpftrace argument list for one script; run it with ``ready_file``'s directory as cwd."""
     exe = shutil.which("bpftrace")
     if exe is None:
-        raise UserError("bpftrace is not installed: run `make setup` (apt-get install bpftrace) as root")
+        raise UserError(
+            "bpftrace is not installed: run `make setup` (apt-get install bpftrace) as root"
+        )
     # --unsafe: only for BEGIN's system("touch READY_FILE"), the readiness signal. The file is
     # named relative to bpftrace's working directory: a long literal path would not fit, with
     # the 200-byte strings, in BEGIN's 512-byte BPF stack.
-    return [exe, "--unsafe", "-B", "full", "-o", str(out), str(script_path(name)), str(cgroup_id), ready_file.name]
+    return [
+        exe,
+        "--unsafe",
+        "-B",
+        "full",
+        "-o",
+        str(out),
+        str(script_path(name)),
+        str(cgroup_id),
+        ready_file.name,
+    ]
 
 
 class Tracer:
     """The bpftrace processes of one run, writing into ``raw_dir``."""
 
-    def __init__(self, raw_dir: Path, ctl_dir: Path, cgroup_id: int, scripts: tuple[str, ...] = SCRIPTS):
+    def __init__(
+        self, raw_dir: Path, ctl_dir: Path, cgroup_id: int, scripts: tuple[str, ...] = SCRIPTS
+    ):
         self.raw_dir = raw_dir
         self.ctl_dir = ctl_dir
         self.cgroup_id = cgroup_id
@@ -56,8 +70,12 @@ class Tracer:
             ready[name].unlink(missing_ok=True)
             argv = command(name, self.raw_dir / f"{name}.txt", self.cgroup_id, ready[name])
             self.children[name] = ChildProcess(
-                argv, self.raw_dir / f"{name}.stdout", self.raw_dir / f"{name}.stderr", env=env,
-                name=f"bpftrace {name}.bt", cwd=self.ctl_dir,
+                argv,
+                self.raw_dir / f"{name}.stdout",
+                self.raw_dir / f"{name}.stderr",
+                env=env,
+                name=f"bpftrace {name}.bt",
+                cwd=self.ctl_dir,
             )
         for name, child in self.children.items():
             child.wait_until(ready[name].exists, timeout, "its probes attached")
@@ -73,4 +91,3 @@ class Tracer:
             if code is not None:
                 return f"bpftrace {name}.bt exited early with code {code}: {child.stderr_tail(5)}"
         return None
-

@@ -54,7 +54,9 @@ class BindMount:
         return cls(source, parts[1], mode == "ro")
 
     def to_docker(self) -> Mount:
-        return Mount(target=self.target, source=str(self.source), type="bind", read_only=self.read_only)
+        return Mount(
+            target=self.target, source=str(self.source), type="bind", read_only=self.read_only
+        )
 
 
 def client() -> docker.DockerClient:
@@ -138,7 +140,9 @@ def main_pid(container: docker.models.containers.Container, timeout: float = 30.
         if state.get("Pid"):
             return int(state["Pid"])
         if state.get("Status") in ("exited", "dead"):
-            raise UserError(f"container exited before it could be traced: {container.logs(tail=5).decode(errors='replace')}")
+            raise UserError(
+                f"container exited before it could be traced: {container.logs(tail=5).decode(errors='replace')}"
+            )
         time.sleep(0.05)
     raise UserError(f"container {container.short_id} did not start within {timeout:.0f} s")
 
@@ -154,7 +158,9 @@ def release(ctl_dir: Path, timeout: float = 30.0) -> None:
             break
         except OSError as exc:
             if exc.errno != errno.ENXIO or time.monotonic() > deadline:
-                raise UserError(f"the container never reached its start barrier ({exc.strerror})") from None
+                raise UserError(
+                    f"the container never reached its start barrier ({exc.strerror})"
+                ) from None
             time.sleep(0.01)
     try:
         os.write(fd, b"go\n")

@@ -96,7 +96,14 @@ class RunSpec:
     @property
     def config_key(self) -> tuple[Any, ...]:
         """The configuration without the variant: runs that differ only in it are compared."""
-        return (self.workload, self.batch_size, self.accelerators, self.workers, self.memory_limit, self.repetition)
+        return (
+            self.workload,
+            self.batch_size,
+            self.accelerators,
+            self.workers,
+            self.memory_limit,
+            self.repetition,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +122,9 @@ class Experiment:
         for d in self.datasets:
             if d.name == name:
                 return d
-        raise UserError(f"{self.path}: workload {workload} has no dataset (set [workloads.{workload}] dataset)")
+        raise UserError(
+            f"{self.path}: workload {workload} has no dataset (set [workloads.{workload}] dataset)"
+        )
 
 
 def _table(data: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
@@ -178,7 +187,9 @@ def load_experiment(path: Path) -> Experiment:
     settings = _table(data.get("settings", {}), f"{path}: [settings]", SETTINGS_KEYS)
     workloads = _table(data.get("workloads", {}), f"{path}: [workloads]", tuple(WORKLOADS))
     for w, table in workloads.items():
-        _table(table, f"{path}: [workloads.{w}]", ("dataset", "options", "batch_size", *SETTINGS_KEYS))
+        _table(
+            table, f"{path}: [workloads.{w}]", ("dataset", "options", "batch_size", *SETTINGS_KEYS)
+        )
     produce = _table(data.get("produce", {}), f"{path}: [produce]", PRODUCE_KEYS)
     runs = []
     for values in itertools.product(*axes.values(), range(1, repetitions + 1)):
@@ -192,11 +203,18 @@ def load_experiment(path: Path) -> Experiment:
                 runs.append(dataclasses.replace(spec, batch_size=b))
             continue
         if spec.batch_size == 0:  # the workload's default
-            spec = dataclasses.replace(spec, batch_size=WORKLOADS[spec.workload].config("original").batch_size)
+            spec = dataclasses.replace(
+                spec, batch_size=WORKLOADS[spec.workload].config("original").batch_size
+            )
         runs.append(spec)
     experiment = Experiment(
-        name=name, description=head.get("description", ""), datasets=tuple(datasets), runs=tuple(runs),
-        settings=settings, workloads=workloads, produce={k: bool(produce.get(k, False)) for k in PRODUCE_KEYS},
+        name=name,
+        description=head.get("description", ""),
+        datasets=tuple(datasets),
+        runs=tuple(runs),
+        settings=settings,
+        workloads=workloads,
+        produce={k: bool(produce.get(k, False)) for k in PRODUCE_KEYS},
         path=path,
     )
     for w in axes["workload"]:
@@ -235,9 +253,13 @@ def _load_state(path: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}): move it away to start the experiment afresh") from None
+        raise UserError(
+            f"{path} is not valid JSON ({exc}): move it away to start the experiment afresh"
+        ) from None
     if state.get("schema_version") != STATE_VERSION:
-        raise UserError(f"{path} has schema_version {state.get('schema_version')!r}, this twintrace reads {STATE_VERSION}")
+        raise UserError(
+            f"{path} has schema_version {state.get('schema_version')!r}, this twintrace reads {STATE_VERSION}"
+        )
     return state
 
 
@@ -265,8 +287,15 @@ def ensure_datasets(experiment: Experiment, data_root: Path, log: Log) -> dict[s
         if (path / "manifest.json").exists():
             continue
         log(f"generating dataset {d.name} ({d.generator}, {d.size}) in {path}")
-        generate(d.generator, path, parse_size(d.size), seed=d.seed, force=path.exists(), scale=d.scale,
-                 group_size=d.group_size)
+        generate(
+            d.generator,
+            path,
+            parse_size(d.size),
+            seed=d.seed,
+            force=path.exists(),
+            scale=d.scale,
+            group_size=d.group_size,
+        )
     return paths
 
 
@@ -289,14 +318,23 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
         entry = state["runs"].get(spec.key, {})
         if entry.get("status") == "completed" and _completed(entry.get("run_dir")):
             log(f"[{i}/{total}] {spec.key}: already completed, skipped")
-            outcomes.append(Outcome(spec.key, "skipped", entry["run_dir"], None, entry.get("duration_s")))
+            outcomes.append(
+                Outcome(spec.key, "skipped", entry["run_dir"], None, entry.get("duration_s"))
+            )
             continue
         log(f"[{i}/{total}] {spec.key}")
         per_workload = experiment.workloads.get(spec.workload, {})
-        settings = {**experiment.settings, **{k: v for k, v in per_workload.items() if k in SETTINGS_KEYS}}
+        settings = {
+            **experiment.settings,
+            **{k: v for k, v in per_workload.items() if k in SETTINGS_KEYS},
+        }
         config = WORKLOADS[spec.workload].config(
-            spec.variant, batch_size=spec.batch_size, accelerators=spec.accelerators, workers=spec.workers,
-            options=dict(per_workload.get("options", {})), **settings,
+            spec.variant,
+            batch_size=spec.batch_size,
+            accelerators=spec.accelerators,
+            workers=spec.workers,
+            options=dict(per_workload.get("options", {})),
+            **settings,
         )
         data = datasets[experiment.dataset_for(spec.workload).name]
         started = time.monotonic()
@@ -304,10 +342,17 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
         run_dir: Path | None = None
         error = None
         try:
-            run_dir = trace(TraceRequest(
-                image=workload_tag(spec.workload, spec.variant), command=None, label=spec.workload,
-                runs_root=runs_root, config=config, data_dir=data, memory_limit=spec.memory_limit or None,
-            ))
+            run_dir = trace(
+                TraceRequest(
+                    image=workload_tag(spec.workload, spec.variant),
+                    command=None,
+                    label=spec.workload,
+                    runs_root=runs_root,
+                    config=config,
+                    data_dir=data,
+                    memory_limit=spec.memory_limit or None,
+                )
+            )
             status = "completed"
         except UserError as exc:
             status, error = "failed", str(exc)
@@ -316,16 +361,23 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
             log(f"[{i}/{total}] {spec.key} failed: {error}")
         duration = time.monotonic() - started
         state["runs"][spec.key] = {
-            "status": status, "run_dir": str(run_dir) if run_dir else None, "error": error,
-            "duration_s": round(duration, 2), "spec": dataclasses.asdict(spec),
+            "status": status,
+            "run_dir": str(run_dir) if run_dir else None,
+            "error": error,
+            "duration_s": round(duration, 2),
+            "spec": dataclasses.asdict(spec),
         }
         _write_state(state_path, state)
-        outcomes.append(Outcome(spec.key, status, str(run_dir) if run_dir else None, error, duration))
+        outcomes.append(
+            Outcome(spec.key, status, str(run_dir) if run_dir else None, error, duration)
+        )
     produce_outputs(experiment, state, home, log)
     return outcomes
 
 
-def produce_outputs(experiment: Experiment, state: dict[str, Any], home: Path, log: Log) -> list[Path]:
+def produce_outputs(
+    experiment: Experiment, state: dict[str, Any], home: Path, log: Log
+) -> list[Path]:
     """Timelines, breakdowns and comparisons of the completed runs, as the file asks."""
     from analysis.rundir import load_run
 
@@ -349,11 +401,17 @@ def produce_outputs(experiment: Experiment, state: dict[str, Any], home: Path, l
         from analysis.breakdown import write_breakdown
 
         for workload in sorted({s.workload for s, _ in done.values()}):
-            runs = [r for s, r in done.values() if s.workload == workload and s.variant in ("instrumented", "sleep")]
+            runs = [
+                r
+                for s, r in done.values()
+                if s.workload == workload and s.variant in ("instrumented", "sleep")
+            ]
             for variant in ("instrumented", "sleep"):
                 chosen = [r for r in runs if r.variant == variant]
                 if chosen:
-                    written.append(write_breakdown(chosen, home / "breakdowns" / f"{workload}-{variant}.html"))
+                    written.append(
+                        write_breakdown(chosen, home / "breakdowns" / f"{workload}-{variant}.html")
+                    )
     if experiment.produce.get("compare"):
         from analysis.compare_report import write_comparison_report
         from analysis.similarity import compare_runs
@@ -363,8 +421,14 @@ def produce_outputs(experiment: Experiment, state: dict[str, Any], home: Path, l
             if "original" in runs and "sleep" in runs:
                 comparison = compare_runs(runs["original"], runs["sleep"])
                 name = "-".join(str(k) for k in key if k != "")
-                written.append(write_comparison_report(
-                    runs["original"], runs["sleep"], comparison, home / "comparisons" / f"{name}.html"))
+                written.append(
+                    write_comparison_report(
+                        runs["original"],
+                        runs["sleep"],
+                        comparison,
+                        home / "comparisons" / f"{name}.html",
+                    )
+                )
                 scores[name] = comparison.to_dict()
         if scores:
             path = home / "comparisons" / "scores.json"

@@ -30,14 +30,23 @@ class Check:
 
 def _is_root() -> Check:
     ok = os.geteuid() == 0
-    return Check("root", ok, "running as root" if ok else f"running as uid {os.geteuid()}",
-                 "run as root (sudo): bpftrace and cgroup access need it")
+    return Check(
+        "root",
+        ok,
+        "running as root" if ok else f"running as uid {os.geteuid()}",
+        "run as root (sudo): bpftrace and cgroup access need it",
+    )
 
 
 def _bpftrace() -> Check:
     exe = shutil.which("bpftrace")
     if exe is None:
-        return Check("bpftrace", False, "not installed", "run `make setup` as root (apt-get install bpftrace)")
+        return Check(
+            "bpftrace",
+            False,
+            "not installed",
+            "run `make setup` as root (apt-get install bpftrace)",
+        )
     try:
         out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -45,13 +54,19 @@ def _bpftrace() -> Check:
     match = re.search(r"v?(\d+)\.(\d+)", out)
     version = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
     ok = version >= MIN_BPFTRACE
-    return Check("bpftrace", ok, out.strip(), f"install bpftrace >= {'.'.join(map(str, MIN_BPFTRACE))}")
+    return Check(
+        "bpftrace", ok, out.strip(), f"install bpftrace >= {'.'.join(map(str, MIN_BPFTRACE))}"
+    )
 
 
 def _tracefs() -> Check:
     ok = (TRACEFS / "events").is_dir()
-    return Check("tracefs", ok, f"{TRACEFS} mounted" if ok else f"{TRACEFS} is empty",
-                 f"mount it: `mount -t tracefs nodev {TRACEFS}` (or `make setup`)")
+    return Check(
+        "tracefs",
+        ok,
+        f"{TRACEFS} mounted" if ok else f"{TRACEFS} is empty",
+        f"mount it: `mount -t tracefs nodev {TRACEFS}` (or `make setup`)",
+    )
 
 
 def needed_tracepoints() -> list[str]:
@@ -65,10 +80,18 @@ def needed_tracepoints() -> list[str]:
 def _tracepoints() -> Check:
     if not (TRACEFS / "events").is_dir():
         return Check("tracepoints", False, "tracefs not mounted", "mount tracefs first")
-    missing = [tp for tp in needed_tracepoints() if not (TRACEFS / "events" / tp.replace(":", "/")).is_dir()]
+    missing = [
+        tp
+        for tp in needed_tracepoints()
+        if not (TRACEFS / "events" / tp.replace(":", "/")).is_dir()
+    ]
     ok = not missing
-    return Check("tracepoints", ok, f"all {len(needed_tracepoints())} present" if ok else f"missing: {', '.join(missing[:6])}",
-                 "use a kernel with syscall, block, filemap and sched tracepoints (CONFIG_FTRACE_SYSCALLS)")
+    return Check(
+        "tracepoints",
+        ok,
+        f"all {len(needed_tracepoints())} present" if ok else f"missing: {', '.join(missing[:6])}",
+        "use a kernel with syscall, block, filemap and sched tracepoints (CONFIG_FTRACE_SYSCALLS)",
+    )
 
 
 def _cgroups() -> Check:
@@ -88,8 +111,15 @@ def _docker() -> Check:
     try:
         version = client().version()
     except UserError as exc:
-        return Check("docker daemon", False, str(exc).split(":")[0], "run `make setup` as root (installs docker.io, starts dockerd)")
-    return Check("docker daemon", True, f"Docker {version.get('Version')} (API {version.get('ApiVersion')})")
+        return Check(
+            "docker daemon",
+            False,
+            str(exc).split(":")[0],
+            "run `make setup` as root (installs docker.io, starts dockerd)",
+        )
+    return Check(
+        "docker daemon", True, f"Docker {version.get('Version')} (API {version.get('ApiVersion')})"
+    )
 
 
 def _base_image() -> Check:
@@ -111,21 +141,41 @@ def _disk(path: Path) -> Callable[[], Check]:
         target = path if path.exists() else Path.cwd()
         free = shutil.disk_usage(target).free
         ok = free >= MIN_FREE_BYTES
-        return Check("disk space", ok, f"{free / 1e9:.1f} GB free at {target}",
-                     f"free at least {MIN_FREE_BYTES / 1e9:.0f} GB for images, datasets and runs")
+        return Check(
+            "disk space",
+            ok,
+            f"{free / 1e9:.1f} GB free at {target}",
+            f"free at least {MIN_FREE_BYTES / 1e9:.0f} GB for images, datasets and runs",
+        )
 
     return check
 
 
 def doctor(runs_root: Path = Path("runs")) -> list[Check]:
     """Run every check; never raises for a failed check."""
-    checks = [_is_root, _bpftrace, _tracefs, _tracepoints, _cgroups, _docker, _base_image, _disk(runs_root)]
+    checks = [
+        _is_root,
+        _bpftrace,
+        _tracefs,
+        _tracepoints,
+        _cgroups,
+        _docker,
+        _base_image,
+        _disk(runs_root),
+    ]
     results = []
     for check in checks:
         try:
             results.append(check())
         except Exception as exc:  # a check that crashes is a failed check, not a crashed doctor
-            results.append(Check(check.__name__.strip("_"), False, f"check failed: {exc!r}", "report this as a bug"))
+            results.append(
+                Check(
+                    check.__name__.strip("_"),
+                    False,
+                    f"check failed: {exc!r}",
+                    "report this as a bug",
+                )
+            )
     return results
 
 

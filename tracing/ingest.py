@@ -117,12 +117,16 @@ def parse_syscalls(path: Path, stats: ParseStats) -> pd.DataFrame:
             "pid": df["pid"],
             "tid": df["tid"],
             "comm": df["comm"],
-            "fd": np.where((kind == "openat").to_numpy(), np.where(ret >= 0, ret, -1), df["fd"]).astype(np.int32),
+            "fd": np.where(
+                (kind == "openat").to_numpy(), np.where(ret >= 0, ret, -1), df["fd"]
+            ).astype(np.int32),
             "path": df["path"].where(df["path"] != "", None),
             "bytes": np.where(is_rw, np.maximum(ret, 0), np.where(is_mmap, arg, 0)),
             "count": np.ones(len(df), dtype=np.int64),
             "ret": ret,
-            "offset": np.where(is_pos, arg, np.where((kind == "lseek").to_numpy() & (ret >= 0), ret, -1)),
+            "offset": np.where(
+                is_pos, arg, np.where((kind == "lseek").to_numpy() & (ret >= 0), ret, -1)
+            ),
             "latency_ns": df["latency_ns"],
             "dev": None,
             "in_container": True,
@@ -136,11 +140,16 @@ def parse_block(path: Path, stats: ParseStats) -> pd.DataFrame:
     df = _read_tsv(path, _BLOCK_COLUMNS, stats)
     rwbs = df["rwbs"].astype(str)
     kind = np.where(
-        rwbs.str.contains("R", regex=False), "block_read",
+        rwbs.str.contains("R", regex=False),
+        "block_read",
         np.where(rwbs.str.contains("W", regex=False), "block_write", "block_other"),
     )
     dev = df["dev"].to_numpy()
-    dev_str = pd.Series((dev >> 20).astype(str), dtype=object) + ":" + pd.Series((dev & 0xFFFFF).astype(str), dtype=object)
+    dev_str = (
+        pd.Series((dev >> 20).astype(str), dtype=object)
+        + ":"
+        + pd.Series((dev & 0xFFFFF).astype(str), dtype=object)
+    )
     return pd.DataFrame(
         {
             "ts_ns": df["ts_ns"],
@@ -177,7 +186,9 @@ def parse_cache(path: Path, stats: ParseStats) -> pd.DataFrame:
                 match = _CACHE_RE.match(line)
                 if match:
                     ts_col.append(ts)
-                    rows.append((match.group(1), int(match.group(2)), match.group(3), int(match.group(4))))
+                    rows.append(
+                        (match.group(1), int(match.group(2)), match.group(3), int(match.group(4)))
+                    )
                 elif _LOST_RE.match(line):
                     stats.lost_events += int(_LOST_RE.match(line).group(1))
     pages = np.array([r[3] for r in rows], dtype=np.int64)
@@ -244,12 +255,19 @@ def _descriptor_table(sys: pd.DataFrame) -> pd.DataFrame:
     The close itself still resolves to the file it closed.
     """
     table = sys.loc[(sys["kind"] == "openat") & (sys["fd"] >= 0), ["ts_ns", "pid", "fd", "path"]]
-    closes = sys.loc[(sys["kind"] == "close") & (sys["ret"] == 0) & (sys["fd"] >= 0), ["ts_ns", "pid", "fd"]]
+    closes = sys.loc[
+        (sys["kind"] == "close") & (sys["ret"] == 0) & (sys["fd"] >= 0), ["ts_ns", "pid", "fd"]
+    ]
     if len(closes):
-        tombstones = closes.assign(ts_ns=closes["ts_ns"] + 1, path=pd.Series(pd.NA, index=closes.index, dtype=table["path"].dtype))
+        tombstones = closes.assign(
+            ts_ns=closes["ts_ns"] + 1,
+            path=pd.Series(pd.NA, index=closes.index, dtype=table["path"].dtype),
+        )
         table = pd.concat([table, tombstones], ignore_index=True)
     table = table.sort_values("ts_ns", kind="stable")
-    dups = sys.loc[(sys["kind"] == "dup") & (sys["ret"] >= 0), ["ts_ns", "pid", "fd", "ret"]].sort_values("ts_ns", kind="stable")
+    dups = sys.loc[
+        (sys["kind"] == "dup") & (sys["ret"] >= 0), ["ts_ns", "pid", "fd", "ret"]
+    ].sort_values("ts_ns", kind="stable")
     if len(dups) == 0 or len(table) == 0:
         return table
     copies = table.iloc[0:0]
@@ -257,8 +275,14 @@ def _descriptor_table(sys: pd.DataFrame) -> pd.DataFrame:
         known = pd.concat([table, copies], ignore_index=True).sort_values("ts_ns", kind="stable")
         found = pd.merge_asof(dups, known, on="ts_ns", by=["pid", "fd"], direction="backward")
         found = found[found["path"].notna()]
-        copies = pd.DataFrame({"ts_ns": found["ts_ns"], "pid": found["pid"],
-                               "fd": found["ret"].astype(np.int32), "path": found["path"]})
+        copies = pd.DataFrame(
+            {
+                "ts_ns": found["ts_ns"],
+                "pid": found["pid"],
+                "fd": found["ret"].astype(np.int32),
+                "path": found["path"],
+            }
+        )
     return pd.concat([table, copies], ignore_index=True).sort_values("ts_ns", kind="stable")
 
 
@@ -273,20 +297,35 @@ def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
     fd_rows = sys.index[sys["kind"].isin(FD_KINDS) & (sys["fd"] >= 0)]
     if len(fd_rows) == 0 or len(opens) == 0:
         return sys
-    calls = sys.loc[fd_rows, ["ts_ns", "pid", "fd"]].assign(row=fd_rows).sort_values("ts_ns", kind="stable")
-    merged = pd.merge_asof(calls, opens.assign(seen=True), on="ts_ns", by=["pid", "fd"], direction="backward")
+    calls = (
+        sys.loc[fd_rows, ["ts_ns", "pid", "fd"]]
+        .assign(row=fd_rows)
+        .sort_values("ts_ns", kind="stable")
+    )
+    merged = pd.merge_asof(
+        calls, opens.assign(seen=True), on="ts_ns", by=["pid", "fd"], direction="backward"
+    )
     paths = pd.Series(merged["path"].to_numpy(), index=merged["row"].to_numpy())
     # Only descriptors this process never opened nor closed can be inherited from its parent.
     unresolved = merged[merged["seen"].isna()]
     if len(unresolved) and len(forks):
         parent = forks.drop_duplicates("ret", keep="first")
-        parent = pd.DataFrame({"pid": parent["ret"].astype(np.int32).to_numpy(),
-                               "ppid": parent["pid"].to_numpy(), "fork_ts": parent["ts_ns"].to_numpy()})
+        parent = pd.DataFrame(
+            {
+                "pid": parent["ret"].astype(np.int32).to_numpy(),
+                "ppid": parent["pid"].to_numpy(),
+                "fork_ts": parent["ts_ns"].to_numpy(),
+            }
+        )
         inherited = unresolved[["row", "pid", "fd"]].merge(parent, on="pid", how="inner")
         if len(inherited):
-            inherited = inherited.rename(columns={"fork_ts": "ts_ns"}).sort_values("ts_ns", kind="stable")
+            inherited = inherited.rename(columns={"fork_ts": "ts_ns"}).sort_values(
+                "ts_ns", kind="stable"
+            )
             parent_opens = opens.rename(columns={"pid": "ppid"})
-            found = pd.merge_asof(inherited, parent_opens, on="ts_ns", by=["ppid", "fd"], direction="backward")
+            found = pd.merge_asof(
+                inherited, parent_opens, on="ts_ns", by=["ppid", "fd"], direction="backward"
+            )
             found = found[found["path"].notna()]
             paths.loc[found["row"].to_numpy()] = found["path"].to_numpy()
     sys.loc[paths.index, "path"] = paths.to_numpy()
@@ -301,8 +340,17 @@ def build_events(raw_dir: Path) -> tuple[pa.Table, ParseStats]:
     proc = drop_thread_forks(proc, np.unique(sys["pid"].to_numpy()))
     forks = proc[proc["kind"] == "fork"]
     sys = resolve_paths(sys, forks)
-    frames = [sys, parse_block(raw_dir / "block.txt", stats), parse_cache(raw_dir / "cache.txt", stats), proc]
-    events = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[0]
+    frames = [
+        sys,
+        parse_block(raw_dir / "block.txt", stats),
+        parse_cache(raw_dir / "cache.txt", stats),
+        proc,
+    ]
+    events = (
+        pd.concat([f for f in frames if len(f)], ignore_index=True)
+        if any(len(f) for f in frames)
+        else frames[0]
+    )
     events = events.sort_values("ts_ns", kind="stable", ignore_index=True)
     events["kind"] = events["kind"].astype(str)
     table = pa.Table.from_pandas(events, preserve_index=False)
@@ -317,8 +365,9 @@ def build_samples(raw_dir: Path) -> pd.DataFrame:
     if not path.exists() or path.stat().st_size == 0:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
     # The sampler may have been stopped mid-line: on_bad_lines drops a cut-off last line.
-    df = pd.read_csv(path, dtype={"ts_ns": "Int64", "metric": "string", "unit": "string"},
-                     on_bad_lines="skip")
+    df = pd.read_csv(
+        path, dtype={"ts_ns": "Int64", "metric": "string", "unit": "string"}, on_bad_lines="skip"
+    )
     df["value"] = pd.to_numeric(df["value"], errors="coerce")
     df = df.dropna()
     return df.astype(columns)

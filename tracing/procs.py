@@ -60,7 +60,9 @@ class ChildProcess:
                     preexec_fn=_die_with_parent,
                 )
             except FileNotFoundError:
-                raise UserError(f"{self.argv[0]} is not installed: run `make setup` as root") from None
+                raise UserError(
+                    f"{self.argv[0]} is not installed: run `make setup` as root"
+                ) from None
 
     @property
     def pid(self) -> int:
@@ -78,7 +80,9 @@ class ChildProcess:
         deadline = time.monotonic() + timeout
         while not ready():
             if self.poll() is not None:
-                raise ChildFailed(self, f"{self.name} exited with code {self.returncode} before {what}")
+                raise ChildFailed(
+                    self, f"{self.name} exited with code {self.returncode} before {what}"
+                )
             if time.monotonic() > deadline:
                 raise ChildFailed(self, f"{self.name} did not get {what} within {timeout:.0f} s")
             time.sleep(0.02)
@@ -117,4 +121,3 @@ class ChildFailed(UserError):
         tail = child.stderr_tail()
         super().__init__(f"{message}" + (f"; its stderr ends with:\n{tail}" if tail else ""))
         self.child = child
-

@@ -39,7 +39,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
+    atomic_write_bytes(
+        path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode()
+    )
 
 
 def atomic_write_parquet(path: Path, table: pa.Table) -> None:
@@ -72,11 +74,20 @@ def new_run_dir(root: Path, label: str, variant: str | None) -> Path:
 def git_revision() -> str | None:
     """HEAD of the twintrace checkout, with -dirty when there are local changes."""
     try:
-        rev = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        rev = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if rev.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -145,7 +156,9 @@ def load_json_checked(path: Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"{path} does not exist: is {path.parent} a twintrace run directory? (`./cli.py runs` lists runs)") from None
+        raise UserError(
+            f"{path} does not exist: is {path.parent} a twintrace run directory? (`./cli.py runs` lists runs)"
+        ) from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path} is not valid JSON ({exc}): the run directory is damaged") from None
     version = data.get("schema_version")

@@ -93,7 +93,9 @@ def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
     image_id = container.image_id(cli, request.image)
     command = request.command or container.default_command(cli, request.image)
 
-    run_dir = new_run_dir(request.runs_root, request.label, request.config.variant if request.config else None)
+    run_dir = new_run_dir(
+        request.runs_root, request.label, request.config.variant if request.config else None
+    )
     raw, ctl, out = run_dir / "raw", run_dir / "ctl", run_dir / "out"
     mounts = list(request.mounts)
     if request.data_dir is not None:
@@ -110,7 +112,10 @@ def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
             "sample_interval_s": request.sample_interval,
             "memory_limit": request.memory_limit,
             "cpus": request.cpus,
-            "mounts": [{"source": str(m.source), "target": m.target, "read_only": m.read_only} for m in mounts],
+            "mounts": [
+                {"source": str(m.source), "target": m.target, "read_only": m.read_only}
+                for m in mounts
+            ],
             "enabled": request.tracing,
             "bpftrace_scripts": list(bpftrace.SCRIPTS) if request.tracing else [],
         },
@@ -127,8 +132,15 @@ def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
         with _sigterm_as_interrupt():
             try:
                 ctr = container.start_held(
-                    cli, request.image, command, ctl, mounts, run_dir.name,
-                    request.memory_limit, request.cpus, request.environment,
+                    cli,
+                    request.image,
+                    command,
+                    ctl,
+                    mounts,
+                    run_dir.name,
+                    request.memory_limit,
+                    request.cpus,
+                    request.environment,
                 )
                 manifest["container_id"] = ctr.id
                 cgroups = cgroups_of(container.main_pid(ctr))
@@ -141,7 +153,9 @@ def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
                     tracer.start()
                 container.release(ctl)
                 manifest["start_ns"] = time.monotonic_ns()
-                atomic_write_json(run_dir / "manifest.json", manifest)  # still "running", now with ids
+                atomic_write_json(
+                    run_dir / "manifest.json", manifest
+                )  # still "running", now with ids
                 progress(f"workload released ({request.image})")
                 code = _wait(ctr, tracer, request.timeout_s)
                 manifest["end_ns"] = time.monotonic_ns()
@@ -223,7 +237,9 @@ def _shutdown(cli: Any, ctr: Any, tracer: Any, sampler: Any, run_dir: Path, mani
         raise first_error
 
 
-def _process(run_dir: Path, manifest: dict, status: str, error: str | None) -> tuple[str, str | None]:
+def _process(
+    run_dir: Path, manifest: dict, status: str, error: str | None
+) -> tuple[str, str | None]:
     """Write events/samples/phases parquet and summary.json from raw/. Returns (status, error)."""
     raw = run_dir / "raw"
     try:
@@ -231,8 +247,13 @@ def _process(run_dir: Path, manifest: dict, status: str, error: str | None) -> t
         samples = ingest.build_samples(raw)
         phases = ingest.build_phases(raw)
         atomic_write_parquet(run_dir / "events.parquet", events)
-        for name, frame, columns in (("samples", samples, SAMPLES_COLUMNS), ("phases", phases, PHASES_COLUMNS)):
-            table = pa.Table.from_pandas(frame[list(columns)], schema=arrow_schema(columns), preserve_index=False)
+        for name, frame, columns in (
+            ("samples", samples, SAMPLES_COLUMNS),
+            ("phases", phases, PHASES_COLUMNS),
+        ):
+            table = pa.Table.from_pandas(
+                frame[list(columns)], schema=arrow_schema(columns), preserve_index=False
+            )
             atomic_write_parquet(run_dir / f"{name}.parquet", table)
         manifest["lost_events"] = stats.lost_events
         start, end = manifest.get("start_ns"), manifest.get("end_ns")
@@ -252,4 +273,3 @@ def _process(run_dir: Path, manifest: dict, status: str, error: str | None) -> t
         else:
             error = f"{error}; processing the trace also failed: {exc!r}"
     return status, error
-

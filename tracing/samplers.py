@@ -53,7 +53,9 @@ class _Gpus:
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self.handles = [
+                pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+            ]
         except Exception:  # no driver, no library or no device: sample no GPU
             self.handles = []
 
@@ -62,8 +64,11 @@ class _Gpus:
         for i, handle in enumerate(self.handles):
             util = self._nvml.nvmlDeviceGetUtilizationRates(handle)
             mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
-            rows += [(f"gpu{i}_util", util.gpu, "percent"), (f"gpu{i}_mem_util", util.memory, "percent"),
-                     (f"gpu{i}_mem_used", mem.used, "bytes")]
+            rows += [
+                (f"gpu{i}_util", util.gpu, "percent"),
+                (f"gpu{i}_mem_util", util.memory, "percent"),
+                (f"gpu{i}_mem_used", mem.used, "bytes"),
+            ]
         return rows
 
     def close(self) -> None:
@@ -74,7 +79,9 @@ class _Gpus:
 class Sampler:
     """Samples a container's cgroup, the host CPU and GPUs on a background thread."""
 
-    def __init__(self, out_csv: Path, cgroups: ProcessCgroups | None, interval: float = 0.1) -> None:
+    def __init__(
+        self, out_csv: Path, cgroups: ProcessCgroups | None, interval: float = 0.1
+    ) -> None:
         self.out_csv = out_csv
         self.cgroups = cgroups
         self.interval = interval
@@ -124,7 +131,12 @@ class Sampler:
                 usage_ns = usec * 1000 if usec is not None else None
                 stat = _read_keyed(cg.v2_dir / "memory.stat")
                 mem = {"rss": stat.get("anon"), "cache": stat.get("file")}
-        return {"t": time.monotonic_ns(), "usage_ns": usage_ns, "mem": mem, "host": _host_cpu_times()}
+        return {
+            "t": time.monotonic_ns(),
+            "usage_ns": usage_ns,
+            "mem": mem,
+            "host": _host_cpu_times(),
+        }
 
     @staticmethod
     def _write(out: TextIO, prev: dict, cur: dict, gpus: _Gpus) -> None:
@@ -132,7 +144,9 @@ class Sampler:
         dt = max(1, cur["t"] - prev["t"])
         rows: list[tuple[str, float, str]] = []
         if cur["usage_ns"] is not None and prev["usage_ns"] is not None:
-            rows.append(("container_cpu", 100.0 * (cur["usage_ns"] - prev["usage_ns"]) / dt, "percent"))
+            rows.append(
+                ("container_cpu", 100.0 * (cur["usage_ns"] - prev["usage_ns"]) / dt, "percent")
+            )
         if cur["mem"].get("rss") is not None:
             rows.append(("container_mem_rss", cur["mem"]["rss"], "bytes"))
         if cur["mem"].get("cache") is not None:
@@ -142,7 +156,11 @@ class Sampler:
         by_name = dict(zip(_HOST_CPU_FIELDS, deltas, strict=True))
         rows += [
             ("host_cpu_user", 100.0 * (by_name["user"] + by_name["nice"]) / total, "percent"),
-            ("host_cpu_system", 100.0 * (by_name["system"] + by_name["irq"] + by_name["softirq"]) / total, "percent"),
+            (
+                "host_cpu_system",
+                100.0 * (by_name["system"] + by_name["irq"] + by_name["softirq"]) / total,
+                "percent",
+            ),
             ("host_cpu_iowait", 100.0 * by_name["iowait"] / total, "percent"),
             ("host_cpu_idle", 100.0 * by_name["idle"] / total, "percent"),
         ]

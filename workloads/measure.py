@@ -55,7 +55,9 @@ class MeasureSettings:
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device must be cpu or cuda, got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
-            raise UserError("device cuda asked for, but no GPU is visible to torch: use --device cpu")
+            raise UserError(
+                "device cuda asked for, but no GPU is visible to torch: use --device cpu"
+            )
         if self.warmup < 0 or self.min_steps < 2 or self.max_steps < self.min_steps:
             raise UserError("need warmup >= 0, min_steps >= 2 and max_steps >= min_steps")
         if not 0 < self.cv_target < 1:
@@ -98,8 +100,12 @@ def measure(
     spec = get_workload(workload)
     largest = max(settings.batch_sizes)
     config = spec.config(
-        "instrumented", batch_size=largest, workers=0, device=settings.device,
-        seed=settings.seed, options=options or {},
+        "instrumented",
+        batch_size=largest,
+        workers=0,
+        device=settings.device,
+        seed=settings.seed,
+        options=options or {},
     )
     module, _, name = spec.task.partition(":")
     task = getattr(importlib.import_module(module), name).create(config, Path(data_dir))
@@ -125,7 +131,9 @@ def measure(
             f"(cv of the mean {cv:.3f}, of a step {times.std() / times.mean():.3f})"
         )
         if not met:
-            notes.append(f"batch {b}: cv {cv:.3f} above the target {settings.cv_target} after {times.size} steps")
+            notes.append(
+                f"batch {b}: cv {cv:.3f} above the target {settings.cv_target} after {times.size} steps"
+            )
     fit = fit_points(points)
     measured = {
         "command": command or " ".join(sys.argv),
@@ -157,7 +165,9 @@ def measure(
     return profile, [*fit.warnings, *notes]
 
 
-def _time_steps(compute: ModelCompute, batch: Any, s: MeasureSettings) -> tuple[np.ndarray, float, bool]:
+def _time_steps(
+    compute: ModelCompute, batch: Any, s: MeasureSettings
+) -> tuple[np.ndarray, float, bool]:
     for _ in range(s.warmup):
         compute.train_step(batch, [])
     times: list[float] = []

@@ -114,5 +114,7 @@ def fit_points(points: Sequence[PointSamples]) -> Fit:
             + ": the table is used there"
         )
     if any(mean_model(t.g, t.b) < 0 for t in table):
-        warnings.append("the mean model is negative at a measured configuration: the table is used there")
+        warnings.append(
+            "the mean model is negative at a measured configuration: the table is used there"
+        )
     return Fit(Normal(mean_model, std_model), tuple(table), mean_r2, std_r2, tuple(warnings))

@@ -133,7 +133,11 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             datagen="images",
             defaults={"batch_size": 8},
         )
-        for model, title in (("resnet18", "ResNet-18"), ("resnet50", "ResNet-50"), ("alexnet", "AlexNet"))
+        for model, title in (
+            ("resnet18", "ResNet-18"),
+            ("resnet50", "ResNet-50"),
+            ("alexnet", "AlexNet"),
+        )
     },
 }
 

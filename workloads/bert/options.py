@@ -45,7 +45,9 @@ class BertOptions:
                 f"bert option hidden ({self.hidden}) must be a multiple of heads ({self.heads})"
             )
         if not 0.0 < self.eval_fraction < 1.0:
-            raise UserError(f"bert option eval_fraction must be in (0, 1), got {self.eval_fraction}")
+            raise UserError(
+                f"bert option eval_fraction must be in (0, 1), got {self.eval_fraction}"
+            )
         if self.optimizer not in ("adam", "sgd"):
             raise UserError(f"bert option optimizer must be adam or sgd, got {self.optimizer!r}")
         if self.learning_rate <= 0:

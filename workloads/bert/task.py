@@ -74,8 +74,13 @@ class BertTask(Task):
         return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
 
     def _loader(
-        self, shards: tuple[Path, ...], train: bool, config: WorkloadConfig, rank: int,
-        device: torch.device, emitter: Emitter,
+        self,
+        shards: tuple[Path, ...],
+        train: bool,
+        config: WorkloadConfig,
+        rank: int,
+        device: torch.device,
+        emitter: Emitter,
     ) -> Loader:
         dataset = BertBatches(
             shards,
@@ -103,14 +108,19 @@ class BertTask(Task):
         if not self.eval_shards:
             return None
         # Evaluation reads every held-out shard on every rank: shards are few.
-        return self._loader(self.eval_shards, False, config.replace(accelerators=1), 0, device, emitter)
+        return self._loader(
+            self.eval_shards, False, config.replace(accelerators=1), 0, device, emitter
+        )
 
     def to_device(self, batch: Any, device: torch.device) -> Any:
         return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
     def forward(self, net: nn.Module, batch: Any) -> Any:
         return net(
-            batch["input_ids"], batch["input_mask"], batch["segment_ids"], batch["masked_lm_positions"]
+            batch["input_ids"],
+            batch["input_mask"],
+            batch["segment_ids"],
+            batch["masked_lm_positions"],
         )
 
     def loss(self, outputs: Any, batch: Any) -> torch.Tensor:

@@ -14,7 +14,9 @@ def parse_layers(text: str, where: str) -> tuple[int, ...]:
     try:
         layers = tuple(int(part) for part in str(text).split("-"))
     except ValueError:
-        raise UserError(f"{where} must be layer widths joined by '-', e.g. 512-256-128, got {text!r}") from None
+        raise UserError(
+            f"{where} must be layer widths joined by '-', e.g. 512-256-128, got {text!r}"
+        ) from None
     if not layers or min(layers) < 1:
         raise UserError(f"{where} must list positive layer widths, got {text!r}")
     return layers
@@ -50,7 +52,9 @@ class DLRMOptions:
         bottom = parse_layers(self.bottom_mlp, "dlrm option bottom_mlp")
         top = parse_layers(self.top_mlp, "dlrm option top_mlp")
         if self.embedding_dim < 1:
-            raise UserError(f"dlrm option embedding_dim must be at least 1, got {self.embedding_dim}")
+            raise UserError(
+                f"dlrm option embedding_dim must be at least 1, got {self.embedding_dim}"
+            )
         if bottom[-1] != self.embedding_dim:
             raise UserError(
                 f"dlrm option bottom_mlp must end at embedding_dim ({self.embedding_dim}), got "
@@ -61,7 +65,9 @@ class DLRMOptions:
         if self.max_ind_range < 0 or self.eval_batches < 0:
             raise UserError("dlrm options max_ind_range and eval_batches must not be negative")
         if self.optimizer not in ("sgd", "adagrad", "adam"):
-            raise UserError(f"dlrm option optimizer must be sgd, adagrad or adam, got {self.optimizer!r}")
+            raise UserError(
+                f"dlrm option optimizer must be sgd, adagrad or adam, got {self.optimizer!r}"
+            )
         if self.learning_rate <= 0:
             raise UserError(f"dlrm option learning_rate must be positive, got {self.learning_rate}")
 

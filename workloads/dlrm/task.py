@@ -62,14 +62,20 @@ class DLRMTask(Task):
         # With the counts, a corrupt index or label is an error naming the file and offset
         # rather than an embedding IndexError deep in the model.
         return DLRMBatches(
-            path, records, batch_size, max_ind_range=self.model_config.max_ind_range,
-            emitter=emitter, counts=self.data.counts,
+            path,
+            records,
+            batch_size,
+            max_ind_range=self.model_config.max_ind_range,
+            emitter=emitter,
+            counts=self.data.counts,
         )
 
     def train_loader(
         self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
     ) -> Loader:
-        dataset = self._dataset(self.data.train, self.data.train_records, config.batch_size, emitter)
+        dataset = self._dataset(
+            self.data.train, self.data.train_records, config.batch_size, emitter
+        )
         return sharded_loader(dataset, config, rank, device, batch_size=None, shuffle=True)
 
     def eval_loader(
@@ -77,9 +83,13 @@ class DLRMTask(Task):
     ) -> Loader | None:
         if self.data.test_records < config.batch_size:
             return None
-        dataset: Any = self._dataset(self.data.test, self.data.test_records, config.batch_size, emitter)
+        dataset: Any = self._dataset(
+            self.data.test, self.data.test_records, config.batch_size, emitter
+        )
         if self.options.eval_batches:
-            dataset = torch.utils.data.Subset(dataset, range(min(len(dataset), self.options.eval_batches)))
+            dataset = torch.utils.data.Subset(
+                dataset, range(min(len(dataset), self.options.eval_batches))
+            )
         return sharded_loader(dataset, config, rank, device, batch_size=None, shuffle=False)
 
     def to_device(self, batch: Any, device: torch.device) -> Any:

@@ -37,7 +37,9 @@ class ImageOptions:
         if self.optimizer not in ("sgd", "adam"):
             raise UserError(f"image option optimizer must be sgd or adam, got {self.optimizer!r}")
         if self.learning_rate <= 0:
-            raise UserError(f"image option learning_rate must be positive, got {self.learning_rate}")
+            raise UserError(
+                f"image option learning_rate must be positive, got {self.learning_rate}"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ImageOptions:

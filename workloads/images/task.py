@@ -51,18 +51,35 @@ class ImageTask(Task):
         return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
 
     def _loader(
-        self, items: tuple[Any, ...], train: bool, config: WorkloadConfig, rank: int,
-        device: torch.device, emitter: Emitter,
+        self,
+        items: tuple[Any, ...],
+        train: bool,
+        config: WorkloadConfig,
+        rank: int,
+        device: torch.device,
+        emitter: Emitter,
     ) -> Loader:
-        common = {"image_size": self.options.image_size, "train": train, "seed": config.seed, "emitter": emitter}
+        common = {
+            "image_size": self.options.image_size,
+            "train": train,
+            "seed": config.seed,
+            "emitter": emitter,
+        }
         if self.data.layout == "grouped":
             dataset: Any = GroupedImageDataset(items, **common)
             return sharded_loader(
-                dataset, config, rank, device, batch_size=config.batch_size // self.data.group_size,
-                shuffle=train, collate_fn=collate_groups,
+                dataset,
+                config,
+                rank,
+                device,
+                batch_size=config.batch_size // self.data.group_size,
+                shuffle=train,
+                collate_fn=collate_groups,
             )
         dataset = ImageFolderDataset(items, **common)
-        return sharded_loader(dataset, config, rank, device, batch_size=config.batch_size, shuffle=train)
+        return sharded_loader(
+            dataset, config, rank, device, batch_size=config.batch_size, shuffle=train
+        )
 
     def train_loader(
         self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter

@@ -69,8 +69,13 @@ class UNet3DTask(Task):
         return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
 
     def _loader(
-        self, cases: tuple[Case, ...], train: bool, config: WorkloadConfig, rank: int,
-        device: torch.device, emitter: Emitter,
+        self,
+        cases: tuple[Case, ...],
+        train: bool,
+        config: WorkloadConfig,
+        rank: int,
+        device: torch.device,
+        emitter: Emitter,
     ) -> Loader:
         dataset = UNet3DDataset(
             cases, self.options.patch_size, seed=config.seed, augment=train, emitter=emitter
