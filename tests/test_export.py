@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from analysis import export
@@ -30,121 +27,20 @@ from analysis.export import (
 from analysis.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
-    SAMPLES_COLUMNS,
-    arrow_schema,
-    empty_frame,
     load_run,
+)
+from tests.synthetic import (  # noqa: F401
+    SEC,
+    START_NS,
+    events_frame,
+    make_run,
+    manifest,
+    phases_frame,
+    samples_frame,
 )
 from workloads.errors import UserError
 
-START_NS = 5_000_000_000_000
-SEC = 1_000_000_000
 US = 1_000
-
-EVENT_DEFAULTS: dict[str, Any] = {
-    "kind": "read",
-    "pid": 100,
-    "tid": None,
-    "comm": "python",
-    "fd": 3,
-    "path": None,
-    "bytes": 0,
-    "count": 1,
-    "ret": 0,
-    "offset": -1,
-    "latency_ns": 1000,
-    "dev": None,
-    "in_container": True,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers (as in tests/test_timeline.py)
-
-
-def events_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """Events with documented defaults; ``t`` is seconds after START_NS (or give ``ts_ns``)."""
-    records = []
-    for row in rows:
-        record = {**EVENT_DEFAULTS, **row}
-        if "t" in record:
-            record["ts_ns"] = START_NS + round(record.pop("t") * SEC)
-        if record["tid"] is None:
-            record["tid"] = record["pid"]
-        records.append(record)
-    frame = pd.DataFrame(records, columns=list(EVENTS_COLUMNS))
-    return frame.sort_values("ts_ns", kind="stable").astype(dict(EVENTS_COLUMNS))
-
-
-def samples_frame(rows: Iterable[tuple[float, str, float, str]]) -> pd.DataFrame:
-    frame = pd.DataFrame(
-        [(START_NS + round(t * SEC), m, v, u) for t, m, v, u in rows], columns=list(SAMPLES_COLUMNS)
-    )
-    return frame.astype(dict(SAMPLES_COLUMNS))
-
-
-def phases_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    records = []
-    for row in rows:
-        t0 = START_NS + round(row["t0"] * SEC)
-        t1 = START_NS + round(row.get("t1", row["t0"]) * SEC)
-        records.append(
-            {
-                "ts_ns": t0,
-                "end_ns": t1,
-                "duration_ns": t1 - t0,
-                "key": row["key"],
-                "kind": row.get("kind", "interval" if t1 > t0 else "point"),
-                "rank": row.get("rank", 0),
-                "pid": row.get("pid", 7),
-                "epoch": row.get("epoch", -1),
-                "step": row.get("step", -1),
-                "value": json.dumps(row.get("value")),
-            }
-        )
-    return pd.DataFrame(records, columns=list(PHASES_COLUMNS)).astype(dict(PHASES_COLUMNS))
-
-
-def manifest(run_id: str, **changes: Any) -> dict[str, Any]:
-    workload, variant = run_id.split("-")[2:4]
-    data: dict[str, Any] = {
-        "schema_version": 1,
-        "twintrace_version": "0.1.0",
-        "run_id": run_id,
-        "status": "completed",
-        "error": None,
-        "config": {"workload": workload, "variant": variant, "batch_size": 2, "accelerators": 1},
-        "trace": {"sample_interval_s": 1.0, "mounts": []},
-        "start_ns": START_NS,
-        "end_ns": START_NS + 10 * SEC,
-        "exit_code": 0,
-        "lost_events": 0,
-    }
-    data.update(changes)
-    return data
-
-
-def make_run(
-    root: Path,
-    run_id: str = "20261121-163005-unet3d-sleep-3f2a",
-    events: pd.DataFrame | None = None,
-    samples: pd.DataFrame | None = None,
-    phases: pd.DataFrame | None = None,
-    **manifest_changes: Any,
-) -> Path:
-    run_dir = root / run_id
-    run_dir.mkdir(parents=True)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest(run_id, **manifest_changes)))
-    tables = {
-        "events": (events, EVENTS_COLUMNS),
-        "samples": (samples, SAMPLES_COLUMNS),
-        "phases": (phases, PHASES_COLUMNS),
-    }
-    for name, (frame, columns) in tables.items():
-        frame = empty_frame(columns) if frame is None else frame
-        table = pa.Table.from_pandas(frame, schema=arrow_schema(columns), preserve_index=False)
-        pq.write_table(table, run_dir / f"{name}.parquet")
-    return run_dir
 
 
 def export_json(run_dir: Path, out: Path) -> dict[str, Any]:
@@ -191,10 +87,10 @@ def small_run(tmp_path: Path) -> Path:
     )
     phases = phases_frame(
         [
-            {"key": "epoch", "t0": 1, "t1": 8, "epoch": 1, "value": {"steps": 1}},
-            {"key": "load_batch_mem", "t0": 1, "t1": 1.5, "epoch": 1, "step": 0},
-            {"key": "sample_load", "t0": 1.1, "t1": 1.4, "epoch": 1, "pid": 9},
-            {"key": "step_end", "t0": 3, "epoch": 1, "step": 0, "value": 2},
+            {"key": "epoch", "t0": 1, "t1": 8, "epoch": 1, "value": {"steps": 1}, "rank": 0},
+            {"key": "load_batch_mem", "t0": 1, "t1": 1.5, "epoch": 1, "step": 0, "rank": 0},
+            {"key": "sample_load", "t0": 1.1, "t1": 1.4, "epoch": 1, "pid": 9, "rank": 0},
+            {"key": "step_end", "t0": 3, "epoch": 1, "step": 0, "value": 2, "rank": 0},
         ]
     )
     return make_run(tmp_path, events=events, samples=samples, phases=phases)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -39,133 +37,17 @@ from analysis.timeline import (
     timeline_figure,
     write_timeline,
 )
+from tests.synthetic import (  # noqa: F401
+    MIB,
+    SEC,
+    START_NS,
+    events_frame,
+    make_run,
+    manifest,
+    phases_frame,
+    samples_frame,
+)
 from workloads.errors import UserError
-
-START_NS = 5_000_000_000_000  # boot-relative, like CLOCK_MONOTONIC on a host up ~83 minutes
-SEC = 1_000_000_000
-MIB = 2**20
-
-EVENT_DEFAULTS: dict[str, Any] = {
-    "kind": "read",
-    "pid": 100,
-    "tid": None,  # same as pid
-    "comm": "python",
-    "fd": 3,
-    "path": None,
-    "bytes": 0,
-    "count": 1,
-    "ret": 0,
-    "offset": -1,
-    "latency_ns": 1000,
-    "dev": None,
-    "in_container": True,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers
-
-
-def events_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """Events with documented defaults; ``t`` is seconds after START_NS (or give ``ts_ns``)."""
-    records = []
-    for row in rows:
-        record = {**EVENT_DEFAULTS, **row}
-        if "t" in record:
-            record["ts_ns"] = START_NS + round(record.pop("t") * SEC)
-        if record["tid"] is None:
-            record["tid"] = record["pid"]
-        if record["kind"] in ("read", "write", "pread64", "pwrite64", "readv", "writev"):
-            record.setdefault("ret", record["bytes"])
-        records.append(record)
-    frame = pd.DataFrame(records, columns=list(EVENTS_COLUMNS))
-    return frame.sort_values("ts_ns", kind="stable").astype(dict(EVENTS_COLUMNS))
-
-
-def samples_frame(rows: Iterable[tuple[float, str, float, str]]) -> pd.DataFrame:
-    """Samples from (seconds after START_NS, metric, value, unit)."""
-    frame = pd.DataFrame(
-        [(START_NS + round(t * SEC), m, v, u) for t, m, v, u in rows], columns=list(SAMPLES_COLUMNS)
-    )
-    return frame.astype(dict(SAMPLES_COLUMNS))
-
-
-def phases_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """Phases from dicts with ``key``, ``t0``, ``t1`` (seconds), optional kind/rank/epoch/step."""
-    records = []
-    for row in rows:
-        t0 = START_NS + round(row["t0"] * SEC)
-        t1 = START_NS + round(row.get("t1", row["t0"]) * SEC)
-        records.append(
-            {
-                "ts_ns": t0,
-                "end_ns": t1,
-                "duration_ns": t1 - t0,
-                "key": row["key"],
-                "kind": row.get("kind", "interval" if t1 > t0 else "point"),
-                "rank": row.get("rank", -1),
-                "pid": 7,
-                "epoch": row.get("epoch", -1),
-                "step": row.get("step", -1),
-                "value": json.dumps(row.get("value")),
-            }
-        )
-    return pd.DataFrame(records, columns=list(PHASES_COLUMNS)).astype(dict(PHASES_COLUMNS))
-
-
-def manifest(run_id: str, **changes: Any) -> dict[str, Any]:
-    """A complete schema-1 manifest (docs/run-format.md), 10 s long."""
-    workload, variant = run_id.split("-")[2:4]
-    data: dict[str, Any] = {
-        "schema_version": 1,
-        "twintrace_version": "0.1.0",
-        "run_id": run_id,
-        "status": "completed",
-        "error": None,
-        "git_revision": "0" * 40,
-        "image": {"tag": f"twintrace/{workload}:latest", "id": "sha256:" + "1" * 64},
-        "command": ["python", "-m", f"workloads.{workload}"],
-        "config": {"workload": workload, "variant": variant, "epochs": 1, "batch_size": 2},
-        "trace": {"sample_interval_s": 1.0, "memory_limit": None, "cpus": None, "mounts": []},
-        "host": {"hostname": "test", "kernel": "6.8.0", "cpus": 2},
-        "container_id": "c" * 64,
-        "cgroup_id": 1234,
-        "started_at": "2026-11-21T16:30:05Z",
-        "ended_at": "2026-11-21T16:30:15Z",
-        "start_ns": START_NS,
-        "end_ns": START_NS + 10 * SEC,
-        "exit_code": 0,
-        "lost_events": 0,
-    }
-    data.update(changes)
-    return data
-
-
-def make_run(
-    root: Path,
-    run_id: str = "20261121-163005-unet3d-sleep-3f2a",
-    events: pd.DataFrame | None = None,
-    samples: pd.DataFrame | None = None,
-    phases: pd.DataFrame | None = None,
-    skip: Iterable[str] = (),
-    **manifest_changes: Any,
-) -> Path:
-    """Write a run directory under ``root``; tables not given are written empty unless skipped."""
-    run_dir = root / run_id
-    run_dir.mkdir(parents=True)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest(run_id, **manifest_changes)))
-    tables = {
-        "events": (events, EVENTS_COLUMNS),
-        "samples": (samples, SAMPLES_COLUMNS),
-        "phases": (phases, PHASES_COLUMNS),
-    }
-    for name, (frame, columns) in tables.items():
-        if name in skip:
-            continue
-        frame = empty_frame(columns) if frame is None else frame
-        table = pa.Table.from_pandas(frame, schema=arrow_schema(columns), preserve_index=False)
-        pq.write_table(table, run_dir / f"{name}.parquet")
-    return run_dir
 
 
 def lane_rows(fig: Any, lane: str) -> list[int]:
