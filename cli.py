@@ -66,6 +66,17 @@ def runs_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
+def runs_root_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--runs-root``: where run ids given as arguments are looked up."""
+    return click.option(
+        "--runs-root",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("runs"),
+        show_default=True,
+        help="Directory where run ids given as arguments are looked up.",
+    )(func)
+
+
 @click.group()
 @click.version_option(
     package_name=None, version=__import__("workloads").__version__, prog_name="twintrace"
@@ -538,12 +549,7 @@ def plot() -> None:
     default=None,
     help="HTML file (default: timeline.html in the first run directory).",
 )
-@click.option(
-    "--runs-root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("runs"),
-    show_default=True,
-)
+@runs_root_option
 @user_errors
 def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path) -> None:
     """Write a timeline of one or more runs, stacked on a common time axis; print its path.
@@ -576,12 +582,7 @@ def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path)
     default=None,
     help="Directory for compare.html and comparison.json (default: the emulated run's directory).",
 )
-@click.option(
-    "--runs-root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("runs"),
-    show_default=True,
-)
+@runs_root_option
 @user_errors
 def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_root: Path) -> None:
     """Score how closely an emulated run stresses the storage stack like a real one: per
@@ -631,12 +632,7 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
     help="HTML file (default: breakdown.html in the first run directory).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown table as JSON records.")
-@click.option(
-    "--runs-root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("runs"),
-    show_default=True,
-)
+@runs_root_option
 @user_errors
 def plot_breakdown(
     runs: tuple[str, ...], out_path: Path | None, as_json: bool, runs_root: Path
@@ -672,12 +668,7 @@ def plot_breakdown(
     default=None,
     help="perfetto: the JSON file (default RUN/trace.json); csv: a directory (default RUN/csv).",
 )
-@click.option(
-    "--runs-root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("runs"),
-    show_default=True,
-)
+@runs_root_option
 @user_errors
 def export(run: str, fmt: str, out_path: Path | None, runs_root: Path) -> None:
     """Export a run as a Chrome/Perfetto trace (open it at ui.perfetto.dev) or as CSV files;
@@ -715,12 +706,7 @@ def profile() -> None:
 @click.option(
     "--accelerator", default=None, help="Accelerator name to record (default: from the runs)."
 )
-@click.option(
-    "--runs-root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("runs"),
-    show_default=True,
-)
+@runs_root_option
 @user_errors
 def profile_fit(
     runs: tuple[str, ...], out_path: Path, accelerator: str | None, runs_root: Path

@@ -55,6 +55,7 @@ from datagen.common import (
     FileSink,
     FileTask,
     ProgressCallback,
+    check_size_bytes,
     prepare_output_dir,
     run_file_tasks,
     write_manifest,
@@ -408,13 +409,7 @@ def plan_bert_shards(
 
 
 def _check_size(size_bytes: int, params: BertGenParams) -> None:
-    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int):
-        raise UserError(
-            f"dataset size must be a whole number of bytes, got {size_bytes!r}: convert text "
-            "such as '2GiB' with workloads.units.parse_size"
-        )
-    if size_bytes <= 0:
-        raise UserError(f"dataset size must be greater than zero, got {size_bytes}")
+    check_size_bytes(size_bytes)
     minimum = max_record_bytes(params)
     if size_bytes < minimum:
         raise UserError(

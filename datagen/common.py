@@ -52,6 +52,21 @@ _POLL_S = 0.2
 
 
 # --------------------------------------------------------------------------------------------
+# Requests
+
+
+def check_size_bytes(size_bytes: int) -> None:
+    """Refuse a dataset size that is not a positive whole number of bytes (every generator)."""
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int):
+        raise UserError(
+            f"dataset size must be a whole number of bytes, got {size_bytes!r}: convert text "
+            "such as '2GiB' with workloads.units.parse_size"
+        )
+    if size_bytes <= 0:
+        raise UserError(f"dataset size must be greater than zero, got {size_bytes}")
+
+
+# --------------------------------------------------------------------------------------------
 # Output directory
 
 

@@ -77,6 +77,7 @@ from datagen.common import (
     FileTask,
     ProgressCallback,
     atomic_file,
+    check_size_bytes,
     prepare_output_dir,
     run_file_tasks,
     write_manifest,
@@ -258,13 +259,7 @@ def plan_images(size_bytes: int, seed: int = 0, params: ImageGenParams | None = 
     params = params or ImageGenParams()
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise UserError(f"seed must be a whole number >= 0, got {seed!r}")
-    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int):
-        raise UserError(
-            f"dataset size must be a whole number of bytes, got {size_bytes!r}: convert text "
-            "such as '2GiB' with workloads.units.parse_size"
-        )
-    if size_bytes <= 0:
-        raise UserError(f"dataset size must be greater than zero, got {size_bytes}")
+    check_size_bytes(size_bytes)
     floor = round(params.min_kb * 1000)
     mu, sigma = _lognormal_mu(params), params.size_sigma
     unit = max(1, params.group_size)

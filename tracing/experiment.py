@@ -51,6 +51,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tracing.rundir import atomic_write_json
 from workloads.config import VARIANTS
 from workloads.errors import UserError
 from workloads.registry import WORKLOADS
@@ -241,12 +242,6 @@ class Outcome:
 Log = Callable[[str], None]
 
 
-def _write_state(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def _load_state(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {"schema_version": STATE_VERSION, "runs": {}}
@@ -367,7 +362,7 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
             "duration_s": round(duration, 2),
             "spec": dataclasses.asdict(spec),
         }
-        _write_state(state_path, state)
+        atomic_write_json(state_path, state)
         outcomes.append(
             Outcome(spec.key, status, str(run_dir) if run_dir else None, error, duration)
         )
