@@ -15,9 +15,18 @@ SLC cache, a noisy neighbour on a VM) does not favour either:
 Each time runs until ``sync`` returns, so data still in the page cache is counted for both: dd
 flushes its own file (fdatasync), while the generator leaves write-back to the kernel (it does not
 fsync, see datagen.common.atomic_file) and pays for it in the ``sync``. Between measurements
-the output is deleted, ``sync``ed and the disk left idle for a second (untimed), so one writer's
-write-back or discards do not slow the next. A small untimed warm-up generation starts the
-worker server first (its start-up, reported on its own, is paid once per process).
+the disk is ``sync``ed and left idle for a second (untimed), so one writer's write-back or
+discards do not slow the next. A small untimed warm-up generation starts the worker server first
+(its start-up, reported on its own, is paid once per process).
+
+Each round's dataset goes to a new directory and all of them are deleted only after the
+generator's last round (so the disk needs room for rounds + 1 datasets). Why: on ext4 without a
+journal (this machine's root file system), the inode allocator skips inodes freed in the last
+60 s (longer while their inode table block is dirty), looking each one up; creating thousands of
+files just after deleting thousands costs up to ~1 ms of kernel CPU per file instead of ~25 us
+(seen as ``recently_deleted`` under ``__ext4_new_inode`` with ``perf``). A benchmark that deleted
+each round's dataset before the next would measure that, not the generator. (A user who
+regenerates a many-file dataset with ``--force`` right away pays it too.)
 
 Output: per generator and round, MB/s (10^6 bytes per second) of each writer and the ratio
 generator/dd; then the medians per generator. A ratio near 1 means the generator runs at disk
@@ -34,7 +43,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -67,16 +75,15 @@ def time_dd(directory: Path, size: int) -> tuple[float, int]:
 
 
 def time_generator(
-    name: str, directory: Path, size: int, workers: int | None, seed: int
+    name: str, out: Path, size: int, workers: int | None, seed: int
 ) -> tuple[float, int, float]:
-    """Seconds (generation + sync), bytes, and seconds of the sync alone, for one dataset."""
-    out = directory / name
+    """Seconds (generation + sync), bytes, and seconds of the sync alone, for one dataset in the
+    new directory ``out`` (left in place: see the module docstring)."""
     started = time.perf_counter()
-    manifest = generate(name, out, size, seed=seed, workers=workers, force=True)
+    manifest = generate(name, out, size, seed=seed, workers=workers)
     generated = time.perf_counter()
     os.sync()
     finished = time.perf_counter()
-    shutil.rmtree(out)
     return finished - started, manifest["total_bytes"], finished - generated
 
 
@@ -121,6 +128,14 @@ def main() -> int:
         for name in ("dd.bin", *args.generators):
             if (args.dir / name).exists():
                 raise UserError(f"{args.dir / name} exists: remove it or choose another --dir")
+        needed = (args.rounds + 1) * size
+        free = shutil.disk_usage(args.dir).free
+        if free < needed:
+            raise UserError(
+                f"{args.dir} has {format_size(free)} free; {args.rounds} rounds need "
+                f"{format_size(needed)} (rounds + 1 datasets): use fewer --rounds or a smaller "
+                "--size"
+            )
         return run(args, size)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -145,13 +160,26 @@ def bench_generator(name: str, args: argparse.Namespace, size: int) -> float:
     if name == "unet3d":
         print(f"array creation (CPU only, 1 process): {array_creation_rate():.0f} MB/s")
     settle()
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        warm = Path(tmp) / "warmup"
-        started = time.perf_counter()
-        generate(
-            name, warm, 24 << 20, workers=args.workers, scale=0.25 if name == "unet3d" else None
-        )
-        print(f"worker start-up + warm-up dataset: {time.perf_counter() - started:.2f} s")
+    outputs = directory / name
+    outputs.mkdir()
+    try:
+        return measure_rounds(name, args, size, outputs)
+    finally:
+        shutil.rmtree(outputs)
+        settle()
+
+
+def measure_rounds(name: str, args: argparse.Namespace, size: int, outputs: Path) -> float:
+    directory: Path = args.dir
+    started = time.perf_counter()
+    generate(
+        name,
+        outputs / "warmup",
+        24 << 20,
+        workers=args.workers,
+        scale=0.25 if name == "unet3d" else None,
+    )
+    print(f"worker start-up + warm-up dataset: {time.perf_counter() - started:.2f} s")
     settle()
 
     gen_rates, dd_rates, ratios = [], [], []
@@ -165,7 +193,7 @@ def bench_generator(name: str, args: argparse.Namespace, size: int) -> float:
                 results["dd"] = (nbytes / seconds / 1e6, 0.0)
             else:
                 seconds, nbytes, sync_s = time_generator(
-                    name, directory, size, args.workers, args.seed
+                    name, outputs / f"round{r + 1}", size, args.workers, args.seed
                 )
                 results["gen"] = (nbytes / seconds / 1e6, sync_s)
             settle()

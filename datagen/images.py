@@ -23,8 +23,8 @@ classes that receive an image get a folder.
 
 Why a pool of distinct images: Pillow encodes a 500x375 JPEG at ~2-4 ms per image (25-50 MB/s
 per core), far below disk speed (~400-700 MB/s here). So ``distinct_images`` (P, at most one per
-file) images are drawn and encoded once per dataset, in parallel (a first round of worker tasks
-writing them to a temporary directory of the system's, removed at the end), and every file is
+file) images are drawn and encoded once per dataset, in parallel (scratch files of 8 images each in
+a temporary directory of the system's, removed at the end), and every file is
 one of them made unique: after the JFIF APP0 segment it carries JPEG COM (comment) segments
 holding the file's index and random bytes (a slice, at an offset that depends on the index, of 8
 MiB drawn once per seed), sized so that the file has exactly its drawn size. The result is still
@@ -47,8 +47,10 @@ encoding) rather than fresh random numbers for every pixel. Resolutions are Imag
 4:2:0 subsampling at ``quality``.
 
 Cost: the pool is ~5-10 ms of CPU per image (P=256: 1.3-2.6 s of CPU, spread over the
-workers) plus one start of the worker pool; then writing is I/O: the grouped layout writes at
-close to disk speed, the folder layout at the file system's speed for creating small files.
+workers). It overlaps with writing: a dataset file is written as soon as the pool chunk it uses
+is ready, while the workers encode the next chunks (:func:`datagen.common.run_file_tasks`'s
+scratch files), so the disk is busy from the first chunk on. Writing a folder-layout file costs
+~0.2 ms of CPU (creating the file dominates: the file system's speed for small files).
 
 Determinism: the plan (sizes, splits, labels, which pool image each file uses) is drawn in the
 calling process from streams seeded by ``seed``; pool image ``j`` depends on (seed, j, its cap,
@@ -62,6 +64,7 @@ import csv
 import dataclasses
 import io
 import math
+import os
 import shutil
 import statistics
 import tempfile
@@ -441,31 +444,48 @@ def encode_pool_image(seed: int, j: int, cap: int, quality: int) -> bytes:
 def write_pool_chunk(
     sink: FileSink, seed: int, quality: int, first: int, caps: tuple[int, ...]
 ) -> dict[str, Any]:
-    """Write pool images ``first``, ``first + 1``, ... (one per cap) back to back."""
-    sizes = []
-    for k, cap in enumerate(caps):
-        data = encode_pool_image(seed, first + k, cap, quality)
+    """Write pool images ``first``, ``first + 1``, ... (one per cap): a chunk file.
+
+    Layout: the image count and each image's size (little-endian uint32s), then the images back
+    to back, so a reader finds image k from the file alone (see :func:`pool_chunk_images`).
+    """
+    images = [encode_pool_image(seed, first + k, cap, quality) for k, cap in enumerate(caps)]
+    sizes = [len(data) for data in images]
+    sink.write(np.array([len(images), *sizes], dtype="<u4").tobytes())
+    for data in images:
         sink.write(data)
-        sizes.append(len(data))
     return {"sizes": sizes}
+
+
+def pool_chunk_images(data: bytes) -> list[memoryview]:
+    """The images of a pool chunk file's bytes (see :func:`write_pool_chunk`)."""
+    count = int.from_bytes(data[:4], "little")
+    sizes = np.frombuffer(data, dtype="<u4", count=count, offset=4).tolist()
+    view = memoryview(data)
+    offset = 4 * (1 + count)
+    images = []
+    for size in sizes:
+        images.append(view[offset : offset + size])
+        offset += size
+    return images
 
 
 # --------------------------------------------------------------------------------------------
 # Dataset files
 
-PoolRef = tuple[str, int, int]
-"""Where a pool image lies: (pool chunk file, offset, length)."""
+PoolRef = tuple[str, int]
+"""Where a pool image lies: (pool chunk file, position in the chunk)."""
 
 # Pool chunk files read by this worker process: each is read once, then sliced.
-_chunk_cache: dict[str, bytes] = {}
+_chunk_cache: dict[str, list[memoryview]] = {}
 
 
 def _pool_bytes(ref: PoolRef) -> memoryview:
-    path, offset, length = ref
-    data = _chunk_cache.get(path)
-    if data is None:
-        data = _chunk_cache[path] = Path(path).read_bytes()
-    return memoryview(data)[offset : offset + length]
+    path, k = ref
+    images = _chunk_cache.get(path)
+    if images is None:
+        images = _chunk_cache[path] = pool_chunk_images(Path(path).read_bytes())
+    return images[k]
 
 
 _WRITE_BYTES = 16 << 20
@@ -550,7 +570,7 @@ def write_group_file(
 def _pool_tasks(caps: np.ndarray, seed: int, quality: int) -> list[FileTask]:
     return [
         FileTask(
-            name=f"pool_{first // _POOL_CHUNK:05d}.bin",
+            name=_pool_chunk_name(first),
             write=write_pool_chunk,
             args=(seed, quality, first, tuple(int(c) for c in caps[first : first + _POOL_CHUNK])),
             size_hint=int(caps[first : first + _POOL_CHUNK].sum() * _AIM),
@@ -559,21 +579,21 @@ def _pool_tasks(caps: np.ndarray, seed: int, quality: int) -> list[FileTask]:
     ]
 
 
-def _pool_refs(pool_dir: Path, records: list[dict[str, Any]]) -> list[PoolRef]:
-    refs: list[PoolRef] = []
-    for record in records:
-        path = str(pool_dir / record["name"])
-        offset = 0
-        for size in record["sizes"]:
-            refs.append((path, offset, size))
-            offset += size
-    return refs
+def _pool_chunk_name(j: int) -> str:
+    """The chunk file that holds pool image ``j``."""
+    return f"pool_{j // _POOL_CHUNK:05d}.bin"
 
 
-def image_tasks(plan: ImagePlan, seed: int, refs: list[PoolRef]) -> list[FileTask]:
-    """The file-writing tasks of a plan: one per image, or one per group of G images."""
+def image_tasks(plan: ImagePlan, seed: int, pool_dir: Path) -> list[FileTask]:
+    """The file-writing tasks of a plan: one per image, or one per group of G images.
+
+    Each waits for the pool chunk files (in ``pool_dir``) of its images.
+    """
     sizes = plan.sizes.tolist()
     pool = plan.pool.tolist()
+    # Per pool image, built once: a plan has tens of thousands of files but a few hundred images.
+    chunks = [_pool_chunk_name(j) for j in range(len(plan.caps))]
+    refs = [(os.path.join(pool_dir, chunks[j]), j % _POOL_CHUNK) for j in range(len(chunks))]
     if not plan.group_size:
         return [
             FileTask(
@@ -581,6 +601,7 @@ def image_tasks(plan: ImagePlan, seed: int, refs: list[PoolRef]) -> list[FileTas
                 write=write_image_file,
                 args=(seed, i, sizes[i], refs[pool[i]]),
                 size_hint=sizes[i],
+                after=(chunks[pool[i]],),
             )
             for i in range(plan.images)
         ]
@@ -588,13 +609,14 @@ def image_tasks(plan: ImagePlan, seed: int, refs: list[PoolRef]) -> list[FileTas
     g = plan.group_size
     for first in range(0, plan.images, g):
         split, k = plan.split_of(first)
-        members = tuple((i, sizes[i], refs[pool[i]]) for i in range(first, first + g))
+        members = range(first, first + g)
         tasks.append(
             FileTask(
                 name=group_name(split, k // g),
                 write=write_group_file,
-                args=(seed, members),
+                args=(seed, tuple((i, sizes[i], refs[pool[i]]) for i in members)),
                 size_hint=sum(sizes[first : first + g]),
+                after=tuple(sorted({chunks[pool[i]] for i in members})),
             )
         )
     return tasks
@@ -644,10 +666,10 @@ def generate_images(
     """Generate an image-classification dataset of about ``size_bytes`` in ``out``.
 
     The images are those of :func:`plan_images` (see there and the module docstring for the
-    layouts and the total). First the pool of distinct images is encoded by ``workers``
-    processes into a temporary directory (removed at the end), then the dataset files are
-    written, reported through ``progress(done_bytes, total_bytes)``, then (grouped layout) the
-    index files, then the manifest, last. ``out`` must be empty unless ``force`` (see
+    layouts and the total). ``workers`` processes encode the pool of distinct images into a
+    temporary directory (removed at the end) and write each dataset file once its pool images
+    are ready, reported through ``progress(done_bytes, total_bytes)``; then (grouped layout) the
+    index files are written, then the manifest, last. ``out`` must be empty unless ``force`` (see
     :func:`datagen.common.prepare_output_dir`); on failure or interruption the exception
     propagates and ``out`` has no ``manifest.json``. ``fsync``: see
     :func:`datagen.common.atomic_file`.
@@ -660,24 +682,30 @@ def generate_images(
     out = prepare_output_dir(Path(out), force)
     started = time.monotonic()
     if progress is not None:
-        # The pool is encoded before any dataset byte is written: show the total meanwhile.
+        # The first pool chunk is encoded before any dataset byte is written: show the total.
         progress(0, plan.total_bytes)
     pool_dir = Path(tempfile.mkdtemp(prefix="twintrace-image-pool-"))
     try:
-        pool_records = run_file_tasks(
-            pool_dir, _pool_tasks(plan.caps, seed, params.quality), workers=workers
-        )
-        refs = _pool_refs(pool_dir, pool_records)
         files = run_file_tasks(
-            out, image_tasks(plan, seed, refs), workers=workers, progress=progress, fsync=fsync
+            out,
+            image_tasks(plan, seed, pool_dir),
+            workers=workers,
+            progress=progress,
+            fsync=fsync,
+            scratch=_pool_tasks(plan.caps, seed, params.quality),
+            scratch_dir=pool_dir,
         )
+        pool_sizes = [
+            len(image)
+            for chunk in sorted(pool_dir.glob("pool_*.bin"))
+            for image in pool_chunk_images(chunk.read_bytes())
+        ]
     finally:
         shutil.rmtree(pool_dir, ignore_errors=True)
     if plan.group_size:
         files.append(write_index(out, plan, "train", fsync))
         if plan.n_val:
             files.append(write_index(out, plan, "val", fsync))
-    pool_sizes = [s for r in pool_records for s in r["sizes"]]
     return write_manifest(
         out,
         generator=GENERATOR,

@@ -453,3 +453,78 @@ def test_small_files_are_batched_and_parts_stay_alone() -> None:
     assert [len(b) for b in common.task_batches(big)] == [1, 1, 1]
     parts = [FileTask("one.bin", _write_quickly, (10,), 10, part=(i * 10, 10)) for i in range(2)]
     assert [len(b) for b in common.task_batches([*small[:3], *parts, *small[3:5]])] == [3, 1, 1, 2]
+
+
+# --------------------------------------------------------------------------------------------
+# Scratch files (intermediate files that dataset files are made from)
+
+
+def _write_scratch(sink: FileSink, payload: bytes, delay: float) -> dict:
+    time.sleep(delay)
+    sink.write(payload)
+    return {}
+
+
+def _copy_scratch(sink: FileSink, path: str) -> dict:
+    # Fails (FileNotFoundError) if it runs before its scratch file is complete.
+    sink.write(Path(path).read_bytes() * 2)
+    return {"copied": os.path.basename(path)}
+
+
+def test_tasks_wait_for_their_scratch_files_and_scratch_is_not_counted(tmp_path: Path) -> None:
+    scratch_dir = tmp_path / "scratch"
+    scratch_dir.mkdir()
+    # The first scratch file is slow: tasks on the second must not wait for it, tasks on the
+    # first must.
+    scratch = [
+        FileTask("a.bin", _write_scratch, (b"A" * 1000, 0.5), 1000),
+        FileTask("b.bin", _write_scratch, (b"B" * 10, 0.0), 10),
+    ]
+    tasks = [
+        FileTask(f"d/{i}.bin", _copy_scratch, (str(scratch_dir / n),), 20, after=(n,))
+        for i, n in enumerate(["a.bin", "b.bin", "a.bin", "b.bin"])
+    ]
+    calls: list[tuple[int, int]] = []
+    out = prepare_output_dir(tmp_path / "ds", force=False)
+    records = run_file_tasks(
+        out,
+        tasks,
+        workers=2,
+        progress=lambda d, t: calls.append((d, t)),
+        scratch=scratch,
+        scratch_dir=scratch_dir,
+    )
+    assert [r["name"] for r in records] == [t.name for t in tasks]
+    assert [r["bytes"] for r in records] == [2000, 20, 2000, 20]
+    assert (out / "d" / "0.bin").read_bytes() == b"A" * 2000
+    assert sorted(os.listdir(scratch_dir)) == ["a.bin", "b.bin"]
+    # Progress counts the dataset's bytes only.
+    assert calls[-1] == (4040, 4040)
+    assert max(d for d, _ in calls) == 4040
+
+
+def test_a_failing_scratch_task_stops_the_run_and_leaves_no_temporary_file(
+    tmp_path: Path,
+) -> None:
+    scratch_dir = tmp_path / "scratch"
+    scratch_dir.mkdir()
+    scratch = [FileTask("bad.bin", _write_then_fail, (100,), 100)]
+    tasks = [
+        FileTask("x.bin", _copy_scratch, (str(scratch_dir / "bad.bin"),), 10, after=("bad.bin",))
+    ]
+    out = prepare_output_dir(tmp_path / "ds", force=False)
+    with pytest.raises(RuntimeError, match="simulated disk failure"):
+        run_file_tasks(out, tasks, workers=2, scratch=scratch, scratch_dir=scratch_dir)
+    assert os.listdir(scratch_dir) == []
+    assert temp_files(out) == [] and not (out / "x.bin").exists()
+
+
+def test_scratch_tasks_are_checked() -> None:
+    task = FileTask("x.bin", _write_quickly, (1,), 1, after=("missing.bin",))
+    with pytest.raises(ValueError, match="no scratch task writes"):
+        run_file_tasks(Path("/nonexistent"), [task], scratch=[], scratch_dir=Path("/tmp"))
+    scratch = [FileTask("s.bin", _write_quickly, (1,), 1)]
+    with pytest.raises(ValueError, match="scratch_dir"):
+        run_file_tasks(Path("/nonexistent"), [task], scratch=scratch)
+    with pytest.raises(ValueError, match="distinct names"):
+        run_file_tasks(Path("/nonexistent"), [task], scratch=scratch * 2, scratch_dir=Path("/tmp"))
