@@ -15,9 +15,10 @@ SLC cache, a noisy neighbour on a VM) does not favour either:
 Each time runs until ``sync`` returns, so data still in the page cache is counted for both: dd
 flushes its own file (fdatasync), while the generator leaves write-back to the kernel (it does not
 fsync, see datagen.common.atomic_file) and pays for it in the ``sync``. Between measurements
-the disk is ``sync``ed and left idle for a second (untimed), so one writer's write-back or
-discards do not slow the next. A small untimed warm-up generation starts the worker server first
-(its start-up, reported on its own, is paid once per process).
+the disk is ``sync``ed, clean caches are dropped (as root) and the disk is left idle for a second
+(untimed), so one writer's write-back or discards do not slow the next. A small untimed warm-up
+generation starts the worker server first (its start-up, reported on its own, is paid once per
+process).
 
 Each round's dataset goes to a new directory and all of them are deleted only after the
 generator's last round (so the disk needs room for rounds + 1 datasets). Why: on ext4 without a
@@ -26,7 +27,10 @@ journal (this machine's root file system), the inode allocator skips inodes free
 files just after deleting thousands costs up to ~1 ms of kernel CPU per file instead of ~25 us
 (seen as ``recently_deleted`` under ``__ext4_new_inode`` with ``perf``). A benchmark that deleted
 each round's dataset before the next would measure that, not the generator. (A user who
-regenerates a many-file dataset with ``--force`` right away pays it too.)
+regenerates a many-file dataset with ``--force`` right away pays it too.) The check only looks at
+inode table blocks still in the cache, so, when run as root, the benchmark also drops clean caches
+(``/proc/sys/vm/drop_caches``) after each ``sync``: deletions made before it started do not count
+either.
 
 Output: per generator and round, MB/s (10^6 bytes per second) of each writer and the ratio
 generator/dd; then the medians per generator. A ratio near 1 means the generator runs at disk
@@ -49,7 +53,7 @@ from pathlib import Path
 # Run as a script from anywhere: make the repository's packages importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from datagen.common import FileSink  # noqa: E402
+from datagen.common import FileSink, set_worker_preload  # noqa: E402
 from datagen.registry import GENERATORS, generate  # noqa: E402
 from datagen.unet3d import write_case_x, write_case_y  # noqa: E402
 from workloads.errors import UserError  # noqa: E402
@@ -87,9 +91,20 @@ def time_generator(
     return finished - started, manifest["total_bytes"], finished - generated
 
 
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def can_drop_caches() -> bool:
+    return os.geteuid() == 0 and DROP_CACHES.exists()
+
+
 def settle() -> None:
-    # Flush the deletions (and let the device process their discards) before the next writer.
+    # Flush the deletions (and let the device process their discards) before the next writer,
+    # then evict clean caches: ext4's recently-deleted check only looks at inode table blocks
+    # still cached, so this also ends the effect of deletions made before the benchmark.
     os.sync()
+    if can_drop_caches():
+        DROP_CACHES.write_text("3\n")
     time.sleep(1.0)
 
 
@@ -145,6 +160,14 @@ def main() -> int:
 def run(args: argparse.Namespace, size: int) -> int:
     directory: Path = args.dir
     print(f"size {format_size(size)} per writer, dir {directory}, {args.rounds} rounds")
+    # One fork server for every generator measured, with all their modules, as each would have
+    # when run alone from the CLI.
+    set_worker_preload(GENERATORS[name][0] for name in args.generators)
+    if not can_drop_caches():
+        print(
+            "note: not root, so caches are not dropped between measurements: files deleted "
+            "in the last minutes may slow file creation (see the module docstring)"
+        )
     medians = {}
     for name in args.generators:
         medians[name] = bench_generator(name, args, size)

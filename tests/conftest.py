@@ -62,3 +62,13 @@ def bpftrace_running() -> list[int]:
             ):
                 pids.append(int(proc.name))
     return pids
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The dataset writers' fork server starts once per test session, preloading the modules of
+    # the first generator that runs: list them all, so that the BERT writers do not each load
+    # numba (~1 s) when another generator ran first.
+    from datagen.common import set_worker_preload
+    from datagen.registry import GENERATORS
+
+    set_worker_preload(module for module, _, _ in GENERATORS.values())

@@ -6,25 +6,41 @@ of 100 kB has several shards and the whole file runs in seconds.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
+import crc32c
 import numpy as np
 import pytest
 
 from datagen.bert import (
     CLS_ID,
+    CONTENT_VERSION,
     FIRST_WORD_ID,
     SEP_ID,
     BertGenParams,
+    Draws,
+    block_records,
     calibrate,
+    draw_arrays,
     draw_records,
     generate_bert,
     make_pool,
     max_record_bytes,
     plan_bert_shards,
     pool_tokens,
+)
+from datagen.bert_encode import (
+    ENTRY_ORDER,
+    _crc32c_sliced,
+    _crc32c_sse42,
+    _has_sse42_crc,
+    encode_block,
 )
 from datagen.common import MANIFEST_NAME, MARKER_NAME, load_manifest
 from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
@@ -108,7 +124,7 @@ def test_manifest_records_the_generation(dataset: tuple[Path, dict]) -> None:
     params = loaded["params"]
     assert params["seq_length"] == 64 and params["max_predictions"] == 10
     assert params["records_per_file"] == 60 and params["vocab_size"] == 30522
-    assert params["content_version"] == 1
+    assert params["content_version"] == CONTENT_VERSION == 2
     for entry in loaded["files"]:
         assert entry["bytes"] == (out / entry["name"]).stat().st_size
     assert loaded["total_bytes"] == sum(f["bytes"] for f in loaded["files"])
@@ -158,6 +174,17 @@ def test_records_are_shaped_like_create_pretraining_data(dataset: tuple[Path, di
         assert (ids[positions] >= FIRST_WORD_ID).all()
         labels.add(int(r["next_sentence_labels"][0]))
     assert labels == {0, 1}
+
+
+def test_masked_ids_are_the_tokens_at_their_positions_in_the_longest_records() -> None:
+    # Runs of masking candidates longer than 32768 tokens (the int32 overflow of version 1).
+    params = BertGenParams(seq_length=65535, max_predictions=1, records_per_file=50)
+    pool = make_pool(np.random.default_rng(3), pool_tokens(params), params)
+    features = draw_records(np.random.default_rng(4), 50, params, pool)
+    for data in iter_bytes(encode_examples_buffer(features)[0].tobytes()):
+        r = parse_example(data)
+        position = int(r["masked_lm_positions"][0])
+        assert r["masked_lm_ids"][0] == r["input_ids"][position] >= FIRST_WORD_ID
 
 
 def test_passages_come_from_the_pool_and_b_follows_a_unless_labelled_random() -> None:
@@ -241,6 +268,94 @@ def test_other_seed_other_content_and_smaller_size_a_prefix(
         mine = (small / entry["name"]).read_bytes()
         theirs = (full / manifest["files"][i]["name"]).read_bytes()
         assert theirs.startswith(mine) and mine
+
+
+def test_content_of_a_seed_is_pinned(dataset: tuple[Path, dict]) -> None:
+    """The bytes of a shard never change for a given seed without a new CONTENT_VERSION."""
+    out, manifest = dataset
+    assert manifest["params"]["content_version"] == CONTENT_VERSION
+    data = (out / manifest["files"][0]["name"]).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == (
+        "38d42cf4028808457e98e8446fcb636876b967d785ac19c5f63a92ef141378d6"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The compiled encoder
+
+KERNEL_PARAMS = {
+    "mlperf": BertGenParams(),
+    "5-tokens": BertGenParams(seq_length=5, max_predictions=1, records_per_file=50),
+    "8-tokens": BertGenParams(seq_length=8, max_predictions=2, records_per_file=50),
+    "16-tokens": BertGenParams(seq_length=16, max_predictions=3, records_per_file=300),
+    # input_ids' packed length straddles 128: its length prefixes differ in width in a block.
+    "100-tokens": BertGenParams(seq_length=100, max_predictions=20, records_per_file=500),
+    # Features straddle 16384 bytes: so does the Example's length prefix.
+    "3500-tokens": BertGenParams(seq_length=3500, max_predictions=500, records_per_file=40),
+    # Word ids of up to 3, 4 and 5 bytes.
+    "vocab-2^17": BertGenParams(seq_length=64, max_predictions=10, vocab_size=1 << 17),
+    "vocab-2^24": BertGenParams(seq_length=64, max_predictions=10, vocab_size=1 << 24),
+    "vocab-2^31": BertGenParams(seq_length=128, max_predictions=20, vocab_size=1 << 31),
+    "1-record-blocks": BertGenParams(seq_length=64, max_predictions=10, records_per_file=1),
+}
+
+
+@pytest.mark.parametrize("params", KERNEL_PARAMS.values(), ids=KERNEL_PARAMS.keys())
+def test_kernel_writes_the_bytes_of_the_generic_encoder(params: BertGenParams) -> None:
+    pool = make_pool(np.random.default_rng(3), pool_tokens(params), params)
+    n = block_records(params)
+    for block in range(3):
+        features = draw_records(np.random.default_rng([5, block]), n, params, pool)
+        draws = draw_arrays(np.random.default_rng([5, block]), n, params, pool)
+        expected, expected_ends = encode_examples_buffer(features)
+        buffer, ends = encode_block(draws, pool.source, params)
+        assert buffer.tobytes() == expected.tobytes()
+        assert ends.tolist() == expected_ends.tolist()
+
+
+def test_kernel_params_reach_the_varint_widths_they_are_named_for() -> None:
+    """Length prefixes of two widths in one block, word ids of 3 to 5 bytes: see KERNEL_PARAMS."""
+
+    def block(name: str) -> tuple[Draws, np.ndarray]:
+        """The first block's draws and record sizes (framed)."""
+        params = KERNEL_PARAMS[name]
+        pool = make_pool(np.random.default_rng(3), pool_tokens(params), params)
+        draws = draw_arrays(np.random.default_rng([5, 0]), block_records(params), params, pool)
+        return draws, np.diff(encode_block(draws, pool.source, params)[1], prepend=0)
+
+    draws, _ = block("100-tokens")
+    text = draws.runs[:, :, 1].sum(axis=1) + 100 - draws.lengths
+    assert text.min() < 128 <= text.max()
+    _, records = block("3500-tokens")
+    assert records.min() < 16384 < records.max()
+    for vocab, widest in [("2^17", 3), ("2^24", 4), ("2^31", 5)]:
+        draws, _ = block(f"vocab-{vocab}")
+        assert draws.masked_ids.max() >= 1 << (7 * (widest - 1))
+
+
+def test_entry_order_names_every_feature() -> None:
+    assert sorted(ENTRY_ORDER) == sorted(FEATURES)
+
+
+@pytest.mark.parametrize(
+    "crc",
+    [
+        _crc32c_sliced,
+        pytest.param(
+            _crc32c_sse42,
+            marks=pytest.mark.skipif(not _has_sse42_crc(), reason="no x86 CRC32 instruction"),
+        ),
+    ],
+)
+def test_crc32c_is_that_of_the_crc32c_package(crc: Any) -> None:
+    data = np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8)
+    for begin, end in [(0, 0), (0, 1), (3, 10), (1, 9), (5, 300), (0, 300), (7, 7 + 16 * 8)]:
+        assert crc(data, begin, end) == crc32c.crc32c(data[begin:end].tobytes())
+
+
+def test_importing_the_generator_leaves_numba_for_the_writers() -> None:
+    code = "import sys, datagen.bert; assert 'numba' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 
 # --------------------------------------------------------------------------------------------
