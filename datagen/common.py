@@ -426,21 +426,32 @@ def run_file_tasks(
     return records
 
 
+# Every module asked for so far: the fork server preloads their union (see set_worker_preload).
+_preload: set[str] = {__name__}
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def set_worker_preload(modules: Iterable[str]) -> list[str]:
     """Have the fork server import ``modules`` (and what they list in ``WORKER_PRELOAD``).
 
     Workers fork from the server with numpy, the writers and their compiled kernels already
-    loaded, instead of each paying the imports (~0.4 s, ~1 s more for numba). Only takes effect
-    when the server is not running yet (it starts with the first worker): a program that will
-    run several generators calls this first with all their modules. Returns the module list.
+    loaded, instead of each paying the imports (~0.4 s, ~1 s more for numba). Calls add up, and
+    only take effect while the server is not running yet (it starts with the first worker): a
+    program that will run several generators calls this first with all their modules. Returns
+    the preload list.
     """
-    wanted = {__name__}
     for name in modules:
-        wanted.add(name)
+        _preload.add(name)
         module = sys.modules.get(name) or importlib.import_module(name)
-        wanted.update(getattr(module, "WORKER_PRELOAD", ()))
-    preload = ["__main__", *sorted(wanted)]
+        _preload.update(getattr(module, "WORKER_PRELOAD", ()))
+    preload = ["__main__", *sorted(_preload)]
     mp.get_context("forkserver").set_forkserver_preload(preload)
+    # The server imports the preload with the default sys.path (Python 3.11 drops the one it is
+    # given) and ignores an ImportError, so from another working directory it would silently
+    # preload nothing: it inherits the environment, so name the repository there.
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if _REPO not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([_REPO, *paths])
     return preload
 
 
