@@ -33,6 +33,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -390,8 +391,10 @@ def run_file_tasks(
 
     succeeded = False
     try:
-        # Submitting starts the worker processes (and the fork server the first time).
+        # Starting the fork server (once per process) and submitting start the workers.
         with _sigint_deferred():
+            if method == "forkserver":
+                _start_fork_server()
             # Every directory once, here, rather than a mkdir call per file in the workers.
             for directory in {os.path.dirname(name) for name in names}:
                 (out / directory).mkdir(parents=True, exist_ok=True)
@@ -469,13 +472,26 @@ def set_worker_preload(modules: Iterable[str]) -> list[str]:
         _preload.update(getattr(module, "WORKER_PRELOAD", ()))
     preload = ["__main__", *sorted(_preload)]
     mp.get_context("forkserver").set_forkserver_preload(preload)
-    # The server imports the preload with the default sys.path (Python 3.11 drops the one it is
-    # given) and ignores an ImportError, so from another working directory it would silently
-    # preload nothing: it inherits the environment, so name the repository there.
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if _REPO not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([_REPO, *paths])
     return preload
+
+
+def _start_fork_server() -> None:
+    """Start the fork server now (if it is not running) with the repository importable.
+
+    The server imports its preload with the default sys.path (Python 3.11 drops the one it is
+    given) and skips a module it cannot import, so started from another working directory it
+    would silently preload nothing. It inherits the environment: the repository is put on
+    PYTHONPATH for its start only.
+    """
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, saved) if p)
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def _scratch_order(

@@ -528,3 +528,46 @@ def test_scratch_tasks_are_checked() -> None:
         run_file_tasks(Path("/nonexistent"), [task], scratch=scratch)
     with pytest.raises(ValueError, match="distinct names"):
         run_file_tasks(Path("/nonexistent"), [task], scratch=scratch * 2, scratch_dir=Path("/tmp"))
+
+
+_PROBE = """
+import sys
+
+WORKER_PRELOAD = ("workloads.units",)
+
+
+def probe(sink, _):
+    sink.write(b"x")
+    return {"preloaded": "workloads.units" in sys.modules}
+"""
+
+_PROBE_MAIN = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from datagen.common import FileTask, run_file_tasks
+import probe_module
+if __name__ == "__main__":
+    records = run_file_tasks(Path("out"), [FileTask("x.bin", probe_module.probe, (0,), 1)], workers=1)
+    print(json.dumps(records[0]))
+"""
+
+
+def test_workers_get_the_preload_from_any_working_directory(tmp_path: Path) -> None:
+    # The fork server imports the writers' modules and their WORKER_PRELOAD once, for every
+    # worker: also when the program runs outside the repository and PYTHONPATH is unset.
+    (tmp_path / "probe_module.py").write_text(_PROBE)
+    (tmp_path / "main.py").write_text(
+        _PROBE_MAIN.format(repo=str(Path(__file__).resolve().parent.parent))
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert record["preloaded"] is True
