@@ -51,6 +51,7 @@ import ctypes
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -198,10 +199,16 @@ class TextPool:
     sep_at: int
 
 
-def make_pool(rng: np.random.Generator, tokens: int, params: BertGenParams) -> TextPool:
-    """A pool of ``tokens`` word ids drawn from ``rng``, encoded."""
+def make_pool(
+    rng: np.random.Generator,
+    tokens: int,
+    params: BertGenParams,
+    encode: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] = encode_varints,
+) -> TextPool:
+    """A pool of ``tokens`` word ids drawn from ``rng``, encoded with ``encode`` (the generic
+    :func:`workloads.bert.records.encode_varints`, or the writers' compiled one: same bytes)."""
     ids = zipf_table(params.vocab_size).take(_uint16s(rng, tokens))
-    encoded, offsets = encode_varints(ids)
+    encoded, offsets = encode(ids)
     size = encoded.size
     source = np.concatenate([encoded, np.array([CLS_ID, SEP_ID], dtype=np.uint8)])
     return TextPool(ids, source, offsets, size, size + 1)
@@ -341,17 +348,19 @@ def write_shard(
     in full.
     """
     # Imported here, not with this module: numba costs the CLI and planning nothing.
-    from datagen.bert_encode import encode_block
+    from datagen import bert_encode
 
     keep_freed_memory()
     pool_rng = np.random.default_rng([seed, _POOL_STREAM, shard])
-    pool = make_pool(pool_rng, pool_tokens(params), params)
+    pool = make_pool(pool_rng, pool_tokens(params), params, bert_encode.encode_varints)
     block = block_records(params)
     written = 0
     remaining = budget
     for index in range(math.ceil(records / block)):
         rng = np.random.default_rng([seed, _DATA_STREAM, shard, index])
-        buffer, ends = encode_block(draw_arrays(rng, block, params, pool), pool.source, params)
+        buffer, ends = bert_encode.encode_block(
+            draw_arrays(rng, block, params, pool), pool.source, params
+        )
         keep = min(block, records - written)
         if remaining is not None:
             keep = min(keep, int(np.searchsorted(ends, remaining, side="right")))

@@ -42,9 +42,15 @@ from datagen.bert_encode import (
     _has_sse42_crc,
     encode_block,
 )
+from datagen.bert_encode import encode_varints as compiled_varints
 from datagen.common import MANIFEST_NAME, MARKER_NAME, load_manifest
 from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
-from workloads.bert.records import encode_examples_buffer, iter_records, parse_example
+from workloads.bert.records import (
+    encode_examples_buffer,
+    encode_varints,
+    iter_records,
+    parse_example,
+)
 from workloads.errors import UserError
 
 SMALL = BertGenParams(seq_length=64, max_predictions=10, records_per_file=60)
@@ -422,3 +428,16 @@ def test_progress_reports_reach_the_total(tmp_path: Path) -> None:
     assert calls[-1] == (manifest["total_bytes"], manifest["total_bytes"])
     done = [d for d, _ in calls]
     assert done == sorted(done)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.int64])
+def test_compiled_pool_varints_are_the_generic_ones(dtype: type) -> None:
+    high = min(np.iinfo(dtype).max, 2**31)
+    values = np.random.default_rng(5).integers(0, high, 10_000, endpoint=True).astype(dtype)
+    values[:4] = [0, 127, 128, high]
+    for got, want in zip(compiled_varints(values), encode_varints(values), strict=True):
+        assert got.tolist() == want.tolist()
+    empty = compiled_varints(np.empty(0, dtype=dtype))
+    assert empty[0].size == 0 and empty[1].tolist() == [0]
+    with pytest.raises(ValueError, match="non-negative"):
+        compiled_varints(np.array([-1]))
