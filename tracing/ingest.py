@@ -249,41 +249,43 @@ def _descriptor_table(sys: pd.DataFrame) -> pd.DataFrame:
     """(ts_ns, pid, fd, path) for every descriptor that came to name a file: successful openat
     calls, plus dup/dup2/dup3/fcntl copies of descriptors already in the table.
 
-    Every successful close adds a row with a null path 1 ns after it: a descriptor number that
-    is reused by a call we do not trace (socket, pipe, accept, a descriptor received over a
-    socket, as DataLoader workers do for shared memory) must not inherit the closed file's name.
-    The close itself still resolves to the file it closed.
+    ``path`` holds path codes (see :func:`resolve_paths`), -1 for none. Every successful close
+    adds a row with code -1 1 ns after it: a descriptor number that is reused by a call we do
+    not trace (socket, pipe, accept, a descriptor received over a socket, as DataLoader workers
+    do for shared memory) must not inherit the closed file's name. The close itself still
+    resolves to the file it closed.
     """
-    table = sys.loc[(sys["kind"] == "openat") & (sys["fd"] >= 0), ["ts_ns", "pid", "fd", "path"]]
-    closes = sys.loc[
-        (sys["kind"] == "close") & (sys["ret"] == 0) & (sys["fd"] >= 0), ["ts_ns", "pid", "fd"]
-    ]
+    kind, fd = sys["kind"], sys["fd"]
+    table = sys.loc[(kind == "openat") & (fd >= 0), ["ts_ns", "pid", "fd", "path"]]
+    closes = sys.loc[(kind == "close") & (sys["ret"] == 0) & (fd >= 0), ["ts_ns", "pid", "fd"]]
     if len(closes):
-        tombstones = closes.assign(
-            ts_ns=closes["ts_ns"] + 1,
-            path=pd.Series(pd.NA, index=closes.index, dtype=table["path"].dtype),
-        )
+        tombstones = closes.assign(ts_ns=closes["ts_ns"] + 1, path=np.int32(-1))
         table = pd.concat([table, tombstones], ignore_index=True)
     table = table.sort_values("ts_ns", kind="stable")
-    dups = sys.loc[
-        (sys["kind"] == "dup") & (sys["ret"] >= 0), ["ts_ns", "pid", "fd", "ret"]
-    ].sort_values("ts_ns", kind="stable")
+    dups = sys.loc[(kind == "dup") & (sys["ret"] >= 0), ["ts_ns", "pid", "fd", "ret"]].sort_values(
+        "ts_ns", kind="stable"
+    )
     if len(dups) == 0 or len(table) == 0:
         return table
     copies = table.iloc[0:0]
     for _ in range(2):  # the second pass resolves a copy of a copy
         known = pd.concat([table, copies], ignore_index=True).sort_values("ts_ns", kind="stable")
         found = pd.merge_asof(dups, known, on="ts_ns", by=["pid", "fd"], direction="backward")
-        found = found[found["path"].notna()]
+        found = found[found["path"].fillna(-1).to_numpy() >= 0]
         copies = pd.DataFrame(
             {
                 "ts_ns": found["ts_ns"],
                 "pid": found["pid"],
                 "fd": found["ret"].astype(np.int32),
-                "path": found["path"],
+                "path": found["path"].astype(np.int32),
             }
         )
     return pd.concat([table, copies], ignore_index=True).sort_values("ts_ns", kind="stable")
+
+
+def _codes(merged: pd.DataFrame) -> np.ndarray:
+    """The path codes a merge_asof found, -1 where it found none."""
+    return merged["path"].fillna(-1).to_numpy().astype(np.int32)
 
 
 def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
@@ -291,21 +293,35 @@ def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
     named a file (openat, or a dup of such a descriptor).
 
     Descriptors inherited across fork are looked up in the parent's table as it was at fork time.
+    The joins carry integer codes of the paths, not the strings (several times faster).
     """
     sys = sys.reset_index(drop=True)
-    opens = _descriptor_table(sys)
-    fd_rows = sys.index[sys["kind"].isin(FD_KINDS) & (sys["fd"] >= 0)]
+    codes, names = pd.factorize(sys["path"], use_na_sentinel=True)
+    codes = codes.astype(np.int32)
+    slim = pd.DataFrame(
+        {
+            "ts_ns": sys["ts_ns"],
+            "pid": sys["pid"],
+            "fd": sys["fd"],
+            "ret": sys["ret"],
+            "kind": sys["kind"],
+            "path": codes,
+        }
+    )
+    opens = _descriptor_table(slim)
+    fd_rows = np.flatnonzero((slim["kind"].isin(FD_KINDS) & (slim["fd"] >= 0)).to_numpy())
     if len(fd_rows) == 0 or len(opens) == 0:
         return sys
     calls = (
-        sys.loc[fd_rows, ["ts_ns", "pid", "fd"]]
+        slim.loc[fd_rows, ["ts_ns", "pid", "fd"]]
         .assign(row=fd_rows)
         .sort_values("ts_ns", kind="stable")
     )
     merged = pd.merge_asof(
         calls, opens.assign(seen=True), on="ts_ns", by=["pid", "fd"], direction="backward"
     )
-    paths = pd.Series(merged["path"].to_numpy(), index=merged["row"].to_numpy())
+    resolved = codes.copy()
+    resolved[merged["row"].to_numpy()] = _codes(merged)
     # Only descriptors this process never opened nor closed can be inherited from its parent.
     unresolved = merged[merged["seen"].isna()]
     if len(unresolved) and len(forks):
@@ -326,9 +342,11 @@ def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
             found = pd.merge_asof(
                 inherited, parent_opens, on="ts_ns", by=["ppid", "fd"], direction="backward"
             )
-            found = found[found["path"].notna()]
-            paths.loc[found["row"].to_numpy()] = found["path"].to_numpy()
-    sys.loc[paths.index, "path"] = paths.to_numpy()
+            found_codes = _codes(found)
+            hit = found_codes >= 0
+            resolved[found["row"].to_numpy()[hit]] = found_codes[hit]
+    paths = pa.array(np.asarray(names, dtype=object)).take(pa.array(resolved, mask=resolved < 0))
+    sys["path"] = pd.Series(paths.to_pandas(), index=sys.index).astype(sys["path"].dtype)
     return sys
 
 
