@@ -678,20 +678,24 @@ class RunProfile:
 
 
 def run_span(run: Run) -> tuple[int, int]:
-    """``(start_ns, end_ns)`` from the manifest, else the extent of the run's data.
+    """The stretch of the run its time series cover, ``(start_ns, end_ns)``.
 
-    A run without ``end_ns`` (interrupted) ends at its last event, sample or phase.
+    The workload's own activity when it logged phases: from its first MLLOG event to the end of
+    its last, so that what happens before (container start, interpreter and torch imports:
+    seconds on a short run) and after (exit, teardown) does not shift one run's timeline against
+    the other's. Otherwise (a traced user container) ``[start_ns, end_ns]`` from the manifest,
+    else the extent of the run's data (an interrupted run ends at its last event, sample or
+    phase).
     """
+    if len(run.phases):
+        start = int(run.phases["ts_ns"].min())
+        return start, max(int(run.phases["end_ns"].max()), start + 1)
     lows: list[int] = []
     highs: list[int] = []
-    for frame, end_column in (
-        (run.events, "ts_ns"),
-        (run.samples, "ts_ns"),
-        (run.phases, "end_ns"),
-    ):
+    for frame in (run.events, run.samples):
         if len(frame):
             lows.append(int(frame["ts_ns"].min()))
-            highs.append(int(frame[end_column].max()))
+            highs.append(int(frame["ts_ns"].max()))
     start = run.start_ns if run.start_ns is not None else min(lows, default=0)
     end = run.end_ns if run.end_ns is not None else max(highs, default=start)
     return start, max(end, start + 1)

@@ -59,6 +59,7 @@ from analysis.similarity import (
     relative_wasserstein_similarity,
     resample_mean,
     resample_sum,
+    run_span,
     timing_similarity,
     volume_similarity,
 )
@@ -201,6 +202,7 @@ def training_run(
     readers: int = 1,
     cold_cache: bool = False,
     foreign_block_bytes: int = 0,
+    startup_s: float = 0.0,
 ) -> Path:
     """Write a model run. ``burst_at``: where in each step (fraction) the read burst happens;
     ``file_order``: order of the 40 dataset files; ``extra_files``: files read outside /data;
@@ -208,12 +210,13 @@ def training_run(
     ``jitter_s``: each read burst and the checkpoint start up to this much later (uniform,
     from ``seed``), as in a repeat of a real run; ``readers``: threads the dataset files are dealt
     to, round robin; ``cold_cache``: every byte read is also a page-cache insert;
-    ``foreign_block_bytes``: block writes by other processes (``in_container`` false)."""
+    ``foreign_block_bytes``: block writes by other processes (``in_container`` false);
+    ``startup_s``: the container starts this long before the workload's first event."""
     origin = START_NS + round(clock_shift_s * SEC)
     rng = np.random.default_rng(seed)
 
     def ns(t: np.ndarray | float) -> np.ndarray:
-        # Times in ms multiples so that a speed of 2 keeps every event on the same fraction.
+        # Times in multiples of 2 ms so that a speed of 2 keeps every event on the same fraction.
         return origin + np.round(np.asarray(t, dtype=np.float64) / speed * 1e3).astype(np.int64) * (
             SEC // 1000
         )
@@ -234,7 +237,7 @@ def training_run(
             kinds += ["openat", "read", "read", "read", "read", "close"]
             sizes += [0, read_size, read_size, read_size, read_size, 0]
             paths += [path, path, path, path, path, path]
-            ts.append(base + 0.003)
+            ts.append(base + 0.004)  # an even number of ms: see ns()
             kinds.append("block_read")
             sizes.append(4 * read_size)
             paths.append(None)
@@ -302,6 +305,8 @@ def training_run(
     phase_rows: list[dict[str, Any]] = [
         {"key": "epoch", "t0": int(ns(0.0)), "t1": int(ns(9.0))},
         {"key": "checkpoint", "t0": int(ns(9.15)), "t1": int(ns(9.65))},
+        # The workload's last event: the time series cover [first event, run_stop].
+        {"key": "run_stop", "t0": int(ns(10.0))},
     ]
     for step in range(9):
         phase_rows.append({"key": "step_end", "t0": int(ns(step + 1.0)), "step": step})
@@ -316,7 +321,7 @@ def training_run(
         events=events,
         samples=sample_table,
         phases=phases_frame(phase_rows),
-        start_ns=origin,
+        start_ns=origin - round(startup_s * SEC),
         end_ns=end_ns,
     )
 
@@ -531,6 +536,27 @@ def test_run_against_itself_scores_one(tmp_path: Path) -> None:
     for aspect in comparison.aspects:
         assert aspect.skipped is None, aspect.name
         assert aspect.score == pytest.approx(1.0, abs=1e-12), aspect.name
+
+
+def test_container_start_up_does_not_shift_the_timeline(tmp_path: Path) -> None:
+    # A slower container start (image, interpreter, imports) before the workload's first event:
+    # the time series cover the workload's own activity, so nothing moves.
+    real = load_run(training_run(tmp_path, REAL))
+    slow_start = load_run(training_run(tmp_path, EMULATED, startup_s=4.0))
+    assert run_span(slow_start) == run_span(real)
+    result = scores(compare_runs(real, slow_start))
+    for name in ("read_bandwidth", "write_bandwidth", "block_io", "cpu", "memory"):
+        assert result[name] == pytest.approx(1.0, abs=1e-9), name
+
+
+def test_a_run_without_phases_spans_its_manifest(tmp_path: Path) -> None:
+    path = training_run(tmp_path, REAL, startup_s=2.0)
+    run = load_run(path)
+    assert run_span(run) == (int(run.phases["ts_ns"].min()), int(run.phases["end_ns"].max()))
+    assert run_span(run)[0] == run.start_ns + 2 * SEC
+    (path / "phases.parquet").unlink()  # a traced user container logs no phases
+    bare = load_run(path)
+    assert len(bare.phases) == 0 and run_span(bare) == (run.start_ns, run.end_ns)
 
 
 def test_faster_and_shifted_copy(tmp_path: Path) -> None:
