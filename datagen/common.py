@@ -130,7 +130,9 @@ def temp_path(path: str | os.PathLike[str]) -> str:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike[str], fsync: bool = False) -> Iterator[BinaryIO]:
+def atomic_file(
+    path: str | os.PathLike[str], fsync: bool = False, writeback: bool = True
+) -> Iterator[BinaryIO]:
     """Open a binary file that appears as ``path`` only if the ``with`` block completes.
 
     On any exception (KeyboardInterrupt included) the temporary file is removed and ``path`` is
@@ -138,7 +140,9 @@ def atomic_file(path: str | os.PathLike[str], fsync: bool = False) -> Iterator[B
     regenerated from its seed, and an fsync per file makes each writer wait for the disk between
     files instead of letting the kernel write back in the background, which costs throughput.
     Without it a *power failure* (not a crash or Ctrl-C) can leave renamed files whose data never
-    reached the disk; pass ``fsync=True`` when that matters.
+    reached the disk; pass ``fsync=True`` when that matters. ``writeback``: start writing the
+    completed file to disk at once (:func:`start_writeback`); off for a scratch file, which is
+    read back soon and then deleted.
     """
     tmp = temp_path(path)
     f = open(tmp, "wb")  # noqa: SIM115 - closed on both paths below
@@ -147,7 +151,7 @@ def atomic_file(path: str | os.PathLike[str], fsync: bool = False) -> Iterator[B
         f.flush()
         if fsync:
             os.fsync(f.fileno())
-        else:
+        elif writeback:
             start_writeback(f.fileno())
         f.close()
         os.replace(tmp, path)
@@ -384,7 +388,7 @@ def run_file_tasks(
                 running[fut] = ready
             elif scratch_left:
                 task = scratch_left.pop(0)
-                fut = executor.submit(_run_tasks, str(scratch_dir), [task], fsync, None, False)
+                fut = executor.submit(_run_tasks, str(scratch_dir), [task], fsync, None, True)
                 running[fut] = task.name
             else:
                 return
@@ -670,19 +674,21 @@ def task_batches(tasks: Sequence[FileTask]) -> list[list[FileTask]]:
 
 
 def _run_tasks(
-    out: str, batch: list[FileTask], fsync: bool, shared_temp: str | None, counted: bool = True
+    out: str, batch: list[FileTask], fsync: bool, shared_temp: str | None, scratch: bool = False
 ) -> list[dict[str, Any]]:
-    return [_run_task(out, task, fsync, shared_temp, counted) for task in batch]
+    return [_run_task(out, task, fsync, shared_temp, scratch) for task in batch]
 
 
 def _run_task(
-    out: str, task: FileTask, fsync: bool, shared_temp: str | None, counted: bool = True
+    out: str, task: FileTask, fsync: bool, shared_temp: str | None, scratch: bool = False
 ) -> dict[str, Any]:
     if task.part is not None and shared_temp is not None:
         return _run_part(task, task.part, shared_temp)
     # Its directory exists (run_file_tasks made it); plain strings, no pathlib: see temp_path.
-    with atomic_file(os.path.join(out, task.name), fsync=fsync) as f:
-        on_bytes = _add_bytes if counted else None
+    # A scratch file is not part of the dataset: no progress, no early write-back.
+    path = os.path.join(out, task.name)
+    with atomic_file(path, fsync=fsync and not scratch, writeback=not scratch) as f:
+        on_bytes = None if scratch else _add_bytes
         sink = FileSink(f, on_bytes=on_bytes, should_stop=_worker_stop.is_set)
         meta = task.write(sink, *task.args)
         sink.report()

@@ -450,19 +450,23 @@ def write_pool_chunk(
     to back, so a reader finds image k from the file alone (see :func:`pool_chunk_images`).
     """
     images = [encode_pool_image(seed, first + k, cap, quality) for k, cap in enumerate(caps)]
-    sizes = [len(data) for data in images]
-    sink.write(np.array([len(images), *sizes], dtype="<u4").tobytes())
+    sink.write(np.array([len(images), *map(len, images)], dtype="<u4").tobytes())
     for data in images:
         sink.write(data)
-    return {"sizes": sizes}
+    return {}
+
+
+def pool_chunk_sizes(header: bytes) -> list[int]:
+    """The image sizes a pool chunk file starts with (its first 4 + 4 x count bytes or more)."""
+    count = int.from_bytes(header[:4], "little")
+    return np.frombuffer(header, dtype="<u4", count=count, offset=4).tolist()
 
 
 def pool_chunk_images(data: bytes) -> list[memoryview]:
     """The images of a pool chunk file's bytes (see :func:`write_pool_chunk`)."""
-    count = int.from_bytes(data[:4], "little")
-    sizes = np.frombuffer(data, dtype="<u4", count=count, offset=4).tolist()
+    sizes = pool_chunk_sizes(data)
     view = memoryview(data)
-    offset = 4 * (1 + count)
+    offset = 4 * (1 + len(sizes))
     images = []
     for size in sizes:
         images.append(view[offset : offset + size])
@@ -695,11 +699,10 @@ def generate_images(
             scratch=_pool_tasks(plan.caps, seed, params.quality),
             scratch_dir=pool_dir,
         )
-        pool_sizes = [
-            len(image)
-            for chunk in sorted(pool_dir.glob("pool_*.bin"))
-            for image in pool_chunk_images(chunk.read_bytes())
-        ]
+        pool_sizes = []
+        for chunk in sorted(pool_dir.glob("pool_*.bin")):
+            with open(chunk, "rb") as f:
+                pool_sizes += pool_chunk_sizes(f.read(4 * (1 + _POOL_CHUNK)))
     finally:
         shutil.rmtree(pool_dir, ignore_errors=True)
     if plan.group_size:
