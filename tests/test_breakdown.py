@@ -8,15 +8,11 @@ expected number below is computed by hand.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from analysis.breakdown import (
@@ -30,18 +26,12 @@ from analysis.breakdown import (
     write_breakdown,
 )
 from analysis.rundir import (
-    EVENTS_COLUMNS,
-    PHASES_COLUMNS,
-    SAMPLES_COLUMNS,
-    arrow_schema,
-    empty_frame,
     load_run,
 )
+from tests import synthetic
 from tests.browser import dom, render, subplot_count
+from tests.synthetic import SEC, START_NS, events_frame, phases_frame
 from workloads.errors import UserError
-
-START_NS = 5_000_000_000_000
-SEC = 1_000_000_000
 
 COMPUTE_S = 0.3
 GAP_S = 0.01  # logging between the end of all_compute and step_end
@@ -52,44 +42,7 @@ READ_LATENCY_S = 0.01
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers (as in tests/test_timeline.py)
-
-
-def phases_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    records = []
-    for row in rows:
-        t0 = START_NS + round(row["t0"] * SEC)
-        t1 = START_NS + round(row.get("t1", row["t0"]) * SEC)
-        records.append(
-            {
-                "ts_ns": t0,
-                "end_ns": t1,
-                "duration_ns": t1 - t0,
-                "key": row["key"],
-                "kind": row.get("kind", "interval" if t1 > t0 else "point"),
-                "rank": row.get("rank", 0),
-                "pid": row.get("pid", 7),
-                "epoch": row.get("epoch", -1),
-                "step": row.get("step", -1),
-                "value": json.dumps(row.get("value")),
-            }
-        )
-    return pd.DataFrame(records, columns=list(PHASES_COLUMNS)).astype(dict(PHASES_COLUMNS))
-
-
-def events_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    defaults: dict[str, Any] = {
-        "kind": "read", "pid": 9, "tid": 9, "comm": "pt_data_worker", "fd": 5, "path": None,
-        "bytes": 0, "count": 1, "ret": 0, "offset": -1, "latency_ns": 1000, "dev": None,
-        "in_container": True,
-    }  # fmt: skip
-    records = []
-    for row in rows:
-        record = {**defaults, **row}
-        record["ts_ns"] = START_NS + round(record.pop("t") * SEC)
-        records.append(record)
-    frame = pd.DataFrame(records, columns=list(EVENTS_COLUMNS))
-    return frame.sort_values("ts_ns", kind="stable").astype(dict(EVENTS_COLUMNS))
+# Helpers (run directories from tests/synthetic.py)
 
 
 def make_run(
@@ -99,35 +52,23 @@ def make_run(
     events: pd.DataFrame | None = None,
     config: dict[str, Any] | None = None,
 ) -> Path:
+    """A 100 s run with the dataset at /data, batch ``BATCH`` on one accelerator."""
     workload, variant = run_id.split("-")[2:4]
-    run_dir = root / run_id
-    run_dir.mkdir(parents=True)
-    manifest = {
-        "schema_version": 1,
-        "run_id": run_id,
-        "status": "completed",
-        "config": {"workload": workload, "variant": variant, "batch_size": BATCH, "accelerators": 1}
-        | (config or {}),
-        "trace": {
+    base = {"workload": workload, "variant": variant, "batch_size": BATCH, "accelerators": 1}
+    return synthetic.make_run(
+        root,
+        run_id,
+        events=events,
+        phases=phases,
+        config=base | (config or {}),
+        trace={
             "mounts": [
                 {"source": "/srv/data", "target": "/data", "read_only": True},
                 {"source": "/srv/out", "target": "/twintrace/out", "read_only": False},
             ]
         },
-        "start_ns": START_NS,
-        "end_ns": START_NS + 100 * SEC,
-    }
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    tables = {
-        "events": (events, EVENTS_COLUMNS),
-        "samples": (None, SAMPLES_COLUMNS),
-        "phases": (phases, PHASES_COLUMNS),
-    }
-    for name, (frame, columns) in tables.items():
-        frame = empty_frame(columns) if frame is None else frame
-        table = pa.Table.from_pandas(frame, schema=arrow_schema(columns), preserve_index=False)
-        pq.write_table(table, run_dir / f"{name}.parquet")
-    return run_dir
+        end_ns=START_NS + 100 * SEC,
+    )
 
 
 def training(

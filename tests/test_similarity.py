@@ -2,8 +2,7 @@
 (analysis.compare_report).
 
 Each measure is checked on inputs with a known answer; whole comparisons on synthetic run
-directories written as docs/run-format.md describes them (helpers copied from
-tests/test_timeline.py), built from one model of a training run that can be made faster, shifted
+directories written as docs/run-format.md describes them (tests/synthetic.py), built from one model of a training run that can be made faster, shifted
 on the clock, given other request sizes or another file order.
 """
 
@@ -17,8 +16,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from analysis.compare_report import (
@@ -32,8 +29,6 @@ from analysis.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,
-    arrow_schema,
-    empty_frame,
     load_run,
 )
 from analysis.similarity import (
@@ -63,49 +58,25 @@ from analysis.similarity import (
     timing_similarity,
     volume_similarity,
 )
+from tests import synthetic
+from tests.synthetic import SEC, START_NS
 from workloads.errors import UserError
 
-START_NS = 5_000_000_000_000
-SEC = 1_000_000_000
 MIB = 2**20
 KIB = 2**10
 
 
 # ---------------------------------------------------------------------------------------------
-# Run-directory helpers (as in tests/test_timeline.py)
+# Run-directory helpers (tables in ns; the run directory from tests/synthetic.py)
 
 
-def manifest(run_id: str, **changes: Any) -> dict[str, Any]:
-    """A complete schema-1 manifest (docs/run-format.md), 10 s long, /data mounted read-only."""
-    workload, variant = run_id.split("-")[2:4]
-    data: dict[str, Any] = {
-        "schema_version": 1,
-        "twintrace_version": "0.1.0",
-        "run_id": run_id,
-        "status": "completed",
-        "error": None,
-        "git_revision": "0" * 40,
-        "image": {"tag": f"twintrace/{workload}:latest", "id": "sha256:" + "1" * 64},
-        "command": ["python", "-m", f"workloads.{workload}"],
-        "config": {"workload": workload, "variant": variant, "epochs": 1, "batch_size": 2},
-        "trace": {
-            "sample_interval_s": 0.1,
-            "memory_limit": None,
-            "cpus": None,
-            "mounts": [{"source": "/srv/ds", "target": "/data", "read_only": True}],
-        },
-        "host": {"hostname": "test", "kernel": "6.8.0", "cpus": 2},
-        "container_id": "c" * 64,
-        "cgroup_id": 1234,
-        "started_at": "2026-11-21T16:30:05Z",
-        "ended_at": "2026-11-21T16:30:15Z",
-        "start_ns": START_NS,
-        "end_ns": START_NS + 10 * SEC,
-        "exit_code": 0,
-        "lost_events": 0,
-    }
-    data.update(changes)
-    return data
+# 100 ms samples and the dataset mounted read-only at /data (the file aspects' scope).
+TRACE = {
+    "sample_interval_s": 0.1,
+    "memory_limit": None,
+    "cpus": None,
+    "mounts": [{"source": "/srv/ds", "target": "/data", "read_only": True}],
+}
 
 
 def make_run(
@@ -116,19 +87,10 @@ def make_run(
     phases: pd.DataFrame | None = None,
     **manifest_changes: Any,
 ) -> Path:
-    """Write a run directory under ``root``; tables not given are written empty."""
-    run_dir = root / run_id
-    run_dir.mkdir(parents=True)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest(run_id, **manifest_changes)))
-    for name, frame, columns in (
-        ("events", events, EVENTS_COLUMNS),
-        ("samples", samples, SAMPLES_COLUMNS),
-        ("phases", phases, PHASES_COLUMNS),
-    ):
-        frame = empty_frame(columns) if frame is None else frame
-        table = pa.Table.from_pandas(frame, schema=arrow_schema(columns), preserve_index=False)
-        pq.write_table(table, run_dir / f"{name}.parquet")
-    return run_dir
+    """A run directory (:func:`tests.synthetic.make_run`) with this module's trace settings."""
+    return synthetic.make_run(
+        root, run_id, events, samples, phases, **{"trace": TRACE, **manifest_changes}
+    )
 
 
 def events_frame(columns: Mapping[str, Any]) -> pd.DataFrame:
