@@ -32,9 +32,9 @@ import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from core.errors import UserError  # noqa: E402
+from core.units import format_size, parse_size  # noqa: E402
 from workloads.config import VARIANTS  # noqa: E402
-from workloads.errors import UserError  # noqa: E402
-from workloads.units import format_size, parse_size  # noqa: E402
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -79,7 +79,7 @@ def runs_root_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group()
 @click.version_option(
-    package_name=None, version=__import__("workloads").__version__, prog_name="twintrace"
+    package_name=None, version=__import__("core").__version__, prog_name="twintrace"
 )
 def cli() -> None:
     """twintrace: does your storage keep the GPUs fed, and does your benchmark behave like the
@@ -526,7 +526,7 @@ def show(run: str, runs_root: Path, as_json: bool) -> None:
     Example: ./cli.py show runs/20261121-163005-unet3d-sleep-3f2a
     """
     from analysis.report import load_summary
-    from analysis.rundir import resolve_run
+    from core.rundir import resolve_run
 
     run_dir = resolve_run(run, runs_root)
     if as_json:
@@ -556,8 +556,8 @@ def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path)
 
     Example: ./cli.py plot timeline runs/RUN_A runs/RUN_B --out compare.html
     """
-    from analysis.rundir import load_run, resolve_run
     from analysis.timeline import write_timeline
+    from core.rundir import load_run, resolve_run
 
     loaded = [load_run(resolve_run(r, runs_root)) for r in runs]
     target = out_path or (loaded[0].path / "timeline.html")
@@ -591,8 +591,8 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
     Example: ./cli.py compare runs/RUN_ORIGINAL runs/RUN_SLEEP --json
     """
     from analysis.compare_report import write_comparison_report
-    from analysis.rundir import load_run, resolve_run
     from analysis.similarity import compare_runs
+    from core.rundir import load_run, resolve_run
 
     real_run = load_run(resolve_run(real, runs_root))
     emulated_run = load_run(resolve_run(emulated, runs_root))
@@ -603,11 +603,9 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
     name = "compare.html" if out_dir else f"compare-{real_run.run_id}.html"
     report = write_comparison_report(real_run, emulated_run, comparison, target / name)
     data = comparison.to_dict()
-    from tracing.rundir import atomic_write_json
+    from core.rundir import write_json
 
-    atomic_write_json(
-        target / name.replace(".html", ".json").replace("compare", "comparison", 1), data
-    )
+    write_json(target / name.replace(".html", ".json").replace("compare", "comparison", 1), data)
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
@@ -644,7 +642,7 @@ def plot_breakdown(
     Example: ./cli.py plot breakdown runs/RUN_B1 runs/RUN_B2 runs/RUN_B4
     """
     from analysis.breakdown import breakdown_table, write_breakdown
-    from analysis.rundir import load_run, resolve_run
+    from core.rundir import load_run, resolve_run
 
     loaded = [load_run(resolve_run(r, runs_root)) for r in runs]
     target = out_path or (loaded[0].path / "breakdown.html")
@@ -677,7 +675,7 @@ def export(run: str, fmt: str, out_path: Path | None, runs_root: Path) -> None:
     Example: ./cli.py export runs/RUN --format perfetto
     """
     from analysis.export import export_csv, export_perfetto
-    from analysis.rundir import load_run, resolve_run
+    from core.rundir import load_run, resolve_run
 
     loaded = load_run(resolve_run(run, runs_root))
     with err_console.status(f"exporting {fmt}"):
@@ -716,7 +714,7 @@ def profile_fit(
     Example: ./cli.py profile fit runs/RUN_B2 runs/RUN_B4 --out profiles/unet3d-cpu.json
     """
     from analysis.profiles import fit_runs
-    from analysis.rundir import load_run, resolve_run
+    from core.rundir import load_run, resolve_run
 
     fitted, warnings = fit_runs([load_run(resolve_run(r, runs_root)) for r in runs], accelerator)
     _report_profile(fitted, warnings, out_path)
@@ -769,7 +767,7 @@ def profile_measure(
 
     Example: ./cli.py profile measure --workload resnet18 --data data/img --batch-sizes 2,4,8 --out resnet18-cpu.json
     """
-    from workloads.measure import MeasureSettings, measure
+    from experiments.measure import MeasureSettings, measure
 
     try:
         sizes = tuple(int(v) for v in batch_sizes.split(","))
@@ -831,7 +829,7 @@ def experiment_run(path: Path, out_root: Path, dry_run: bool) -> None:
 
     Example: ./cli.py experiment run experiments/timelines.toml
     """
-    from tracing.experiment import load_experiment, run_experiment
+    from experiments.orchestrate import load_experiment, run_experiment
 
     exp = load_experiment(path)
     if dry_run:

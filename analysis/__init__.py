@@ -1,11 +1,11 @@
-"""Analysis of run directories: loaders (:mod:`analysis.rundir`) and plots (:mod:`analysis.timeline`).
+"""Analysis of run directories: loaders (:mod:`core.rundir`) and plots (:mod:`analysis.timeline`).
 
 Everything here is a pure function over DataFrames read from a run directory
 (``docs/run-format.md``); the CLI only resolves arguments and writes the results. Importing this
 package does not import plotly, so commands that only list or summarise runs stay fast.
 """
 
-from analysis.rundir import (
+from core.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,

@@ -54,8 +54,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis.export import atomic_path
-from analysis.rundir import Run
-from workloads.errors import UserError
+from core.errors import UserError
+from core.rundir import Run
 
 READ_KINDS: tuple[str, ...] = ("read", "pread64", "readv")
 LOADER_KEYS: tuple[str, ...] = ("sample_load", "batch_load")

@@ -20,8 +20,6 @@ Example::
 from __future__ import annotations
 
 import html
-import os
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,8 +28,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.rundir import Run
 from analysis.similarity import ASPECTS, AspectScore, Comparison
+from core.atomic import atomic_write_text
+from core.rundir import Run
 
 #: Lanes in a report: one per aspect, skipped aspects included (they say why).
 REPORT_LANES = len(ASPECTS)
@@ -360,15 +359,5 @@ def write_comparison_report(
     """Write :func:`report_html` to ``out_path`` atomically (temporary file, then rename)."""
     text = report_html(real, emulated, comparison)
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, out_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_text(out_path, text, fsync=True)
     return out_path

@@ -44,13 +44,10 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import heapq
 import json
-import os
-import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -60,9 +57,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from analysis.rundir import TABLES, Run
-from workloads import __version__ as TWINTRACE_VERSION
-from workloads.errors import UserError
+from core import __version__ as TWINTRACE_VERSION
+from core.atomic import atomic_path
+from core.errors import UserError
+from core.rundir import TABLES, Run
 
 SYSCALL_KINDS: tuple[str, ...] = (
     "read",
@@ -94,24 +92,6 @@ CHUNK_BYTES = 32 << 20
 
 # ---------------------------------------------------------------------------------------------
 # Atomic output
-
-
-@contextlib.contextmanager
-def atomic_path(out_path: Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``out_path``; on success rename it to ``out_path``.
-
-    A reader never sees half a file and a failed export leaves nothing behind. The name is
-    fresh (pid and random suffix), so two writers never share a temporary file.
-    """
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, out_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Each instrumented run contributes the ``all_compute`` durations of its steps (every rank),
 first step of each epoch excluded (it carries one-off warm-up costs, as in the published
 method), at its configuration (accelerators g, batch size b from the run's config). The fit is
-:func:`workloads.profile_fit.fit_points`: normal per configuration, least squares of mean and
+:func:`analysis.profile_fit.fit_points`: normal per configuration, least squares of mean and
 std on (g, b), warnings for poor fits and negative std, every configuration kept as a table
 point. Runs of one configuration are pooled.
 """
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from analysis.rundir import Run
-from workloads.errors import UserError
+from analysis.profile_fit import PointSamples, fit_points
+from core.errors import UserError
+from core.rundir import Run
 from workloads.profile import SleepProfile
-from workloads.profile_fit import PointSamples, fit_points
 
 
 def step_durations(run: Run, key: str = "all_compute") -> np.ndarray:

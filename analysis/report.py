@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from tracing.rundir import load_json_checked
-from workloads.units import format_size
+from core import rundir
+from core.errors import UserError
+from core.units import format_size
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
     """summary.json with the manifest's final status; a run without one gets a minimal summary."""
-    manifest = load_json_checked(run_dir / "manifest.json", "manifest")
-    path = run_dir / "summary.json"
+    manifest = rundir.load_manifest(run_dir)
     summary = (
-        load_json_checked(path, "summary")
-        if path.exists()
+        rundir.load_summary(run_dir)
+        if (run_dir / rundir.SUMMARY).exists()
         else {"schema_version": manifest["schema_version"], "run_id": run_dir.name}
     )
     summary["status"] = manifest["status"]
@@ -48,20 +47,26 @@ def list_runs(runs_root: Path) -> list[dict[str, Any]]:
     rows = []
     if not runs_root.is_dir():
         return rows
-    for run_dir in sorted(p for p in runs_root.iterdir() if (p / "manifest.json").exists()):
+    for run_dir in sorted(p for p in runs_root.iterdir() if (p / rundir.MANIFEST).exists()):
         try:
-            manifest = json.loads((run_dir / "manifest.json").read_text())
-        except json.JSONDecodeError:
-            rows.append({"run_id": run_dir.name, "status": "damaged"})
+            manifest = rundir.load_manifest(run_dir)
+        except UserError as exc:
+            rows.append({"run_id": run_dir.name, "status": "damaged", "error": str(exc)})
             continue
+        containers = manifest.get("containers") or []
         row = {
             "run_id": run_dir.name,
             "status": manifest.get("status"),
-            "image": (manifest.get("image") or {}).get("tag"),
+            "image": ", ".join(sorted({str(c.get("image")) for c in containers})) or None,
+            "containers": len(containers),
         }
-        summary_path = run_dir / "summary.json"
-        if summary_path.exists():
-            summary = json.loads(summary_path.read_text())
+        if (run_dir / rundir.SUMMARY).exists():
+            try:
+                summary = rundir.load_summary(run_dir)
+            except UserError as exc:
+                row.update(status="damaged", error=str(exc))
+                rows.append(row)
+                continue
             row["duration_s"] = summary.get("duration_s")
             row["steps"] = summary.get("steps")
             row["events"] = sum(

@@ -43,9 +43,9 @@ from dtaidistance import dtw
 from scipy.spatial.distance import jensenshannon
 from scipy.stats import entropy, kendalltau, ks_2samp, wasserstein_distance
 
-from analysis.rundir import Run
 from analysis.timeline import READ_KINDS, WRITE_KINDS, step_intervals
-from workloads.errors import UserError
+from core.errors import UserError
+from core.rundir import Run
 
 #: Points each time series is resampled to over its run's own [start, end].
 N_POINTS = 400

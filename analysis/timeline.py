@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,8 +31,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.basedatatypes import BaseTraceType
 
-from analysis.rundir import Run
-from workloads.errors import UserError
+from core.atomic import atomic_write_text
+from core.errors import UserError
+from core.rundir import Run
 
 #: Lane names, top to bottom, for each run.
 LANES: tuple[str, ...] = (
@@ -1001,17 +1000,5 @@ def write_timeline(runs: Sequence[Run], out_path: Path, bin_s: float | None = No
         config={"displaylogo": False, "scrollZoom": True},
     )
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    # A fresh name opened exclusively (not mkstemp, whose files are 0600): the result gets the
-    # usual permissions, and two writers never share a temporary file.
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as handle:
-            handle.write(html)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, out_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_text(out_path, html, fsync=True)
     return out_path

@@ -35,14 +35,14 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from analysis.rundir import (  # noqa: E402
+from analysis.similarity import compare_runs, comparison_table  # noqa: E402
+from core.rundir import (  # noqa: E402
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,
     arrow_schema,
     load_run,
 )
-from analysis.similarity import compare_runs, comparison_table  # noqa: E402
 
 START_NS = 5_000_000_000_000
 SEC = 1_000_000_000

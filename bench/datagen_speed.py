@@ -53,11 +53,11 @@ from pathlib import Path
 # Run as a script from anywhere: make the repository's packages importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.errors import UserError  # noqa: E402
+from core.units import format_size, parse_size  # noqa: E402
 from datagen.common import FileSink, set_worker_preload  # noqa: E402
 from datagen.registry import GENERATORS, generate  # noqa: E402
 from datagen.unet3d import write_case_x, write_case_y  # noqa: E402
-from workloads.errors import UserError  # noqa: E402
-from workloads.units import format_size, parse_size  # noqa: E402
 
 DD_BLOCK = 4 << 20
 

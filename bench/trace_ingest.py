@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
+from tracing.rundir import atomic_write_parquet  # noqa: E402
 
 from tracing import ingest  # noqa: E402
-from tracing.rundir import atomic_write_parquet  # noqa: E402
 
 SAMPLE = REPO / "tests" / "data" / "raw" / "syscalls.txt"
 

@@ -58,6 +58,8 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import UserError
+from core.units import format_size
 from datagen.common import (
     FileSink,
     FileTask,
@@ -69,8 +71,6 @@ from datagen.common import (
 )
 from workloads.bert.files import FEATURES, SHARD_FORMAT
 from workloads.bert.records import Encoded, Feature, Padded, encode_examples_buffer, encode_varints
-from workloads.errors import UserError
-from workloads.units import format_size
 
 GENERATOR = "bert"
 # Imported by the writer processes' fork server (datagen.common.set_worker_preload): the kernel

@@ -37,8 +37,9 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from workloads import __version__ as TWINTRACE_VERSION
-from workloads.errors import UserError
+from core import __version__ as TWINTRACE_VERSION
+from core.atomic import atomic_write_json
+from core.errors import UserError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -65,7 +66,7 @@ def check_size_bytes(size_bytes: int) -> None:
     if isinstance(size_bytes, bool) or not isinstance(size_bytes, int):
         raise UserError(
             f"dataset size must be a whole number of bytes, got {size_bytes!r}: convert text "
-            "such as '2GiB' with workloads.units.parse_size"
+            "such as '2GiB' with core.units.parse_size"
         )
     if size_bytes <= 0:
         raise UserError(f"dataset size must be greater than zero, got {size_bytes}")
@@ -179,8 +180,7 @@ def start_writeback(fd: int) -> None:
 
 def write_json_atomic(path: Path, data: Any, fsync: bool = False) -> None:
     """Write ``data`` as indented JSON to ``path`` atomically (see :func:`atomic_file`)."""
-    with atomic_file(path, fsync=fsync) as f:
-        f.write((json.dumps(data, indent=2) + "\n").encode())
+    atomic_write_json(path, data, fsync=fsync)
 
 
 def _fsync_dir(path: str | os.PathLike[str]) -> None:

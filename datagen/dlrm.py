@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import UserError
+from core.units import format_size
 from datagen.common import (
     FileSink,
     FileTask,
@@ -63,8 +65,6 @@ from workloads.dlrm.files import (
     TEST_NAME,
     TRAIN_NAME,
 )
-from workloads.errors import UserError
-from workloads.units import format_size
 
 GENERATOR = "dlrm"
 # Bump when the content written for a given (seed, params) changes: recorded in the manifest.

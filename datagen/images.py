@@ -75,6 +75,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw
 
+from core.errors import UserError
+from core.units import format_size
 from datagen.common import (
     FileSink,
     FileTask,
@@ -85,8 +87,6 @@ from datagen.common import (
     run_file_tasks,
     write_manifest,
 )
-from workloads.errors import UserError
-from workloads.units import format_size
 
 GENERATOR = "images"
 # Bump when the content written for a given (seed, params) changes.

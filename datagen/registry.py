@@ -11,8 +11,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from core.errors import UserError
 from datagen.common import ProgressCallback
-from workloads.errors import UserError
 
 # name -> (module, function, workloads that read it)
 GENERATORS: dict[str, tuple[str, str, tuple[str, ...]]] = {

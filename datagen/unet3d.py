@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import UserError
+from core.units import format_size
 from datagen.common import (
     FileSink,
     FileTask,
@@ -52,8 +54,6 @@ from datagen.common import (
     run_file_tasks,
     write_manifest,
 )
-from workloads.errors import UserError
-from workloads.units import format_size
 
 GENERATOR = "unet3d"
 # Bump when the content written for a given (seed, params) changes: recorded in the manifest so

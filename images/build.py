@@ -25,8 +25,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from core.errors import UserError
 from workloads.config import VARIANTS
-from workloads.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"

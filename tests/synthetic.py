@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.rundir import (
+from core.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,

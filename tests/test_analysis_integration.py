@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.compare_report import REPORT_LANES, write_comparison_report
-from analysis.rundir import load_run
 from analysis.similarity import compare_runs
+from core.rundir import load_run
 from tests.browser import dom, subplot_count
 from tracing.runner import TraceRequest, trace
 from workloads.registry import WORKLOADS

@@ -19,6 +19,7 @@ from tfrecord.reader import tfrecord_loader
 from tfrecord.writer import TFRecordWriter
 from torch.utils.data import DataLoader
 
+from core.errors import UserError
 from workloads.bert.dataset import BertBatches, interleave
 from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
 from workloads.bert.records import (
@@ -32,7 +33,6 @@ from workloads.bert.records import (
     masked_crc,
     parse_example,
 )
-from workloads.errors import UserError
 from workloads.events import Emitter
 
 SEQ, PRED = 16, 4

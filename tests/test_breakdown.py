@@ -25,13 +25,13 @@ from analysis.breakdown import (
     step_table,
     write_breakdown,
 )
-from analysis.rundir import (
+from core.errors import UserError
+from core.rundir import (
     load_run,
 )
 from tests import synthetic
 from tests.browser import dom, render, subplot_count
 from tests.synthetic import SEC, START_NS, events_frame, phases_frame
-from workloads.errors import UserError
 
 COMPUTE_S = 0.3
 GAP_S = 0.01  # logging between the end of all_compute and step_end

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from tracing.rundir import atomic_write_json, initial_manifest, new_run_dir
 
 import cli as cli_module
-from tracing.rundir import atomic_write_json, initial_manifest, new_run_dir
 
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:

@@ -18,6 +18,7 @@ import crc32c
 import numpy as np
 import pytest
 
+from core.errors import UserError
 from datagen.bert import (
     CLS_ID,
     CONTENT_VERSION,
@@ -51,7 +52,6 @@ from workloads.bert.records import (
     iter_records,
     parse_example,
 )
-from workloads.errors import UserError
 
 SMALL = BertGenParams(seq_length=64, max_predictions=10, records_per_file=60)
 SIZE = 100_000

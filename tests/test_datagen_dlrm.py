@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import UserError
 from datagen import common
 from datagen.common import (
     MANIFEST_NAME,
@@ -46,7 +47,6 @@ from workloads.dlrm.files import (
     check_dataset,
     load_dataset,
 )
-from workloads.errors import UserError
 
 SMALL = DLRMGenParams(min_records=128, part_records=1500)
 SIZE = 2_000_000

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from core.errors import UserError
 from datagen.common import MANIFEST_NAME, MARKER_NAME, load_manifest
 from datagen.images import (
     OVERHEAD_BYTES,
@@ -27,7 +28,6 @@ from datagen.images import (
     pool_caps,
     unique_jpeg,
 )
-from workloads.errors import UserError
 
 SIZE = 3_000_000
 FOLDER = ImageGenParams(classes=5, val_fraction=0.1, distinct_images=12)

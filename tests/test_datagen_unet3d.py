@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import UserError
+from core.units import parse_size
 from datagen import common
 from datagen.common import (
     MANIFEST_NAME,
@@ -36,8 +38,6 @@ from datagen.unet3d import (
     minimum_dataset_bytes,
     plan_unet3d_cases,
 )
-from workloads.errors import UserError
-from workloads.units import parse_size
 
 SMALL = UNet3DGenParams(s1_range=(8, 20), s2_range=(10, 24), min_dim=6)
 SIZE = 400_000
@@ -533,12 +533,12 @@ def test_scratch_tasks_are_checked() -> None:
 _PROBE = """
 import sys
 
-WORKER_PRELOAD = ("workloads.units",)
+WORKER_PRELOAD = ("core.units",)
 
 
 def probe(sink, _):
     sink.write(b"x")
-    return {"preloaded": "workloads.units" in sys.modules}
+    return {"preloaded": "core.units" in sys.modules}
 """
 
 _PROBE_MAIN = """

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from core.errors import UserError
 from datagen.dlrm import DLRMGenParams, counts_npz, generate_dlrm
 from workloads.dlrm.dataset import DLRMBatches
 from workloads.dlrm.files import (
@@ -31,7 +32,6 @@ from workloads.dlrm.files import (
     decode_batch,
     load_dataset,
 )
-from workloads.errors import UserError
 from workloads.events import Emitter
 
 COUNTS = (1000,) + (50,) * 25

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tracing.experiment import load_experiment, run_experiment
-from workloads.errors import UserError
+from core.errors import UserError
+from experiments.orchestrate import load_experiment, run_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,8 @@ from analysis.export import (
     export_perfetto,
     pack_lanes,
 )
-from analysis.rundir import (
+from core.errors import UserError
+from core.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     load_run,
@@ -38,7 +39,6 @@ from tests.synthetic import (  # noqa: F401
     phases_frame,
     samples_frame,
 )
-from workloads.errors import UserError
 
 US = 1_000
 

@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from core.errors import UserError
 from datagen.images import ImageGenParams, class_name, generate_images
 from workloads.data import DataSummary
-from workloads.errors import UserError
 from workloads.events import Emitter
 from workloads.images import transforms as T
 from workloads.images.dataset import (

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from core.errors import UserError
 from workloads.bert.model import BertConfig, BertPretraining, mlm_accuracy, pretraining_loss
 from workloads.dlrm import model as dlrm
 from workloads.dlrm.model import DLRM, DLRMConfig, interaction_features
-from workloads.errors import UserError
 from workloads.images.models import alexnet, build_image_model, resnet18, resnet50
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workloads.errors import UserError
+from core.errors import UserError
 from workloads.profile import Linear, Normal, SleepProfile, default_profile, load_profile
 
 

@@ -25,12 +25,6 @@ from analysis.compare_report import (
     report_lanes,
     write_comparison_report,
 )
-from analysis.rundir import (
-    EVENTS_COLUMNS,
-    PHASES_COLUMNS,
-    SAMPLES_COLUMNS,
-    load_run,
-)
 from analysis.similarity import (
     ASPECTS,
     N_SIZE_BUCKETS,
@@ -58,9 +52,15 @@ from analysis.similarity import (
     timing_similarity,
     volume_similarity,
 )
+from core.errors import UserError
+from core.rundir import (
+    EVENTS_COLUMNS,
+    PHASES_COLUMNS,
+    SAMPLES_COLUMNS,
+    load_run,
+)
 from tests import synthetic
 from tests.synthetic import SEC, START_NS
-from workloads.errors import UserError
 
 MIB = 2**20
 KIB = 2**10

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import UserError
 from datagen.bert import BertGenParams, generate_bert
 from tests.conftest import IN_CI, REPO
 from workloads.bert.dataset import interleave
 from workloads.bert.files import FEATURES, list_shards
 from workloads.bert.records import iter_records, parse_example
-from workloads.errors import UserError
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Tests for the run-directory loader (analysis.rundir) and the timeline plot (analysis.timeline).
+"""Tests for the run-directory loader (core.rundir) and the timeline plot (analysis.timeline).
 
 Run directories are built in tmp_path exactly as docs/run-format.md describes them: a
 manifest.json and three Parquet files whose columns and types are those of the document.
@@ -16,16 +16,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.rundir import (
-    EVENTS_COLUMNS,
-    PHASES_COLUMNS,
-    SAMPLES_COLUMNS,
-    arrow_schema,
-    conform,
-    empty_frame,
-    load_run,
-    resolve_run,
-)
 from analysis.timeline import (
     LANES,
     MAX_SEGMENTS,
@@ -37,6 +27,17 @@ from analysis.timeline import (
     timeline_figure,
     write_timeline,
 )
+from core.errors import UserError
+from core.rundir import (
+    EVENTS_COLUMNS,
+    PHASES_COLUMNS,
+    SAMPLES_COLUMNS,
+    arrow_schema,
+    conform,
+    empty_frame,
+    load_run,
+    resolve_run,
+)
 from tests.synthetic import (  # noqa: F401
     MIB,
     SEC,
@@ -47,7 +48,6 @@ from tests.synthetic import (  # noqa: F401
     phases_frame,
     samples_frame,
 )
-from workloads.errors import UserError
 
 
 def lane_rows(fig: Any, lane: str) -> list[int]:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.errors import UserError
 from tests.conftest import REPO, bpftrace_running
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.runner import TraceRequest, trace
-from workloads.errors import UserError
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 import torch
 
+from core.errors import UserError
 from tracing.mllog import parse_mllog
 from workloads.__main__ import main
 from workloads.config import WorkloadConfig
-from workloads.errors import UserError
 from workloads.events import INSTRUMENTED_VARIANTS, Emitter
 from workloads.registry import WORKLOADS, get_workload
 from workloads.unet3d.dataset import UNet3DDataset, check_dataset, list_cases

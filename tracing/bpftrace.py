@@ -10,8 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from core.errors import UserError
 from tracing.procs import ChildProcess
-from workloads.errors import UserError
 
 BPF_DIR = Path(__file__).parent / "bpf"
 SCRIPTS: tuple[str, ...] = ("syscalls", "block", "cache", "proc")

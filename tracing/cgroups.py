@@ -10,7 +10,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from workloads.errors import UserError
+from core.errors import UserError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 

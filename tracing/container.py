@@ -20,7 +20,7 @@ import docker
 import docker.errors
 from docker.types import Mount
 
-from workloads.errors import UserError
+from core.errors import UserError
 
 CTL_MOUNT = "/twintrace/ctl"
 OUT_MOUNT = "/twintrace/out"

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from core.errors import UserError
 from tracing.bpftrace import BPF_DIR
-from workloads.errors import UserError
 
 TRACEFS = Path("/sys/kernel/tracing")
 MIN_BPFTRACE = (0, 17)
@@ -185,3 +188,43 @@ def require_tracing_prerequisites() -> None:
         result = check()
         if not result.ok:
             raise UserError(f"{result.name}: {result.detail}: {result.fix}")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _first_line(argv: list[str]) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        return (out.stdout or out.stderr).strip().splitlines()[0] if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return None
+
+
+def host_metadata(docker_version: str | None = None) -> dict[str, Any]:
+    """What the run ran on: enough to refuse comparing runs from different setups."""
+    os_name = None
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                os_name = line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return {
+        "hostname": socket.gethostname(),
+        "kernel": platform.release(),
+        "os": os_name,
+        "cpu_model": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "docker_version": docker_version,
+        "bpftrace_version": _first_line(["bpftrace", "--version"]),
+        "python_version": platform.python_version(),
+    }

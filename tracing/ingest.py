@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from analysis.rundir import EVENTS_COLUMNS, PHASES_COLUMNS, SAMPLES_COLUMNS, arrow_schema, conform
+from core.rundir import EVENTS_COLUMNS, PHASES_COLUMNS, SAMPLES_COLUMNS, arrow_schema, conform
 
 PAGE_SIZE = 4096
 
@@ -25,7 +25,7 @@ READ_KINDS = ("read", "pread64", "readv")
 WRITE_KINDS = ("write", "pwrite64", "writev")
 FD_KINDS = (*READ_KINDS, *WRITE_KINDS, "close", "lseek", "fsync", "fdatasync", "mmap", "dup")
 
-# Column order and Arrow types of events.parquet: the single definition lives in analysis.rundir.
+# Column order and Arrow types of events.parquet: the single definition lives in core.rundir.
 EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
 
 _SYSCALL_COLUMNS = {

@@ -30,11 +30,11 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.rundir import PHASES_COLUMNS
+from core.rundir import PHASES_COLUMNS
 
 MARKER = ":::MLLOG"
 
-# The documented columns and dtypes of phases.parquet; the one definition is in analysis.rundir.
+# The documented columns and dtypes of phases.parquet; the one definition is in core.rundir.
 COLUMNS: Mapping[str, str] = PHASES_COLUMNS
 
 

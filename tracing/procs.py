@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from workloads.errors import UserError
+from core.errors import UserError
 
 _PR_SET_PDEATHSIG = 1
 

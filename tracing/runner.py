@@ -22,7 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from analysis.rundir import PHASES_COLUMNS, SAMPLES_COLUMNS, arrow_schema
+from core.errors import UserError
+from core.rundir import PHASES_COLUMNS, SAMPLES_COLUMNS, arrow_schema
 from tracing import bpftrace, container, host, ingest
 from tracing.cgroups import cgroups_of
 from tracing.rundir import (
@@ -35,7 +36,6 @@ from tracing.rundir import (
 )
 from tracing.samplers import Sampler
 from workloads.config import WorkloadConfig
-from workloads.errors import UserError
 
 Progress = Callable[[str], None]
 

@@ -1,8 +1,10 @@
 """Workloads: the training jobs twintrace runs inside containers.
 
-This package is the lowest layer of the project: it is copied into the workload images and must
-import with only the standard library and the packages of images/requirements.txt available
-(numpy, torch, mlperf-logging, Pillow, crc32c, protobuf, tfrecord).
+This package and ``core`` are what the workload images carry: it must import with only the
+standard library, ``core`` and the packages of images/requirements.txt available (numpy, torch,
+mlperf-logging, Pillow, crc32c, protobuf, tfrecord). Host-only code lives elsewhere.
 """
 
-__version__ = "0.1.0"
+from core import __version__
+
+__all__ = ["__version__"]

@@ -14,11 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from core.errors import UserError
+from core.units import format_size
 from workloads.config import WorkloadConfig
-from workloads.errors import UserError
 from workloads.events import INSTRUMENTED_VARIANTS, Emitter
 from workloads.registry import get_workload
-from workloads.units import format_size
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-from workloads.errors import UserError
+from core.errors import UserError
 
 VARIANTS: tuple[str, ...] = ("original", "instrumented", "sleep")
 

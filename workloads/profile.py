@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from workloads.errors import UserError
+from core.atomic import atomic_write_json
+from core.errors import UserError
 
 SCHEMA_VERSION = 1
 BATCH_BASES = ("per_accelerator", "global")
@@ -170,10 +171,7 @@ class SleepProfile:
 
     def save(self, path: str | Path) -> None:
         """Write the profile as JSON (atomically: temporary name, then rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        tmp.replace(path)
+        atomic_write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "sleep profile") -> SleepProfile:

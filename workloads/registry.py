@@ -15,13 +15,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from core.errors import UserError
 from workloads.bert import files as bert_files
 from workloads.bert.options import BertOptions
 from workloads.config import VARIANTS, WorkloadConfig
 from workloads.data import DataSummary
 from workloads.dlrm import files as dlrm_files
 from workloads.dlrm.options import DLRMOptions
-from workloads.errors import UserError
 from workloads.events import Emitter
 from workloads.images import files as image_files
 from workloads.images.options import ImageOptions

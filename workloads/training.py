@@ -42,8 +42,8 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader
 
+from core.errors import UserError
 from workloads.config import WorkloadConfig
-from workloads.errors import UserError
 from workloads.events import Emitter
 from workloads.profile import SleepProfile, default_profile, load_profile
 
@@ -478,8 +478,12 @@ class _Loop:
         # the stem: the bytes are exactly those of torch.save(state, path).
         tmp = path.with_suffix(".tmp")
         self.em.start("checkpoint", epoch=epoch)
-        size = self.compute.save_checkpoint(tmp)
-        os.replace(tmp, path)
+        try:
+            size = self.compute.save_checkpoint(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         self.em.stop("checkpoint", epoch=epoch, value=size, path=str(path))
 
 

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from core.errors import UserError
 from workloads.bert.files import FEATURES
 from workloads.bert.records import REGENERATE, iter_records, parse_example
-from workloads.errors import UserError
 from workloads.events import Emitter
 
 __all__ = ["BertBatches", "interleave"]

@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 
+from core.errors import UserError
 from workloads.bert.records import (
     FOOTER_BYTES,
     HEADER_BYTES,
@@ -21,7 +22,6 @@ from workloads.bert.records import (
     read_header,
 )
 from workloads.data import DataSummary
-from workloads.errors import UserError
 
 SHARD_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 SHARD_FORMAT = "part-%05d-of-%05d"

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.errors import UserError
+from core.errors import UserError
 
 # BERT's TF checkpoints use 1e-12; torch's default 1e-5 would change the numerics.
 LAYER_NORM_EPS = 1e-12

@@ -29,7 +29,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from workloads.errors import UserError
+from core.errors import UserError
 
 REGENERATE = "regenerate it with ./cli.py datagen bert"
 HEADER_BYTES = 12  # uint64 length + uint32 masked CRC of the length

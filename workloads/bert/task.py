@@ -17,12 +17,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from core.errors import UserError
 from workloads.bert.dataset import BertBatches
 from workloads.bert.files import list_shards, read_shape
 from workloads.bert.model import BertConfig, BertPretraining, mlm_accuracy, pretraining_loss
 from workloads.bert.options import BertOptions
 from workloads.config import WorkloadConfig
-from workloads.errors import UserError
 from workloads.events import Emitter
 from workloads.training import Loader, Task, make_optimizer
 

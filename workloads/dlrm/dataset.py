@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from core.errors import UserError
 from workloads.dlrm.files import RECORD_BYTES, REGENERATE, DLRMData, RecordError, decode_batch
-from workloads.errors import UserError
 from workloads.events import Emitter
 
 __all__ = ["DLRMBatches"]

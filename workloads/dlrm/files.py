@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from core.errors import UserError
 from workloads.data import DataSummary
-from workloads.errors import UserError
 
 DENSE = 13
 SPARSE = 26

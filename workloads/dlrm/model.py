@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.errors import UserError
+from core.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.errors import UserError
 from workloads.config import WorkloadConfig
 from workloads.dlrm.dataset import DLRMBatches
 from workloads.dlrm.files import DLRMData, load_dataset
 from workloads.dlrm.model import DLRM, DLRMConfig
 from workloads.dlrm.options import DLRMOptions, parse_layers
-from workloads.errors import UserError
 from workloads.events import Emitter
 from workloads.training import Loader, Task, make_optimizer, sharded_loader
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from workloads.errors import UserError
+from core.errors import UserError
 from workloads.events import Emitter
 from workloads.images.files import REGENERATE, ImageData, ImageGroup, ImageSample
 from workloads.images.transforms import decode, eval_transform, train_transform

@@ -19,8 +19,8 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Literal, cast
 
+from core.errors import UserError
 from workloads.data import DataSummary
-from workloads.errors import UserError
 
 REGENERATE = "regenerate it with ./cli.py datagen images"
 SPLITS = ("train", "val")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from workloads.errors import UserError
+from core.errors import UserError
 
 
 def _conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:

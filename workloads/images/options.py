@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from core.errors import UserError
 from workloads.config import from_mapping
-from workloads.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

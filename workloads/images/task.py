@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.errors import UserError
 from workloads.config import WorkloadConfig
-from workloads.errors import UserError
 from workloads.events import Emitter
 from workloads.images.dataset import GroupedImageDataset, ImageFolderDataset, collate_groups
 from workloads.images.files import ImageData, load_image_data

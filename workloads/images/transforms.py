@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from workloads.errors import UserError
+from core.errors import UserError
 from workloads.images.files import REGENERATE
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from workloads.errors import UserError
+from core.errors import UserError
 from workloads.events import Emitter
 from workloads.unet3d.files import REGENERATE, Case, DataSummary, check_dataset, list_cases
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from core.errors import UserError
 from workloads.data import DataSummary
-from workloads.errors import UserError
 
 CASE_RE = re.compile(r"^case_(\d{5})_([xy])\.npy$")
 REGENERATE = "regenerate it with ./cli.py datagen unet3d"

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from core.errors import UserError
 from workloads.config import WorkloadConfig
-from workloads.errors import UserError
 from workloads.events import Emitter
 from workloads.training import Loader, Task, make_optimizer, sharded_loader
 from workloads.unet3d.dataset import Case, UNet3DDataset, list_cases

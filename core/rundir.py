@@ -1,10 +1,11 @@
-"""Load a run directory (``docs/run-format.md``) into typed DataFrames.
+"""The run directory (``docs/run-format.md``): the one owner of its format.
 
-This module is the single source of truth for the column names and dtypes of the three tables
-of a run (``events``, ``samples``, ``phases``): the ingest code that writes them imports
-:data:`EVENTS_COLUMNS`, :data:`SAMPLES_COLUMNS` and :data:`PHASES_COLUMNS` (and
-:func:`arrow_schema` for the Parquet schema), and every reader goes through :func:`load_run`,
-which checks the manifest's ``schema_version`` and conforms each table to its documented dtypes.
+Everything about the layout of a run lives here and nowhere else: the schema version, the
+column names and dtypes of the three tables (``events``, ``samples``, ``phases``), the event
+kinds, creating a run directory, the manifest, writing a table or a versioned JSON file, and
+every reader (manifest, summary, tables, comparison and scores files). Each file written
+carries ``schema_version`` and each loader checks it; a damaged file is a one-line
+:class:`~core.errors.UserError` naming it.
 
 Example::
 
@@ -15,8 +16,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 import json
+import secrets
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,11 +29,28 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workloads import __version__ as TWINTRACE_VERSION
-from workloads.errors import UserError
+from core import __version__ as TWINTRACE_VERSION
+from core.atomic import atomic_path, atomic_write_json
+from core.errors import UserError
 
-#: The manifest / table layout version this code reads and writes.
-SCHEMA_VERSION = 1
+#: The layout version of every file this code reads and writes. Version 2 added the
+#: ``container`` column (the role of the run's container an event, sample or phase came from)
+#: and the manifest's ``containers`` list, for runs of several containers.
+SCHEMA_VERSION = 2
+
+#: Event kinds by what they do (``kind`` column of events).
+READ_KINDS: tuple[str, ...] = ("read", "pread64", "readv")
+WRITE_KINDS: tuple[str, ...] = ("write", "pwrite64", "writev")
+FD_KINDS: tuple[str, ...] = (
+    *READ_KINDS,
+    *WRITE_KINDS,
+    "close",
+    "lseek",
+    "fsync",
+    "fdatasync",
+    "mmap",
+    "dup",
+)
 
 # Column name -> pandas dtype string, in file order. 'string' is pandas' nullable string dtype,
 # 'category' a dictionary-encoded string (Parquet dictionary), the integer widths are those of
@@ -49,6 +70,7 @@ EVENTS_COLUMNS: Mapping[str, str] = {
     "latency_ns": "int64",
     "dev": "string",
     "in_container": "bool",
+    "container": "string",
 }
 
 SAMPLES_COLUMNS: Mapping[str, str] = {
@@ -56,6 +78,7 @@ SAMPLES_COLUMNS: Mapping[str, str] = {
     "metric": "string",
     "value": "float64",
     "unit": "string",
+    "container": "string",
 }
 
 PHASES_COLUMNS: Mapping[str, str] = {
@@ -69,6 +92,7 @@ PHASES_COLUMNS: Mapping[str, str] = {
     "epoch": "int32",
     "step": "int32",
     "value": "string",
+    "container": "string",
 }
 
 #: Table name -> (file name, columns), in the order the run directory documents them.
@@ -79,6 +103,9 @@ TABLES: Mapping[str, tuple[str, Mapping[str, str]]] = {
 }
 
 MANIFEST = "manifest.json"
+SUMMARY = "summary.json"
+RUN_SUBDIRS = ("raw", "ctl", "out")
+STATUSES = ("running", "completed", "failed", "interrupted")
 
 _ARROW_TYPES: Mapping[str, pa.DataType] = {
     "int64": pa.int64(),
@@ -161,6 +188,141 @@ def read_table(path: Path, columns: Mapping[str, str]) -> pd.DataFrame:
     return conform(frame, columns, str(path))
 
 
+def write_table(path: Path, frame: pd.DataFrame | pa.Table, columns: Mapping[str, str]) -> None:
+    """Write one table of a run atomically, with exactly its documented columns and types.
+
+    A DataFrame is conformed first (the documented columns, in order; extra columns are
+    dropped); an Arrow table must already have the schema of :func:`arrow_schema`.
+    """
+    schema = arrow_schema(columns)
+    if isinstance(frame, pd.DataFrame):
+        frame = conform(frame, columns, str(path))
+        table = pa.Table.from_pandas(frame[list(columns)], schema=schema, preserve_index=False)
+    else:
+        table = frame.select(list(columns)).cast(schema)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def write_json(path: Path, obj: Mapping[str, Any]) -> None:
+    """Write a JSON file of the run format atomically, stamped with ``schema_version``."""
+    atomic_write_json(path, {"schema_version": SCHEMA_VERSION, **obj})
+
+
+def load_json(path: Path, what: str) -> dict[str, Any]:
+    """Read a JSON file of the run format (summary, comparison, scores, state) and check its
+    ``schema_version``. Missing, truncated, damaged or foreign files are a one-line UserError
+    naming the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(
+            f"{path} does not exist: is {path.parent} a twintrace run directory? "
+            "(`./cli.py runs` lists runs)"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(
+            f"{path} is damaged (not valid JSON: {exc}); it was cut short or edited: re-create it"
+        ) from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is damaged (not a JSON object): re-create it")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        made_by = data.get("twintrace_version")
+        which = (
+            f"use twintrace {made_by}, which made it"
+            if made_by
+            else "use the twintrace version that made it"
+        )
+        raise UserError(
+            f"{what} {path} has schema_version {version!r}, but twintrace "
+            f"{TWINTRACE_VERSION} reads only schema_version {SCHEMA_VERSION}: {which}"
+        )
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Creating a run directory and its manifest
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def new_run_dir(root: Path, label: str, variant: str | None) -> Path:
+    """Create a fresh, uniquely named run directory under ``root``; never reuse one.
+
+    The returned path is absolute: it is bind-mounted into the run's containers."""
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)[:40]
+    parts = [stamp, safe] + ([variant] if variant else [])
+    for _ in range(20):
+        path = root / "-".join([*parts, secrets.token_hex(2)])
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        for sub in RUN_SUBDIRS:
+            (path / sub).mkdir()
+        return path
+    raise UserError(f"could not create a new run directory under {root}")
+
+
+def git_revision() -> str | None:
+    """HEAD of the twintrace checkout, with -dirty when there are local changes."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def initial_manifest(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """The manifest as first written (status ``running``); the tracer finalises it."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "twintrace_version": TWINTRACE_VERSION,
+        "run_id": run_dir.name,
+        "status": "running",
+        "error": None,
+        "git_revision": git_revision(),
+        "started_at": utc_now(),
+        "ended_at": None,
+        "start_ns": None,
+        "end_ns": None,
+        "exit_code": None,
+        "lost_events": None,
+        "containers": [],
+        **fields,
+    }
+
+
+def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> None:
+    """(Re)write ``manifest.json`` atomically."""
+    if manifest.get("status") not in STATUSES:
+        raise ValueError(f"bad run status {manifest.get('status')!r}")
+    atomic_write_json(Path(run_dir) / MANIFEST, dict(manifest))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Run:
     """One run directory: its manifest and its three tables.
@@ -238,6 +400,11 @@ class Run:
         return _run_id_parts(self.run_id)[1]
 
     @property
+    def containers(self) -> list[str]:
+        """The roles of the run's containers, in the manifest's order (one for most runs)."""
+        return [str(c.get("role")) for c in self.manifest.get("containers") or []]
+
+    @property
     def label(self) -> str:
         """``run id (workload, variant)``, the heading used by plots."""
         return f"{self.run_id} ({self.workload}, {self.variant})"
@@ -294,31 +461,17 @@ def resolve_run(ref: str | Path, runs_root: Path = Path("runs")) -> Path:
 
 def load_manifest(run_dir: Path) -> dict[str, Any]:
     """Read ``manifest.json`` and check its ``schema_version``."""
-    manifest_path = Path(run_dir) / MANIFEST
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except FileNotFoundError:
+    if not (Path(run_dir) / MANIFEST).exists():
         raise UserError(
             f"{run_dir} is not a run directory (it has no {MANIFEST}): "
             "list the runs with `./cli.py runs`"
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{manifest_path} is not valid JSON ({exc}): the run is damaged") from None
-    if not isinstance(manifest, dict):
-        raise UserError(f"{manifest_path} is not a JSON object: the run is damaged")
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
-        made_by = manifest.get("twintrace_version")
-        which = (
-            f"use twintrace {made_by}, which made this run"
-            if made_by
-            else "use the twintrace version that made this run"
         )
-        raise UserError(
-            f"{manifest_path} has schema_version {version!r}, but twintrace "
-            f"{TWINTRACE_VERSION} reads only schema_version {SCHEMA_VERSION}: {which}"
-        )
-    return manifest
+    return load_json(Path(run_dir) / MANIFEST, "manifest")
+
+
+def load_summary(run_dir: Path) -> dict[str, Any]:
+    """Read ``summary.json`` (written when the trace was processed) and check its version."""
+    return load_json(Path(run_dir) / SUMMARY, "summary")
 
 
 def load_run(ref: str | Path, runs_root: Path = Path("runs")) -> Run:

@@ -51,11 +51,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tracing.rundir import atomic_write_json
+from core.atomic import atomic_write_json
+from core.errors import UserError
+from core.rundir import write_json
+from core.units import parse_size
 from workloads.config import VARIANTS
-from workloads.errors import UserError
 from workloads.registry import WORKLOADS
-from workloads.units import parse_size
 
 GRID_KEYS = ("workload", "variant", "batch_size", "accelerators", "workers", "memory_limit")
 SETTINGS_KEYS = ("epochs", "max_steps", "seed", "eval_every", "checkpoint_every")
@@ -374,7 +375,7 @@ def produce_outputs(
     experiment: Experiment, state: dict[str, Any], home: Path, log: Log
 ) -> list[Path]:
     """Timelines, breakdowns and comparisons of the completed runs, as the file asks."""
-    from analysis.rundir import load_run
+    from core.rundir import load_run
 
     done: dict[str, Any] = {}
     for spec in experiment.runs:
@@ -427,7 +428,7 @@ def produce_outputs(
                 scores[name] = comparison.to_dict()
         if scores:
             path = home / "comparisons" / "scores.json"
-            path.write_text(json.dumps(scores, indent=2) + "\n")
+            write_json(path, {"scores": scores})
             written.append(path)
     for path in written:
         log(f"wrote {path}")

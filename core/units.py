@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from workloads.errors import UserError
+from core.errors import UserError
 
 _UNITS = {
     "": 1,

@@ -9,7 +9,7 @@ error: it shrinks as steps are added, where a single step's std / mean does not)
 ``cv_target``
 with at least ``min_steps`` steps, or until ``max_steps`` or ``max_seconds`` per batch size
 (then the profile's ``measured`` record says the target was not met). The times are fitted
-with :func:`workloads.profile_fit.fit_points`.
+with :func:`analysis.profile_fit.fit_points`.
 
 The step time measured is ``all_compute`` as the training loop defines it: host-to-device copy,
 forward, loss, backward, optimizer step and the loss read-back.
@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from workloads import __version__ as TWINTRACE_VERSION
-from workloads.errors import UserError
+from analysis.profile_fit import PointSamples, fit_points
+from core import __version__ as TWINTRACE_VERSION
+from core.errors import UserError
 from workloads.events import Emitter
 from workloads.profile import SleepProfile
-from workloads.profile_fit import PointSamples, fit_points
 from workloads.registry import get_workload
 from workloads.training import ModelCompute, batches_of, resolve_device
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads.errors import UserError
+from core.errors import UserError
 from workloads.profile import Linear, Normal, TablePoint
 
 MIN_R2 = 0.9
