@@ -33,7 +33,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from core.errors import UserError  # noqa: E402
-from core.units import format_size, parse_size  # noqa: E402
+from core.units import SIZE_HELP, format_size, parse_size  # noqa: E402
 from workloads.config import VARIANTS  # noqa: E402
 
 err_console = Console(stderr=True, highlight=False)
@@ -48,8 +48,8 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, **kwargs)
         except UserError as exc:
             raise click.ClickException(str(exc)) from None
-        except KeyboardInterrupt:
-            err_console.print("interrupted")
+        except KeyboardInterrupt as exc:
+            err_console.print(str(exc) or "interrupted")
             sys.exit(130)
 
     return wrapper
@@ -83,7 +83,14 @@ def runs_root_option(func: Callable[..., Any]) -> Callable[..., Any]:
 )
 def cli() -> None:
     """twintrace: does your storage keep the GPUs fed, and does your benchmark behave like the
-    real training job? Containerized ML-training workloads traced with eBPF."""
+    real training job? Containerized ML-training workloads traced with eBPF.
+
+    \b
+    Examples:
+      ./cli.py doctor
+      ./cli.py trace --workload unet3d --variant sleep --data data/unet3d
+      ./cli.py plot timeline runs/RUN
+    """
 
 
 @cli.command()
@@ -330,20 +337,40 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     help="Workload option KEY=VALUE, e.g. --set patch_size=64 (repeatable).",
 )
 @click.option(
+    "--rank-containers",
+    is_flag=True,
+    help="With --accelerators G: one container per data-parallel rank, joined by "
+    "torch.distributed (gloo) over the run's private network.",
+)
+@click.option(
     "--image", default=None, help="Trace any image instead of a workload; the command follows `--`."
+)
+@click.option(
+    "--compose",
+    "compose_file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Trace the services of a compose file (a topology of several containers).",
+)
+@click.option(
+    "--service",
+    "services",
+    multiple=True,
+    help="With --compose: a service to run (repeatable; default: all of them).",
 )
 @click.option(
     "--mount",
     "mounts",
     multiple=True,
-    help="Extra bind mount SRC:DST[:ro|rw] (read-only by default).",
+    help="Extra bind mount SRC:DST[:ro|:rw], read-only unless :rw is given (repeatable).",
 )
 @click.option(
     "--memory-limit",
     default=None,
-    help="Container memory limit (bounds its page cache too), e.g. 2g.",
+    help="Memory limit of each container (bounds its page cache too), e.g. 2GiB or 500MB. "
+    + SIZE_HELP,
 )
-@click.option("--cpus", type=float, default=None, help="Container CPU limit, e.g. 1.5.")
+@click.option("--cpus", type=float, default=None, help="CPU limit of each container, e.g. 1.5.")
 @click.option(
     "--sample-interval",
     type=float,
@@ -356,6 +383,11 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     type=float,
     default=None,
     help="Stop the run after this many seconds (status failed).",
+)
+@click.option(
+    "--quiet",
+    is_flag=True,
+    help="Do not show the containers' output (it is kept in raw/<role>/container.log).",
 )
 @runs_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -374,46 +406,49 @@ def trace(
     checkpoint_every: int | None,
     profile_path: Path | None,
     sets: tuple[str, ...],
+    rank_containers: bool,
     image: str | None,
+    compose_file: Path | None,
+    services: tuple[str, ...],
     mounts: tuple[str, ...],
     memory_limit: str | None,
     cpus: float | None,
     sample_interval: float,
     timeout: float | None,
+    quiet: bool,
     runs_root: Path,
     command: tuple[str, ...],
 ) -> None:
-    """Run a workload (or any image) in a container under eBPF tracing; print the run directory.
+    """Run a workload, an image or a compose topology under eBPF tracing; print the run
+    directory. The containers' output is shown as it is written (--quiet hides it).
 
+    \b
     Examples:
       ./cli.py trace --workload unet3d --variant sleep --data data/unet3d --epochs 1
+      ./cli.py trace --workload unet3d --variant original --data data/unet3d --accelerators 2 --rank-containers
       ./cli.py trace --image twintrace/base:latest --mount /srv/data:/data -- python3 -c "print(1)"
+      ./cli.py trace --compose topology.yml --service client --service server
     """
-    from images.build import workload_tag
-    from tracing.container import CTL_MOUNT, BindMount
-    from tracing.runner import TraceRequest
+    from tracing.container import BindMount
+    from tracing.request import Limits, RunOptions, image_request, workload_request
     from tracing.runner import trace as run_trace
 
-    if (workload is None) == (image is None):
-        raise UserError("give exactly one of --workload NAME or --image IMAGE")
-    if memory_limit:
-        parse_size(memory_limit)
+    if sum(x is not None for x in (workload, image, compose_file)) != 1:
+        raise UserError("give exactly one of --workload NAME, --image IMAGE or --compose FILE")
+    if rank_containers and workload is None:
+        raise UserError("--rank-containers is for --workload runs")
+    if services and compose_file is None:
+        raise UserError("--service is for --compose runs")
+    if command and image is None:
+        raise UserError("a command after `--` is only for --image runs")
+    run = RunOptions(
+        limits=Limits.parse(memory_limit, cpus),
+        sample_interval=sample_interval,
+        timeout_s=timeout,
+        echo=not quiet,
+    )
     extra_mounts = [BindMount.parse(m) for m in mounts]
     if workload is not None:
-        from workloads.registry import WORKLOADS
-
-        if command:
-            raise UserError("a command after `--` is only for --image runs")
-        if workload not in WORKLOADS:
-            raise UserError(
-                f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}"
-            )
-        spec = WORKLOADS[workload]
-        if data_dir is None:
-            raise UserError(
-                f"--data is required: generate a dataset with `./cli.py datagen {spec.datagen} --out DIR --size 1GB`"
-            )
-        spec.check_data(data_dir)
         given = {
             "epochs": epochs,
             "batch_size": batch_size,
@@ -424,51 +459,43 @@ def trace(
             "eval_every": eval_every,
             "checkpoint_every": checkpoint_every,
         }
-        settings: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-        options = _parse_sets(sets)
-        spec.parse_options(options)  # validates names and types before anything starts
-        if profile_path is not None:
-            if variant != "sleep":
-                raise UserError("--profile is only used by the sleep variant")
-            from workloads.profile import load_profile
-
-            load_profile(profile_path)
-            extra_mounts.append(
-                BindMount(profile_path.resolve(), f"{CTL_MOUNT}-profile/profile.json", True)
-            )
-            settings["profile"] = f"{CTL_MOUNT}-profile/profile.json"
-        config = spec.config(variant, options=options, **settings)
-        request = TraceRequest(
-            image=workload_tag(workload, variant),
-            command=None,
-            label=workload,
-            runs_root=runs_root,
-            config=config,
+        request = workload_request(
+            workload,
+            variant,
+            data_dir,
+            runs_root,
+            settings={k: v for k, v in given.items() if v is not None},
+            options=_parse_sets(sets),
+            profile=profile_path,
+            rank_containers=rank_containers,
+            mounts=extra_mounts,
+            run=run,
+        )
+    elif image is not None:
+        request = image_request(
+            image,
+            list(command) or None,
+            runs_root,
+            mounts=extra_mounts,
             data_dir=data_dir,
-            mounts=tuple(extra_mounts),
-            memory_limit=memory_limit,
-            cpus=cpus,
-            sample_interval=sample_interval,
-            timeout_s=timeout,
+            run=run,
         )
     else:
-        if data_dir is not None:
-            extra_mounts.append(BindMount.parse(f"{data_dir}:/data:ro"))
-        label = image.split("/")[-1].replace(":", "-")
-        request = TraceRequest(
-            image=image,
-            command=list(command) or None,
-            label=label,
-            runs_root=runs_root,
-            mounts=tuple(extra_mounts),
-            memory_limit=memory_limit,
-            cpus=cpus,
-            sample_interval=sample_interval,
-            timeout_s=timeout,
+        from tracing.topology import topology_request
+
+        if data_dir is not None or extra_mounts:
+            raise UserError("--data and --mount are not for --compose runs: mount in the file")
+        request = topology_request(
+            compose_file,
+            runs_root,
+            services=services,
+            warn=lambda msg: err_console.print(f"warning: {msg}"),
+            run=run,
         )
-    run_dir = run_trace(request, progress=lambda msg: err_console.print(f"[dim]{msg}[/]"))
-    _print_summary(run_dir)
-    click.echo(str(run_dir))
+    outcome = run_trace(request, progress=lambda msg: err_console.print(f"[dim]{msg}[/]"))
+    _print_summary(outcome.run_dir)
+    outcome.check()
+    click.echo(str(outcome.run_dir))
 
 
 def _print_summary(run_dir: Path) -> None:
@@ -480,33 +507,39 @@ def _print_summary(run_dir: Path) -> None:
 
 @cli.command("runs")
 @runs_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON records.")
 @user_errors
 def list_runs(runs_root: Path, as_json: bool) -> None:
-    """List runs with their status, duration and steps.
+    """List runs with their status, duration and steps. A run whose manifest.json or
+    summary.json is damaged is listed as `damaged`, one error line names the file, and the exit
+    status is 1.
 
-    Example: ./cli.py runs
+    Example: ./cli.py runs --out runs
     """
     from analysis.report import list_runs as collect
 
     rows = collect(runs_root)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
+    elif not rows:
         err_console.print(f"no runs under {runs_root}: start one with `./cli.py trace`")
-        return
-    table = Table("run", "status", "image", "duration", "steps", "events")
-    for r in rows:
-        table.add_row(
-            r["run_id"],
-            r["status"],
-            r.get("image") or "",
-            _fmt_s(r.get("duration_s")),
-            str(r.get("steps", "")),
-            str(r.get("events", "")),
-        )
-    Console().print(table)
+    else:
+        table = Table("run", "status", "image", "duration", "steps", "events")
+        for r in rows:
+            table.add_row(
+                r["run_id"],
+                r["status"],
+                r.get("image") or "",
+                _fmt_s(r.get("duration_s")),
+                str(r.get("steps", "")),
+                str(r.get("events", "")),
+            )
+        Console().print(table)
+    damaged = [r["error"] for r in rows if r["status"] == "damaged"]
+    for error in damaged[:-1]:
+        click.echo(f"Error: {error}", err=True)
+    if damaged:
+        raise UserError(damaged[-1])
 
 
 def _fmt_s(value: float | None) -> str:
@@ -537,7 +570,10 @@ def show(run: str, runs_root: Path, as_json: bool) -> None:
 
 @cli.group()
 def plot() -> None:
-    """Plots of runs (self-contained HTML)."""
+    """Plots of runs (self-contained HTML).
+
+    Example: ./cli.py plot timeline runs/RUN_A runs/RUN_B
+    """
 
 
 @plot.command("timeline")
@@ -689,7 +725,10 @@ def export(run: str, fmt: str, out_path: Path | None, runs_root: Path) -> None:
 
 @cli.group()
 def profile() -> None:
-    """Sleep profiles: fit them to instrumented runs or measure a workload's compute natively."""
+    """Sleep profiles: fit them to instrumented runs or measure a workload's compute natively.
+
+    Example: ./cli.py profile fit runs/RUN_B2 runs/RUN_B4 --out profiles/unet3d-cpu.json
+    """
 
 
 @profile.command("fit")
@@ -808,7 +847,10 @@ def _report_profile(prof: Any, warnings: list[str], out_path: Path) -> None:
 
 @cli.group()
 def experiment() -> None:
-    """Experiment grids described in TOML files (see docs/experiments.md)."""
+    """Experiment grids described in TOML files (see docs/experiments.md).
+
+    Example: ./cli.py experiment run experiments/timelines.toml --dry-run
+    """
 
 
 @experiment.command("run")

@@ -53,15 +53,16 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.export import atomic_path
+from analysis.tables import kind_mask
+from core.atomic import atomic_path
 from core.errors import UserError
-from core.rundir import Run
+from core.rundir import READ_KINDS, Run
 
-READ_KINDS: tuple[str, ...] = ("read", "pread64", "readv")
 LOADER_KEYS: tuple[str, ...] = ("sample_load", "batch_load")
 
 #: Columns of :func:`step_table`.
 STEP_COLUMNS: tuple[str, ...] = (
+    "container",
     "rank",
     "epoch",
     "step",
@@ -102,7 +103,10 @@ TABLE_COLUMNS: tuple[str, ...] = (
 )
 
 _NS = 1e-9
-_KEY = ["rank", "epoch", "step"]
+#: A step is one of a rank of a container: the containers of a run may each number their ranks
+#: from 0.
+_RANK = ["container", "rank"]
+_KEY = [*_RANK, "epoch", "step"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,15 +129,22 @@ def _has(phases: pd.DataFrame, key: str) -> bool:
     return bool(phases["key"].eq(key).any())
 
 
-def step_table(run: Run) -> pd.DataFrame:
-    """One row per (rank, epoch, step) of ``run`` with its times (module doc).
-
-    Columns :data:`STEP_COLUMNS`: ``start_ns``/``end_ns`` the step's interval (CLOCK_MONOTONIC
-    ns), ``step_s``, ``load_s``, ``compute_s`` in seconds, ``samples`` (the ``step_end`` value,
-    else the configured batch size), ``first_in_epoch`` (True for the first step of its rank and
-    epoch: kept here, excluded from statistics). Sorted by rank, epoch, step.
-    """
+def _phases(run: Run) -> pd.DataFrame:
+    """The run's phases, a null ``container`` as ``""`` (grouping keys cannot be null)."""
     phases = run.phases
+    return phases.assign(container=phases["container"].fillna(""))
+
+
+def step_table(run: Run) -> pd.DataFrame:
+    """One row per (container, rank, epoch, step) of ``run`` with its times (module doc).
+
+    Columns :data:`STEP_COLUMNS`: ``container`` the role of the container the step ran in,
+    ``start_ns``/``end_ns`` the step's interval (CLOCK_MONOTONIC ns), ``step_s``, ``load_s``,
+    ``compute_s`` in seconds, ``samples`` (the ``step_end`` value, else the configured batch
+    size), ``first_in_epoch`` (True for the first step of its rank and epoch: kept here,
+    excluded from statistics). Sorted by container, rank, epoch, step.
+    """
+    phases = _phases(run)
     compute_keys = ["all_compute"] if _has(phases, "all_compute") else []
     if not compute_keys and _has(phases, "accelerator_busy"):
         compute_keys = ["load_batch_gpu", "accelerator_busy"]
@@ -163,7 +174,7 @@ def step_table(run: Run) -> pd.DataFrame:
     ).reset_index()
     steps = steps.sort_values(_KEY, kind="stable").reset_index(drop=True)
 
-    group = steps.groupby(["rank", "epoch"], sort=False)
+    group = steps.groupby([*_RANK, "epoch"], sort=False)
     previous_end = group["step_end_ns"].shift(1)
     consecutive = group["step"].shift(1).eq(steps["step"] - 1)
     tiled = consecutive & previous_end.notna() & steps["step_end_ns"].notna()
@@ -176,6 +187,7 @@ def step_table(run: Run) -> pd.DataFrame:
         samples = samples.fillna(float(batch))
     out = pd.DataFrame(
         {
+            "container": steps["container"].astype("string"),
             "rank": steps["rank"].astype("int32"),
             "epoch": steps["epoch"].astype("int32"),
             "step": steps["step"].astype("int32"),

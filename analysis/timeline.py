@@ -3,7 +3,12 @@
 For each run, top to bottom (the published study's timeline, reordered so that cause is above
 effect): phases, accelerator, syscall I/O bandwidth, per-process I/O intervals, block I/O, page
 cache, CPU, memory. All lanes share one x axis: seconds since the run's ``start_ns`` (the moment
-the workload was released), so two runs (real vs emulated) line up from their starts.
+the workload was released), so two runs (real vs emulated) line up from their starts. A run of
+several containers gets one such group of lanes per container (:func:`lane_groups`), on the same
+axis; host-wide rows (host CPU, block requests of no container) are drawn in every group.
+
+Binning (:mod:`analysis.series`) and process classification (:mod:`analysis.processes`) are
+shared with the other analyses; this module lays out lanes and figures.
 
 Everything is a pure function from DataFrames (``docs/run-format.md``) to plotly objects, and is
 vectorised: millions of events are binned with ``np.bincount`` and drawn as a few WebGL traces
@@ -21,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,9 +35,19 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.basedatatypes import BaseTraceType
 
+from analysis.processes import classify_processes
+from analysis.series import Bins, binned_mean, binned_rate, default_bin_s
+from analysis.tables import (
+    BLOCK_KINDS,
+    container_rows,
+    interval_rows,
+    kind_mask,
+    run_roles,
+    step_intervals,
+)
 from core.atomic import atomic_write_text
 from core.errors import UserError
-from core.rundir import Run
+from core.rundir import READ_KINDS, WRITE_KINDS, Run
 
 #: Lane names, top to bottom, for each run.
 LANES: tuple[str, ...] = (
@@ -47,22 +61,11 @@ LANES: tuple[str, ...] = (
     "memory",
 )
 
-READ_KINDS: tuple[str, ...] = ("read", "pread64", "readv")
-WRITE_KINDS: tuple[str, ...] = ("write", "pwrite64", "writev")
-BLOCK_KINDS: tuple[str, ...] = ("block_read", "block_write", "block_other")
-PROCESS_GROUPS: tuple[str, ...] = ("main", "loader worker", "other")
-
-#: Process names that identify a data-loader worker (comm is at most 15 characters).
-#: PyTorch names its DataLoader worker processes ``pt_data_worker``.
-WORKER_COMM_PREFIXES: tuple[str, ...] = ("pt_data_worker",)
-
 #: Above this many interval segments in one trace, adjacent segments are merged (see
 #: :func:`merge_segments`): a browser stays responsive up to a few hundred thousand WebGL points.
 MAX_SEGMENTS = 150_000
 #: Step bars are drawn only up to this many per run (one bar per step; beyond it they are noise).
 MAX_STEPS = 2_000
-#: Refuse bin sizes that would make more bins than this per run.
-MAX_BINS = 200_000
 #: Page-cache rows are 100 ms intervals: a finer bin would show aliasing spikes, not detail.
 CACHE_MIN_BIN_S = 0.1
 
@@ -90,78 +93,6 @@ BUSY_COLOR = "#17becf"
 # Lane geometry, in pixels.
 _TITLE_GAP_PX = 34
 _MARGIN = {"l": 170, "r": 230, "t": 40, "b": 60}
-
-
-# ---------------------------------------------------------------------------------------------
-# Binning
-
-
-@dataclasses.dataclass(frozen=True)
-class Bins:
-    """Equal-width time bins ``[start_s + i * width_s, start_s + (i + 1) * width_s)``."""
-
-    start_s: float
-    width_s: float
-    count: int
-
-    @property
-    def edges(self) -> np.ndarray:
-        """``count + 1`` bin edges in seconds."""
-        return self.start_s + self.width_s * np.arange(self.count + 1)
-
-    @classmethod
-    def covering(cls, t0: float, t1: float, width_s: float) -> Bins:
-        """Bins of ``width_s`` aligned on multiples of the width, covering ``[t0, t1]``."""
-        if not width_s > 0 or not math.isfinite(width_s):
-            raise UserError(f"bin size must be a positive number of seconds, got {width_s!r}")
-        start = math.floor(t0 / width_s) * width_s
-        count = max(1, math.floor((t1 - start) / width_s) + 1)
-        if count > MAX_BINS:
-            raise UserError(
-                f"a bin of {width_s:g} s makes {count:,} bins over {t1 - t0:.1f} s; "
-                f"use a bin of at least {(t1 - t0) / MAX_BINS:.3g} s (or omit it for the default)"
-            )
-        return cls(start, width_s, count)
-
-
-def default_bin_s(duration_s: float) -> float:
-    """A round bin size (1, 2 or 5 times a power of ten) giving ~1000 bins over ``duration_s``.
-
-    A 1-2-5 step is at most 2.5x, so the result always gives between 500 and 2000 bins.
-    """
-    if not duration_s > 0 or not math.isfinite(duration_s):
-        return 1.0
-    target = duration_s / 1000.0
-    exponent = math.floor(math.log10(target))
-    candidates = [m * 10.0**e for e in (exponent - 1, exponent, exponent + 1) for m in (1, 2, 5)]
-    # Closest on a log scale, so 1000 bins is the centre of the allowed range.
-    return min(candidates, key=lambda c: abs(math.log(c / target)))
-
-
-def binned_rate(t_s: np.ndarray, weights: np.ndarray, bins: Bins) -> np.ndarray:
-    """Sum of ``weights`` per bin divided by the bin width: a rate per second.
-
-    Each value is attributed to the bin holding its time ``t_s`` (for syscalls the completion
-    time, like iostat counts a request when it completes). Values outside the bins are dropped.
-    """
-    if len(t_s) == 0:
-        return np.zeros(bins.count)
-    idx = np.floor((np.asarray(t_s, dtype=np.float64) - bins.start_s) / bins.width_s)
-    inside = (idx >= 0) & (idx < bins.count)
-    sums = np.bincount(
-        idx[inside].astype(np.int64),
-        weights=np.asarray(weights, dtype=np.float64)[inside],
-        minlength=bins.count,
-    )
-    return sums / bins.width_s
-
-
-def _binned_mean(t_s: np.ndarray, values: np.ndarray, bins: Bins) -> np.ndarray:
-    """Mean of ``values`` per bin; NaN (a gap in the line) where a bin has none."""
-    total = binned_rate(t_s, values, bins) * bins.width_s
-    count = binned_rate(t_s, np.ones(len(t_s)), bins) * bins.width_s
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / count, np.nan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,155 +168,6 @@ def _fmt_s(seconds: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Processes
-
-
-def classify_processes(
-    events: pd.DataFrame, worker_prefixes: Sequence[str] = WORKER_COMM_PREFIXES
-) -> pd.DataFrame:
-    """One row per process seen in ``events``, grouped as main, loader worker or other.
-
-    The process tree comes from ``fork`` rows (``pid`` = parent, ``ret`` = child pid). Rules,
-    in order:
-
-    1. **loader worker** by name: a process any of whose threads has a comm starting with one
-       of ``worker_prefixes`` (PyTorch names its DataLoader workers ``pt_data_worker``).
-    2. **main**: the fork parents of those workers (the training processes, one per rank).
-       Without named workers: the process that writes the most bytes (checkpoints, logs), or,
-       if nothing is written, the one that reads the most.
-    3. **loader worker**: a child forked by a main process that reads something and at least
-       as many bytes as it writes, i.e. a dataset reader started under a generic name
-       (multiprocessing, a DataLoader in an older PyTorch).
-    4. **main**: a remaining process with the same comm as a main process that is neither a
-       child nor the parent of one: the other ranks of a job whose ranks are siblings rather
-       than children of rank 0 (Horovod/MPI); a launcher (torchrun) is a parent of mains and a
-       writing helper forked by a main is its child, so both stay "other".
-    5. **other**: everything else (launcher, shell, helpers such as nvidia-smi).
-
-    Block rows are ignored (they are device-wide and their pid is whoever issued the request).
-    Returns columns ``pid, comm, parent, group, read_bytes, write_bytes, io_events, first_ns``,
-    sorted by group (main, loader worker, other) then by first appearance. The per-event work
-    is vectorised; only the per-process rules (a few hundred processes at most) are Python.
-    """
-    columns = {
-        "pid": "int32",
-        "comm": "string",
-        "parent": "int64",
-        "group": pd.CategoricalDtype(list(PROCESS_GROUPS), ordered=True),
-        "read_bytes": "int64",
-        "write_bytes": "int64",
-        "io_events": "int64",
-        "first_ns": "int64",
-    }
-    empty = pd.DataFrame({c: pd.Series([], dtype=d) for c, d in columns.items()})
-    if len(events) == 0:
-        return empty
-    # Work on column arrays filtered once, not on a filtered copy of the whole frame, and
-    # aggregate with numpy over the inverse of np.unique (a few processes, millions of rows).
-    kind = events["kind"]
-    keep = ~kind.isin(BLOCK_KINDS).to_numpy()
-    if not keep.any():
-        return empty
-    pid = events["pid"].to_numpy()[keep]
-    is_read = kind.isin(READ_KINDS).to_numpy()[keep]
-    is_write = kind.isin(WRITE_KINDS).to_numpy()[keep]
-    nbytes = events["bytes"].to_numpy()[keep]
-    ts = events["ts_ns"].to_numpy()[keep]
-    uniq, inv = np.unique(pid, return_inverse=True)
-    k = len(uniq)
-
-    def total(values: np.ndarray) -> np.ndarray:
-        return np.bincount(inv, weights=values, minlength=k).round().astype(np.int64)
-
-    def last_row(mask: np.ndarray) -> np.ndarray:
-        """Per process, the index of its last row where ``mask`` holds, or -1."""
-        last = np.full(k, -1, dtype=np.int64)
-        rows = np.flatnonzero(mask)
-        np.maximum.at(last, inv[rows], rows)
-        return last
-
-    first_ns = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first_ns, inv, ts)
-    # A run has a handful of distinct names: factorise them once, so that prefix tests and
-    # "which name" work on integer codes instead of millions of strings (-1: no name).
-    codes, names = pd.factorize(events["comm"])
-    codes = codes[keep]
-    names = pd.Index(names, dtype="string")
-    # A process's name is its main thread's comm (other threads have names like pt_autograd_0);
-    # fall back to the last comm seen when the main thread never appears.
-    named_row = codes >= 0
-    main_thread = events["tid"].to_numpy()[keep] == pid
-    row = last_row(named_row & main_thread)
-    row = np.where(row >= 0, row, last_row(named_row))
-    code = np.where(row >= 0, codes[row], -1)
-    comm = pd.array([pd.NA] * k, dtype="string")
-    comm[code >= 0] = names.take(code[code >= 0]).to_numpy()
-    procs = pd.DataFrame(
-        {
-            "read_bytes": total(np.where(is_read, nbytes, 0)),
-            "write_bytes": total(np.where(is_write, nbytes, 0)),
-            "io_events": total((is_read | is_write).astype(np.float64)),
-            "first_ns": first_ns,
-            "comm": comm,
-        },
-        index=pd.Index(uniq, name="pid"),
-    )
-
-    is_fork = (kind == "fork").to_numpy()[keep] & (events["ret"].to_numpy()[keep] > 0)
-    # Later fork rows for the same child pid (pid reuse) do not override the first parent.
-    parent_of: dict[int, int] = {}
-    children = events["ret"].to_numpy()[keep][is_fork].tolist()
-    for child, parent in zip(children, pid[is_fork].tolist(), strict=True):
-        parent_of.setdefault(int(child), int(parent))
-    worker_name = names.str.startswith(tuple(worker_prefixes)).to_numpy(dtype=bool, na_value=False)
-    named = np.append(worker_name, False)[codes]  # code -1 picks the appended False
-    workers = set(np.unique(pid[named]).tolist())
-
-    # The rules below run once per process (a few hundred at most), not per event.
-    pids = procs.index.to_numpy().tolist()
-    mains = {parent_of[w] for w in workers if w in parent_of} - workers
-    mains &= set(pids)
-    if not mains:
-        candidates = procs.drop(index=list(workers), errors="ignore")
-        if len(candidates):
-            column = "write_bytes" if candidates["write_bytes"].max() > 0 else "read_bytes"
-            mains = {int(candidates[column].idxmax())}
-    read_bytes = procs["read_bytes"].to_dict()
-    write_bytes = procs["write_bytes"].to_dict()
-    for p in pids:
-        if (
-            p not in mains
-            and p not in workers
-            and parent_of.get(p) in mains
-            and read_bytes[p] > 0
-            and read_bytes[p] >= write_bytes[p]
-        ):
-            workers.add(p)
-    comm_of = {p: c for p, c in procs["comm"].items() if c is not pd.NA}
-    main_comms = {comm_of[m] for m in mains if m in comm_of}
-    parents_of_mains = {parent_of.get(m) for m in mains}
-    for p in pids:
-        if (
-            p not in mains
-            and p not in workers
-            and p not in parents_of_mains
-            and parent_of.get(p) not in mains
-            and comm_of.get(p) in main_comms
-        ):
-            mains.add(p)
-
-    group = np.full(len(pids), "other", dtype=object)
-    pid_array = np.asarray(pids)
-    group[np.isin(pid_array, list(workers))] = "loader worker"
-    group[np.isin(pid_array, list(mains))] = "main"
-    procs["group"] = group
-    procs["parent"] = [parent_of.get(p, -1) for p in pids]
-    out = procs.reset_index()
-    out = out.astype({c: d for c, d in columns.items()})[list(columns)]
-    return out.sort_values(["group", "first_ns", "pid"], kind="stable").reset_index(drop=True)
-
-
-# ---------------------------------------------------------------------------------------------
 # Lanes
 
 
@@ -440,46 +222,12 @@ def _clock(run: Run) -> _Clock:
     return _Clock(origin, t0, t1, duration)
 
 
-def _is(series: pd.Series, value: str) -> np.ndarray:
-    """``series == value`` as a plain bool array (a null string is simply not equal)."""
-    return series.eq(value).to_numpy(dtype=bool, na_value=False)
-
-
-def _interval_rows(phases: pd.DataFrame, key: str) -> pd.DataFrame:
-    return phases[_is(phases["kind"], "interval") & _is(phases["key"], key)]
-
-
-def step_intervals(phases: pd.DataFrame) -> pd.DataFrame:
-    """Step intervals (``ts_ns``, ``end_ns``, ``epoch``, ``step``) of the lowest rank.
-
-    ``step`` interval rows when the workload logs them; otherwise derived from ``step_end``
-    points: a step runs from the previous ``step_end`` of its epoch (for the first step, from the
-    epoch's start; without one it is dropped) to its own ``step_end``.
-    """
-    cols = ["ts_ns", "end_ns", "epoch", "step"]
-    steps = _interval_rows(phases, "step")
-    if len(steps) == 0:
-        ends = phases[_is(phases["kind"], "point") & _is(phases["key"], "step_end")]
-        if len(ends) == 0:
-            return pd.DataFrame(columns=cols)
-        ends = ends[ends["rank"] == ends["rank"].min()].sort_values("ts_ns")
-        # Nullable Int64 keeps boot-relative nanoseconds exact through the shift's gaps.
-        start = ends["ts_ns"].astype("Int64").groupby(ends["epoch"]).shift(1)
-        epoch_start = _interval_rows(phases, "epoch").groupby("epoch")["ts_ns"].min()
-        start = start.fillna(ends["epoch"].map(epoch_start))
-        steps = pd.DataFrame(
-            {"ts_ns": start, "end_ns": ends["ts_ns"], "epoch": ends["epoch"], "step": ends["step"]}
-        ).dropna(subset=["ts_ns"])
-        return steps.astype({"ts_ns": "int64", "end_ns": "int64"})[cols]
-    return steps[steps["rank"] == steps["rank"].min()][cols]
-
-
 def _phase_lane(phases: pd.DataFrame, clock: _Clock) -> _Lane:
     lane = _Lane("phases", 120)
     categories: list[str] = []
     hover = "%{customdata[0]:.3f} – %{customdata[1]:.3f} s<extra>%{fullData.name}</extra>"
     for key, label in PHASE_LABELS.items():
-        rows = _interval_rows(phases, key)
+        rows = interval_rows(phases, key)
         if len(rows) == 0:
             continue
         categories.append(label)
@@ -555,10 +303,10 @@ def _accelerator_lane(phases: pd.DataFrame, samples: pd.DataFrame, clock: _Clock
         return lane
 
     source = "accelerator_busy"
-    busy = _interval_rows(phases, source)
+    busy = interval_rows(phases, source)
     if len(busy) == 0:
         source = "all_compute"
-        busy = _interval_rows(phases, source)
+        busy = interval_rows(phases, source)
     if len(busy) == 0:
         lane.empty_text = "no accelerator data"
         lane.height_px = 70
@@ -598,18 +346,12 @@ def _accelerator_lane(phases: pd.DataFrame, samples: pd.DataFrame, clock: _Clock
     return lane
 
 
-def _kind_mask(events: pd.DataFrame, kinds: Sequence[str]) -> np.ndarray:
-    if len(events) == 0:
-        return np.zeros(0, dtype=bool)
-    return events["kind"].isin(kinds).to_numpy()
-
-
 def _rate_trace(
-    bins: Bins, rate: np.ndarray, name: str, color: str, dash: str = "solid"
+    bins: Bins, clock: _Clock, rate: np.ndarray, name: str, color: str, dash: str = "solid"
 ) -> go.Scatter:
     """A step line: the value of each bin held over the bin (x = left edges, plus the end)."""
     return go.Scatter(
-        x=bins.edges,
+        x=bins.edges_s(clock.origin_ns),
         y=np.append(rate, rate[-1]),
         mode="lines",
         line={"shape": "hv", "color": color, "width": 1.2, "dash": dash},
@@ -620,22 +362,23 @@ def _rate_trace(
 
 def _syscall_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
     lane = _Lane("syscall I/O", 150)
-    is_read = _kind_mask(events, READ_KINDS)
-    is_write = _kind_mask(events, WRITE_KINDS)
+    is_read = kind_mask(events, READ_KINDS)
+    is_write = kind_mask(events, WRITE_KINDS)
     if not (is_read.any() or is_write.any()):
         lane.empty_text = "no read/write syscalls"
         return lane
-    t = clock.seconds(events["ts_ns"])
+    t = events["ts_ns"].to_numpy()
     nbytes = events["bytes"].to_numpy()
     for mask, name, color in ((is_read, "read", READ_COLOR), (is_write, "write", WRITE_COLOR)):
-        lane.add(_rate_trace(bins, binned_rate(t[mask], nbytes[mask], bins) / MIB, name, color))
+        rate = binned_rate(t[mask], nbytes[mask], bins) / MIB
+        lane.add(_rate_trace(bins, clock, rate, name, color))
     lane.yaxis = {"title": {"text": "MiB/s"}, "rangemode": "tozero"}
     return lane
 
 
 def _process_lane(events: pd.DataFrame, clock: _Clock) -> _Lane:
     lane = _Lane("processes", 120)
-    io_mask = _kind_mask(events, READ_KINDS + WRITE_KINDS)
+    io_mask = kind_mask(events, READ_KINDS + WRITE_KINDS)
     if not io_mask.any():
         lane.empty_text = "no per-process I/O (no read/write syscalls)"
         return lane
@@ -684,22 +427,24 @@ def _process_lane(events: pd.DataFrame, clock: _Clock) -> _Lane:
 
 def _block_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
     lane = _Lane("block I/O", 150)
-    is_read = _kind_mask(events, ("block_read",))
-    is_write = _kind_mask(events, ("block_write",))
-    is_block = _kind_mask(events, BLOCK_KINDS)
+    is_read = kind_mask(events, ("block_read",))
+    is_write = kind_mask(events, ("block_write",))
+    is_block = kind_mask(events, BLOCK_KINDS)
     if not is_block.any():
         lane.empty_text = "no block I/O events"
         return lane
-    t = clock.seconds(events["ts_ns"])
+    t = events["ts_ns"].to_numpy()
     nbytes = events["bytes"].to_numpy()
     for mask, name, color in (
         (is_read, "block read", READ_COLOR),
         (is_write, "block write", WRITE_COLOR),
     ):
-        lane.add(_rate_trace(bins, binned_rate(t[mask], nbytes[mask], bins) / MIB, name, color))
+        rate = binned_rate(t[mask], nbytes[mask], bins) / MIB
+        lane.add(_rate_trace(bins, clock, rate, name, color))
     latency_ms = events["latency_ns"].to_numpy()[is_block] * 1e-6
-    mean = _binned_mean(t[is_block], latency_ms, bins)
-    lane.add(_rate_trace(bins, mean, "mean latency (ms)", "#555555", dash="dot"), secondary=True)
+    mean = binned_mean(t[is_block], latency_ms, bins)
+    trace = _rate_trace(bins, clock, mean, "mean latency (ms)", "#555555", dash="dot")
+    lane.add(trace, secondary=True)
     lane.yaxis = {"title": {"text": "MiB/s (device)"}, "rangemode": "tozero"}
     lane.yaxis2 = {"title": {"text": "ms"}, "rangemode": "tozero", "showgrid": False}
     return lane
@@ -707,24 +452,23 @@ def _block_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
 
 def _cache_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
     lane = _Lane("page cache", 130)
-    is_add = _kind_mask(events, ("cache_add",))
-    is_delete = _kind_mask(events, ("cache_delete",))
+    is_add = kind_mask(events, ("cache_add",))
+    is_delete = kind_mask(events, ("cache_delete",))
     if not (is_add.any() or is_delete.any()):
         lane.empty_text = "no page-cache events"
         return lane
     cache_bins = bins
-    if bins.width_s < CACHE_MIN_BIN_S:
-        cache_bins = Bins.covering(clock.t0, clock.t1, CACHE_MIN_BIN_S)
+    if bins.width_ns < CACHE_MIN_BIN_S * 1e9:
+        cache_bins = Bins.covering(clock.origin_ns, clock.t0, clock.t1, CACHE_MIN_BIN_S)
         lane.note = f"binned {CACHE_MIN_BIN_S * 1e3:.0f} ms (the tracer's interval)"
-    t = clock.seconds(events["ts_ns"])
+    t = events["ts_ns"].to_numpy()
     pages = events["count"].to_numpy()
     for mask, name, color in (
         (is_add, "misses (cache_add)", READ_COLOR),
         (is_delete, "evictions (cache_delete)", WRITE_COLOR),
     ):
-        lane.add(
-            _rate_trace(cache_bins, binned_rate(t[mask], pages[mask], cache_bins), name, color)
-        )
+        rate = binned_rate(t[mask], pages[mask], cache_bins)
+        lane.add(_rate_trace(cache_bins, clock, rate, name, color))
     lane.yaxis = {"title": {"text": "pages/s"}, "rangemode": "tozero"}
     return lane
 
@@ -794,9 +538,41 @@ def _memory_lane(samples: pd.DataFrame, clock: _Clock) -> _Lane:
     return lane
 
 
-def _run_lanes(run: Run, clock: _Clock, bin_s: float) -> list[_Lane]:
-    bins = Bins.covering(clock.t0, clock.t1, bin_s)
-    events, samples, phases = run.events, run.samples, run.phases
+@dataclasses.dataclass(frozen=True)
+class LaneGroup:
+    """What one group of lanes draws: the rows of one container of a run, with the host-wide
+    rows (null ``container``: host CPU, block requests of no container) as context; or, for a
+    run of one container, every row of the run (``role`` None)."""
+
+    role: str | None
+    events: pd.DataFrame
+    samples: pd.DataFrame
+    phases: pd.DataFrame
+
+
+def lane_groups(run: Run) -> list[LaneGroup]:
+    """One :class:`LaneGroup` per container of ``run``, in the manifest's order; a single
+    group of the whole run when it has one container (or none recorded)."""
+    roles = run_roles(run)
+    if len(roles) <= 1:
+        return [LaneGroup(None, run.events, run.samples, run.phases)]
+    parts = {
+        name: [frame[rows] for _, rows in container_rows(frame, roles, host=True)]
+        for name, frame in (
+            ("events", run.events),
+            ("samples", run.samples),
+            ("phases", run.phases),
+        )
+    }
+    return [
+        LaneGroup(role, parts["events"][i], parts["samples"][i], parts["phases"][i])
+        for i, role in enumerate(roles)
+    ]
+
+
+def _group_lanes(group: LaneGroup, clock: _Clock, bin_s: float) -> list[_Lane]:
+    bins = Bins.covering(clock.origin_ns, clock.t0, clock.t1, bin_s)
+    events, samples, phases = group.events, group.samples, group.phases
     lanes = [
         _phase_lane(phases, clock),
         _accelerator_lane(phases, samples, clock),
@@ -809,14 +585,20 @@ def _run_lanes(run: Run, clock: _Clock, bin_s: float) -> list[_Lane]:
     ]
     assert tuple(lane.name for lane in lanes) == LANES
     lanes[2].note = f"binned {_fmt_s(bin_s)}, by completion time"
-    lanes[4].note = f"binned {_fmt_s(bin_s)}; whole device, incl. writeback"
+    device = (
+        "whole device, incl. writeback"
+        if group.role is None
+        else f"issued by {group.role} or by no container (writeback)"
+    )
+    lanes[4].note = f"binned {_fmt_s(bin_s)}; {device}"
     return lanes
 
 
-def _run_heading(run: Run) -> str:
+def _run_heading(run: Run, role: str | None) -> str:
     status = "" if run.status == "completed" else f" · status {run.status}"
     missing = f" · missing {', '.join(sorted(run.missing))}" if run.missing else ""
-    return f"<b>{run.run_id}</b> ({run.workload}, {run.variant}){status}{missing}"
+    container = "" if role is None else f" · container <b>{role}</b>"
+    return f"<b>{run.run_id}</b> ({run.workload}, {run.variant}){container}{status}{missing}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -829,9 +611,11 @@ def timeline_figure(runs: Sequence[Run], bin_s: float | None = None) -> go.Figur
     ``bin_s`` is the bin of the bandwidth lanes; by default one round size for all runs giving
     ~1000 bins over the longest run (see :func:`default_bin_s`), so runs compare bin for bin.
     ``fig.layout.meta`` records ``bin_s`` and ``lanes``: per subplot row, top to bottom,
-    ``{"row", "run", "lane", "xaxis", "yaxis", "yaxis2"}`` (axis references such as ``"x3"``,
-    ``yaxis2`` null when the lane has no secondary axis). Empty tables give labelled empty
-    lanes; no runs gives an empty figure.
+    ``{"row", "run", "container", "lane", "xaxis", "yaxis", "yaxis2"}`` (axis references
+    such as ``"x3"``, ``yaxis2`` null when the lane has no secondary axis; ``container`` the
+    role of the lane group, null for a run of one container). A run of several containers has
+    one group of :data:`LANES` per container. Empty tables give labelled empty lanes; no runs
+    gives an empty figure.
     """
     if not runs:
         layout = {
@@ -846,18 +630,20 @@ def timeline_figure(runs: Sequence[Run], bin_s: float | None = None) -> go.Figur
         raise UserError(f"bin size must be a positive number of seconds, got {bin_s!r}")
     lanes: list[_Lane] = []
     titles: list[str] = []
-    run_ids: list[str] = []
+    owners: list[tuple[str, str | None]] = []
     for run, clock in zip(runs, clocks, strict=True):
-        heading = _run_heading(run)
-        for i, lane in enumerate(_run_lanes(run, clock, bin_s)):
-            title = f"{lane.name} · {lane.note}" if lane.note else lane.name
-            titles.append(f"{heading} — {title}" if i == 0 else title)
-            run_ids.append(run.run_id)
-            lanes.append(lane)
+        # A run of several containers: one group of lanes per container, on the run's clock.
+        for group in lane_groups(run):
+            heading = _run_heading(run, group.role)
+            for i, lane in enumerate(_group_lanes(group, clock, bin_s)):
+                title = f"{lane.name} · {lane.note}" if lane.note else lane.name
+                titles.append(f"{heading} — {title}" if i == 0 else title)
+                owners.append((run.run_id, group.role))
+                lanes.append(lane)
     t0 = min(c.t0 for c in clocks)
     t1 = max(c.t1 for c in clocks)
     pad = 0.01 * max(t1 - t0, 1e-3)
-    traces, layout = _stack_lanes(lanes, titles, run_ids, (t0 - pad, t1 + pad))
+    traces, layout = _stack_lanes(lanes, titles, owners, (t0 - pad, t1 + pad))
     layout["meta"]["bin_s"] = bin_s
     # One Figure built from plain dicts: plotly validates the whole layout once, which is many
     # times faster than make_subplots followed by per-row update calls.
@@ -867,12 +653,12 @@ def timeline_figure(runs: Sequence[Run], bin_s: float | None = None) -> go.Figur
 def _stack_lanes(
     lanes: Sequence[_Lane],
     titles: Sequence[str],
-    run_ids: Sequence[str],
+    owners: Sequence[tuple[str, str | None]],
     x_range: tuple[float, float],
 ) -> tuple[list[BaseTraceType], dict[str, Any]]:
     """Lay lanes out as rows of one column: row ``r`` uses axes ``x<r>``/``y<r>``; secondary y
     axes are numbered after the rows. Row heights are in pixels, so a lane keeps its height
-    whatever the number of runs."""
+    whatever the number of runs. ``owners``: (run id, container role or None) per lane."""
     n = len(lanes)
     plot_px = sum(lane.height_px for lane in lanes) + _TITLE_GAP_PX * (n - 1)
     x_domain = [0.0, 0.94]  # room on the right for secondary axes, the same for every row
@@ -899,7 +685,8 @@ def _stack_lanes(
             "anchor": y_ref,
             "range": list(x_range),
             "showgrid": True,
-            # Each run's bottom lane shows the time labels; the very bottom one names the axis.
+            # Each lane group's bottom lane shows the time labels; the very bottom one names
+            # the axis.
             "showticklabels": row % per_run == 0,
         }
         if row > 1:
@@ -966,7 +753,8 @@ def _stack_lanes(
         layout["meta"]["lanes"].append(
             {
                 "row": row,
-                "run": run_ids[row - 1],
+                "run": owners[row - 1][0],
+                "container": owners[row - 1][1],
                 "lane": lane.name,
                 "xaxis": x_ref,
                 "yaxis": y_ref,

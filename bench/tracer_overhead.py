@@ -30,10 +30,8 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
 
-from images.build import workload_tag  # noqa: E402
-from tracing.container import CTL_MOUNT, BindMount  # noqa: E402
-from tracing.runner import TraceRequest, trace  # noqa: E402
-from workloads.config import WorkloadConfig  # noqa: E402
+from tracing.request import RunOptions, workload_request  # noqa: E402
+from tracing.runner import trace  # noqa: E402
 
 
 def throughput(run_dir: Path) -> float:
@@ -66,8 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="twintrace-overhead-"))
     try:
-        mounts: tuple[BindMount, ...] = ()
-        settings: dict = {}
+        profile = None
         if args.variant == "sleep":
             profile = work / "profile.json"
             profile.write_text(
@@ -84,34 +81,28 @@ def main() -> None:
                     }
                 )
             )
-            mounts = (BindMount(profile, f"{CTL_MOUNT}-profile/profile.json", True),)
-            settings["profile"] = f"{CTL_MOUNT}-profile/profile.json"
-        config = WorkloadConfig(
-            workload="unet3d",
-            variant=args.variant,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            workers=args.workers,
-            checkpoint_every=0,
-            **settings,
-        )
+        settings = {
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "workers": args.workers,
+            "checkpoint_every": 0,
+        }
         ratios = []
         for i in range(args.rounds):
             result = {}
             for traced in (True, False) if i % 2 == 0 else (False, True):
                 drop_caches()
                 run_dir = trace(
-                    TraceRequest(
-                        image=workload_tag("unet3d", args.variant),
-                        command=None,
-                        label="overhead",
-                        runs_root=work / "runs",
-                        config=config,
-                        data_dir=args.data,
-                        mounts=mounts,
-                        tracing=traced,
+                    workload_request(
+                        "unet3d",
+                        args.variant,
+                        args.data,
+                        work / "runs",
+                        settings=settings,
+                        profile=profile,
+                        run=RunOptions(tracing=traced),
                     )
-                )
+                ).check()
                 result[traced] = throughput(run_dir)
             ratios.append(result[True] / result[False])
             print(

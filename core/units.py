@@ -22,6 +22,11 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+#: How sizes are read, for the help of every option that takes one.
+SIZE_HELP = (
+    "Decimal units (kB, MB, GB) are powers of 1000; binary units (KiB, MiB, GiB) and "
+    "docker's single letters (k, m, g) powers of 1024; a bare number is bytes."
+)
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 

@@ -70,7 +70,7 @@ from datagen.common import (
     write_manifest,
 )
 from workloads.bert.files import FEATURES, SHARD_FORMAT
-from workloads.bert.records import Encoded, Feature, Padded, encode_examples_buffer, encode_varints
+from workloads.bert.records import FOOTER_BYTES, HEADER_BYTES
 
 GENERATOR = "bert"
 # Imported by the writer processes' fork server (datagen.common.set_worker_preload): the kernel
@@ -188,30 +188,40 @@ class TextPool:
     """The text a shard's records are cut from: Zipf-like word ids, pre-encoded as varints.
 
     ``source`` holds the tokens' varints (token i at ``offsets[i]:offsets[i + 1]``), then one
-    [CLS] and one [SEP], so that a record's input_ids are five runs of it, [CLS], A, [SEP], B,
-    [SEP], and its padding.
+    [CLS] and one [SEP] (at ``cls_at`` and ``sep_at``), so that a record's input_ids are five
+    runs of it, [CLS], A, [SEP], B, [SEP], and its padding. A pool made without an encoder has
+    no ``source`` (None): its offsets are enough to size records (planning).
     """
 
     ids: np.ndarray
-    source: np.ndarray
     offsets: np.ndarray
     cls_at: int
     sep_at: int
+    source: np.ndarray | None
 
 
 def make_pool(
     rng: np.random.Generator,
     tokens: int,
     params: BertGenParams,
-    encode: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] = encode_varints,
+    encode: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> TextPool:
-    """A pool of ``tokens`` word ids drawn from ``rng``, encoded with ``encode`` (the generic
-    :func:`workloads.bert.records.encode_varints`, or the writers' compiled one: same bytes)."""
+    """A pool of ``tokens`` word ids drawn from ``rng``.
+
+    ``encode``: the compiled varint encoder (:func:`datagen.bert_encode.encode_varints`, the
+    writers'), which gives the pool its ``source``; without it the offsets come from
+    :func:`varint_sizes` and the pool only sizes records, so planning never loads numba.
+    """
     ids = zipf_table(params.vocab_size).take(_uint16s(rng, tokens))
-    encoded, offsets = encode(ids)
-    size = encoded.size
-    source = np.concatenate([encoded, np.array([CLS_ID, SEP_ID], dtype=np.uint8)])
-    return TextPool(ids, source, offsets, size, size + 1)
+    if encode is None:
+        offsets = np.zeros(ids.size + 1, dtype=np.int64)
+        np.cumsum(varint_sizes(ids), out=offsets[1:])
+        size, source = int(offsets[-1]), None
+    else:
+        encoded, offsets = encode(ids)
+        size = encoded.size
+        source = np.concatenate([encoded, np.array([CLS_ID, SEP_ID], dtype=np.uint8)])
+    return TextPool(ids, offsets, size, size + 1, source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,32 +292,54 @@ def draw_arrays(rng: np.random.Generator, n: int, params: BertGenParams, pool: T
     )
 
 
-def draw_records(
-    rng: np.random.Generator, n: int, params: BertGenParams, pool: TextPool
-) -> dict[str, Feature]:
-    """``n`` records drawn from ``rng`` and cut from ``pool``: feature name -> values.
+# --------------------------------------------------------------------------------------------
+# Sizes, without encoding (numpy: planning never loads the compiled encoder)
 
-    In MLPerf order. input_ids is an :class:`Encoded` (runs of the pool), the masked
-    positions and ids :class:`Padded`, the rest (n, length) arrays of the narrowest dtype.
-    """
+
+def varint_sizes(values: np.ndarray | int) -> np.ndarray:
+    """Bytes of the protobuf varint of each non-negative integer, as int64."""
+    values = np.asarray(values)
+    sizes = np.ones(values.shape, dtype=np.int64)
+    top = int(values.max(initial=0))
+    k = 1
+    while top >> (7 * k):
+        sizes += values >= 1 << (7 * k)
+        k += 1
+    return sizes
+
+
+def _entry_bytes(key: str, size: np.ndarray | int) -> np.ndarray:
+    """Bytes of a map entry of Features whose packed list holds ``size`` bytes."""
+    list_len = 1 + varint_sizes(size) + size
+    feature_len = 1 + varint_sizes(list_len) + list_len
+    entry_len = 2 + varint_sizes(len(key)) + len(key) + varint_sizes(feature_len) + feature_len
+    return 1 + varint_sizes(entry_len) + entry_len
+
+
+def framed_bytes(packed: dict[str, np.ndarray | int]) -> np.ndarray:
+    """Bytes of framed records given each feature's packed bytes (per record, or for all)."""
+    assert sorted(packed) == sorted(FEATURES)
+    features = sum(_entry_bytes(name, size) for name, size in packed.items())
+    return HEADER_BYTES + 1 + varint_sizes(features) + features + FOOTER_BYTES
+
+
+def record_sizes(draws: Draws, params: BertGenParams) -> np.ndarray:
+    """Bytes of each drawn record as :func:`datagen.bert_encode.encode_block` frames it."""
     s, p = params.seq_length, params.max_predictions
-    draws = draw_arrays(rng, n, params, pool)
-    runs, lengths, k = draws.runs, draws.lengths, draws.k
-    # Rows of 1s then 0s, cut from one template: a row copy each instead of compares.
-    ones_then_zeros = _ones_then_zeros(s)
-    input_mask = ones_then_zeros[s - lengths]
-    segment_ids = input_mask - ones_then_zeros[s - 2 - draws.a]  # 1 from B to the last [SEP]
-    out: dict[str, Feature] = {
-        "input_ids": Encoded(pool.source, runs[:, :, 0], runs[:, :, 1], zeros=s - lengths),
-        "input_mask": input_mask,
-        "segment_ids": segment_ids,
-        "masked_lm_positions": Padded(draws.positions, k, p),
-        "masked_lm_ids": Padded(draws.masked_ids, k, p),
-        "masked_lm_weights": (np.arange(p) < k[:, None]).astype(np.float32),
-        "next_sentence_labels": draws.labels[:, None],
-    }
-    assert list(out) == list(FEATURES)
-    return out
+    firsts = np.cumsum(draws.k) - draws.k  # every record has k >= 1 masked tokens
+    return framed_bytes(
+        {
+            "input_ids": draws.runs[:, :, 1].sum(axis=1) + s - draws.lengths,
+            "input_mask": s,
+            "segment_ids": s,
+            "masked_lm_positions": np.add.reduceat(varint_sizes(draws.positions), firsts)
+            + p
+            - draws.k,
+            "masked_lm_ids": np.add.reduceat(varint_sizes(draws.masked_ids), firsts) + p - draws.k,
+            "masked_lm_weights": 4 * p,
+            "next_sentence_labels": 1,
+        }
+    )
 
 
 @lru_cache(maxsize=1)
@@ -352,15 +384,13 @@ def write_shard(
 
     keep_freed_memory()
     pool_rng = np.random.default_rng([seed, _POOL_STREAM, shard])
-    pool = make_pool(pool_rng, pool_tokens(params), params, bert_encode.encode_varints)
+    pool = make_pool(pool_rng, pool_tokens(params), params, encode=bert_encode.encode_varints)
     block = block_records(params)
     written = 0
     remaining = budget
     for index in range(math.ceil(records / block)):
         rng = np.random.default_rng([seed, _DATA_STREAM, shard, index])
-        buffer, ends = bert_encode.encode_block(
-            draw_arrays(rng, block, params, pool), pool.source, params
-        )
+        buffer, ends = bert_encode.encode_block(draw_arrays(rng, block, params, pool), pool, params)
         keep = min(block, records - written)
         if remaining is not None:
             keep = min(keep, int(np.searchsorted(ends, remaining, side="right")))
@@ -383,21 +413,24 @@ def max_record_bytes(params: BertGenParams | None = None) -> int:
     """An upper bound of one record's size (every varint at its widest): the minimum dataset size.
 
     Varints and length prefixes grow with their values, so the record of the largest values
-    is the largest.
+    (every token the last word id, every masked position the last one) is the largest.
     """
     params = params or BertGenParams()
     s, p = params.seq_length, params.max_predictions
-    high = params.vocab_size - 1
-    worst = {
-        "input_ids": np.full((1, s), high),
-        "input_mask": np.ones((1, s), dtype=np.int64),
-        "segment_ids": np.ones((1, s), dtype=np.int64),
-        "masked_lm_positions": np.full((1, p), s - 1),
-        "masked_lm_ids": np.full((1, p), high),
-        "masked_lm_weights": np.ones((1, p), dtype=np.float32),
-        "next_sentence_labels": np.ones((1, 1), dtype=np.int64),
-    }
-    return int(encode_examples_buffer(worst)[1][-1])
+    word = int(varint_sizes(params.vocab_size - 1))
+    return int(
+        framed_bytes(
+            {
+                "input_ids": s * word,
+                "input_mask": s,
+                "segment_ids": s,
+                "masked_lm_positions": p * int(varint_sizes(s - 1)),
+                "masked_lm_ids": p * word,
+                "masked_lm_weights": 4 * p,
+                "next_sentence_labels": 1,
+            }
+        )
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,11 +454,9 @@ class BertPlan:
 def calibrate(seed: int, params: BertGenParams) -> tuple[float, float]:
     """(mean, standard deviation) of the record size over a sample drawn like the dataset."""
     pool_rng, rng = np.random.default_rng([seed, _CALIBRATION_STREAM]).spawn(2)
+    # Sizes without the encoder: planning (~0.1 s) never imports numba and loads the kernel.
     pool = make_pool(pool_rng, pool_tokens(params), params)
-    # The generic encoder, not the kernel: the sizes are the same, and planning (~0.1 s) then
-    # never imports numba and loads the kernel (~1 s).
-    _, ends = encode_examples_buffer(draw_records(rng, CALIBRATION_RECORDS, params, pool))
-    sizes = np.diff(ends, prepend=0)
+    sizes = record_sizes(draw_arrays(rng, CALIBRATION_RECORDS, params, pool), params)
     return float(sizes.mean()), float(sizes.std())
 
 

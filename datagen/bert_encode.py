@@ -1,37 +1,38 @@
-"""The BERT generator's block encoder: framed TFRecords of a block of drawn records, compiled.
+"""The BERT generator's encoder: a block of drawn records as framed TFRecords, compiled.
 
-Writes the bytes :func:`workloads.bert.records.encode_examples_buffer` writes for the features
-of :func:`datagen.bert.draw_records` (the same map-entry order, :data:`ENTRY_ORDER`, varints and
-packed lists), record after record straight into the output buffer, both CRCs included: no
-per-record Python work and no block-sized temporaries, ~2 ms for a block of 1024 default records
-instead of ~15.
+The bytes of one record: TFRecord framing (:mod:`workloads.bert.records`) around a
+``tf.train.Example`` whose ``Features`` map holds the seven MLPerf features as packed lists,
+its entries in :data:`ENTRY_ORDER` (protobuf allows any order; each entry is the bytes protobuf
+writes for it, see tests/test_datagen_bert.py, which checks whole files against the
+``tfrecord`` package's writer). :func:`encode_block` writes a block of records drawn by
+:func:`datagen.bert.draw_arrays` record after record straight into the output buffer, with no
+per-record Python work and no block-sized temporaries (~1.5 ms for 1024 default records), then
+takes both CRCs of every record with the ``crc32c`` package (~0.6 ms, two calls per record;
+bench/bert_crc.py measured the alternative, CRCs in the kernel, see there).
 
 The kernel is compiled by numba when this module is imported, and cached (see :func:`_jit`):
 importing it costs ~1 s (numba's import, ~0.4 s, and the load of the cached machine code),
 ~8 s the first time on a machine, when it compiles. :mod:`datagen.bert` imports it only in the
-processes that write shards, so that the CLI and planning never pay it. CRC-32C uses the CRC32
-instruction where numba compiles for an x86 CPU that has it (SSE 4.2), else slicing-by-8 tables
-(~1 GB/s, ~2 ms more a block).
+processes that write shards, so that the CLI and planning never pay it (planning sizes records
+with :func:`datagen.bert.record_sizes`, in numpy).
 """
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import llvmlite.binding
+import crc32c
 import numba
 import numpy as np
-from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from workloads.bert.files import FEATURES
-from workloads.bert.records import FOOTER_BYTES, HEADER_BYTES
+from workloads.bert.records import FOOTER_BYTES, HEADER_BYTES, LENGTH_BYTES, mask_crc
 
 if TYPE_CHECKING:
-    from datagen.bert import BertGenParams, Draws
+    from datagen.bert import BertGenParams, Draws, TextPool
 
 # Map entries in the order encode_examples_buffer writes them for draw_records' features:
 # those of the same size in every record first (0/1 arrays and floats, in feature order), then
@@ -46,7 +47,6 @@ ENTRY_ORDER = (
     "masked_lm_ids",
 )
 _ONE_FLOAT32 = np.array([1.0], dtype="<f4").view(np.uint8)
-_MASK_DELTA = 0xA282EAD8
 
 
 def _entry_table() -> tuple[np.ndarray, np.ndarray]:
@@ -61,30 +61,6 @@ def _entry_table() -> tuple[np.ndarray, np.ndarray]:
 
 
 _KEYS, _ENTRIES = _entry_table()
-
-
-def _crc32c_tables() -> np.ndarray:
-    """(8, 256) CRC-32C tables for slicing-by-8: row j is a byte followed by j zero bytes."""
-    tables = np.empty((8, 256), dtype=np.int64)
-    crc = np.arange(256, dtype=np.int64)
-    for _ in range(8):
-        crc = np.where(crc & 1, (crc >> 1) ^ 0x82F63B78, crc >> 1)
-    tables[0] = crc
-    for j in range(1, 8):
-        tables[j] = (tables[j - 1] >> 8) ^ tables[0][tables[j - 1] & 0xFF]
-    return tables
-
-
-_CRC_TABLES = _crc32c_tables()
-
-
-def _has_sse42_crc() -> bool:
-    """Whether numba compiles for this x86 CPU and it has the CRC32 instruction (SSE 4.2)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    if numba.config.CPU_NAME not in (None, "host") or numba.config.CPU_FEATURES is not None:
-        return False  # compiling for another CPU (a portable cache): it may lack the instruction
-    return bool(llvmlite.binding.get_host_cpu_features().get("crc32"))
 
 
 def _jit(*signature: str) -> Callable[[Callable[..., Any]], Any]:
@@ -107,7 +83,7 @@ def _jit(*signature: str) -> Callable[[Callable[..., Any]], Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# Machine operations numba has no word for: memcpy, an unaligned 8-byte load, CRC32.
+# memcpy, which numba has no word for
 
 
 @intrinsic
@@ -122,83 +98,6 @@ def _memcpy(typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, size: 
         return context.get_dummy_value()
 
     return types.none(dst, dst_at, src, src_at, size), codegen
-
-
-@intrinsic
-def _load_u64(typingctx: Any, data: Any, at: Any) -> Any:
-    """The 8 bytes ``data[at : at + 8]`` (uint8 array, in bounds) as a little-endian uint64."""
-
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        array = context.make_array(sig.args[0])(context, builder, args[0])
-        pointer = builder.bitcast(builder.gep(array.data, [args[1]]), ir.IntType(64).as_pointer())
-        return builder.load(pointer, align=1)
-
-    return types.uint64(data, at), codegen
-
-
-def _call_llvm(name: str, result_bits: int, *arg_bits: int) -> Any:
-    """Code generation of a call to the LLVM intrinsic ``name`` on integers of these widths."""
-
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        fnty = ir.FunctionType(ir.IntType(result_bits), [ir.IntType(b) for b in arg_bits])
-        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
-
-    return codegen
-
-
-@intrinsic
-def _crc32_u64(typingctx: Any, crc: Any, data: Any) -> Any:
-    """The x86 CRC32 instruction on 8 bytes: CRC-32C update, without the final inversion."""
-    codegen = _call_llvm("llvm.x86.sse42.crc32.64.64", 64, 64, 64)
-    return types.uint64(types.uint64, types.uint64), codegen
-
-
-@intrinsic
-def _crc32_u8(typingctx: Any, crc: Any, data: Any) -> Any:
-    """The x86 CRC32 instruction on 1 byte."""
-    codegen = _call_llvm("llvm.x86.sse42.crc32.32.8", 32, 32, 8)
-    return types.uint32(types.uint32, types.uint8), codegen
-
-
-@_jit()
-def _crc32c_sse42(data: np.ndarray, begin: int, end: int) -> int:
-    """CRC-32C of ``data[begin:end]`` with the CRC32 instruction, eight bytes per step."""
-    crc = np.uint64(0xFFFFFFFF)
-    at = begin
-    while at + 8 <= end:
-        crc = _crc32_u64(crc, _load_u64(data, at))
-        at += 8
-    tail = np.uint32(crc)
-    for j in range(at, end):
-        tail = _crc32_u8(tail, data[j])
-    return np.int64(tail ^ np.uint32(0xFFFFFFFF))
-
-
-@_jit()
-def _crc32c_sliced(data: np.ndarray, begin: int, end: int) -> int:
-    """CRC-32C of ``data[begin:end]`` from tables, eight bytes per step."""
-    tables = _CRC_TABLES
-    crc = 0xFFFFFFFF
-    at = begin
-    while at + 8 <= end:
-        low = crc ^ np.int64(_load_u64(data, at) & np.uint64(0xFFFFFFFF))
-        crc = (
-            tables[7, low & 0xFF]
-            ^ tables[6, (low >> 8) & 0xFF]
-            ^ tables[5, (low >> 16) & 0xFF]
-            ^ tables[4, low >> 24]
-            ^ tables[3, data[at + 4]]
-            ^ tables[2, data[at + 5]]
-            ^ tables[1, data[at + 6]]
-            ^ tables[0, data[at + 7]]
-        )
-        at += 8
-    for j in range(at, end):
-        crc = tables[0, (crc ^ data[j]) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-_crc32c = _crc32c_sse42 if _has_sse42_crc() else _crc32c_sliced
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,13 +167,6 @@ def _put_padded(out: np.ndarray, at: int, values: np.ndarray, first: int, k: int
     return at + p - k
 
 
-@_jit()
-def _put_masked_crc(out: np.ndarray, at: int, crc: int) -> None:
-    masked = (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-    for j in range(4):
-        out[at + j] = (masked >> (8 * j)) & 0xFF
-
-
 # --------------------------------------------------------------------------------------------
 # The text pool
 
@@ -293,9 +185,11 @@ def _encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`workloads.bert.records.encode_varints` of non-negative integers, compiled.
+    """The protobuf varints of non-negative integers one after the other, and where each starts.
 
-    The same (bytes, offsets): a shard's text pool (2^20 word ids) in ~3 ms instead of ~35.
+    Returns (bytes, offsets), ``offsets`` of size ``values.size + 1``: value i's varint is
+    ``bytes[offsets[i]:offsets[i + 1]]``, so a run of values is a slice (a shard's text pool,
+    2^20 word ids, in ~3 ms).
     """
     values = np.asarray(values).ravel()
     if values.dtype.kind not in "ui" or (values.size and values.min() < 0):
@@ -377,7 +271,7 @@ def _encode(
         example_len = framed[i] - HEADER_BYTES - FOOTER_BYTES
         for j in range(8):
             out[start + j] = (example_len >> (8 * j)) & 0xFF
-        _put_masked_crc(out, start + 8, _crc32c(out, start, start + 8))
+        # The length's CRC (out[start + 8 : start + 12]) and the data's: see _put_crcs.
         out[start + HEADER_BYTES] = 0x0A  # Example.features
         at = _put_varint(out, start + HEADER_BYTES + 1, sizes[i, 3])
 
@@ -404,19 +298,43 @@ def _encode(
         at = _put_entry_header(out, at, entries[5], sizes[i, 1])  # masked_lm_positions
         at = _put_padded(out, at, positions, first, count, p)
         at = _put_entry_header(out, at, entries[6], sizes[i, 2])  # masked_lm_ids
-        at = _put_padded(out, at, masked_ids, first, count, p)
-        _put_masked_crc(out, at, _crc32c(out, start + HEADER_BYTES, at))
+        _put_padded(out, at, masked_ids, first, count, p)
     return out, ends
 
 
+def _put_crcs(out: np.ndarray, ends: np.ndarray) -> None:
+    """Write every record's two masked CRCs (of its length, of its data), which _encode leaves.
+
+    Two calls of the ``crc32c`` package per record (hardware-accelerated), ~0.6 us each.
+    """
+    n = ends.size
+    if n == 0:
+        return
+    starts = np.concatenate(([0], ends[:-1]))
+    view = memoryview(out)
+    crc = crc32c.crc32c
+    begins, stops = starts.tolist(), ends.tolist()
+    length_crcs = [crc(view[b : b + LENGTH_BYTES]) for b in begins]
+    data_crcs = [
+        crc(view[b + HEADER_BYTES : e - FOOTER_BYTES]) for b, e in zip(begins, stops, strict=True)
+    ]
+    for at, crcs in ((starts + LENGTH_BYTES, length_crcs), (ends - FOOTER_BYTES, data_crcs)):
+        masked = mask_crc(np.array(crcs, dtype=np.uint32)).astype("<u4")
+        out[at[:, None] + np.arange(4)] = masked.view(np.uint8).reshape(n, 4)
+
+
 def encode_block(
-    draws: Draws, source: np.ndarray, params: BertGenParams
+    draws: Draws, pool: TextPool, params: BertGenParams
 ) -> tuple[np.ndarray, np.ndarray]:
     """Framed TFRecords of drawn records: (bytes as a uint8 array, end of each record).
 
-    The same result as ``encode_examples_buffer(draw_records(...))`` for the same draws;
-    ``source`` is the pool's bytes that the input_ids' runs point into.
+    ``pool`` is the one the records were drawn from, made with :func:`encode_varints` (its
+    ``source`` holds the bytes that the input_ids' runs point into). Record i is
+    ``bytes[ends[i - 1]:ends[i]]``, so a caller may keep any prefix of whole records.
     """
+    source = pool.source
+    if source is None:
+        raise ValueError("the pool has no source: make it with encode=encode_varints")
     runs = draws.runs
     if runs.size and (runs.min() < 0 or (runs[..., 0] + runs[..., 1]).max() > source.size):
         raise ValueError("input_ids runs must lie inside the source")
@@ -426,7 +344,7 @@ def encode_block(
     def ints(values: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(values, dtype=np.int64)
 
-    return _encode(
+    out, ends = _encode(
         np.ascontiguousarray(source, dtype=np.uint8),
         ints(draws.runs),
         ints(draws.lengths),
@@ -438,3 +356,5 @@ def encode_block(
         params.seq_length,
         params.max_predictions,
     )
+    _put_crcs(out, ends)
+    return out, ends

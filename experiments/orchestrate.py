@@ -51,9 +51,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from core.atomic import atomic_write_json
 from core.errors import UserError
-from core.rundir import write_json
+from core.rundir import load_json, write_json
 from core.units import parse_size
 from workloads.config import VARIANTS
 from workloads.registry import WORKLOADS
@@ -61,7 +60,6 @@ from workloads.registry import WORKLOADS
 GRID_KEYS = ("workload", "variant", "batch_size", "accelerators", "workers", "memory_limit")
 SETTINGS_KEYS = ("epochs", "max_steps", "seed", "eval_every", "checkpoint_every")
 PRODUCE_KEYS = ("timelines", "breakdown", "compare")
-STATE_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,19 +242,30 @@ Log = Callable[[str], None]
 
 
 def _load_state(path: Path) -> dict[str, Any]:
+    """The experiment's state file (run outcomes so far), in the run format's versioning."""
     if not path.exists():
-        return {"schema_version": STATE_VERSION, "runs": {}}
-    try:
-        state = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"{path} is not valid JSON ({exc}): move it away to start the experiment afresh"
-        ) from None
-    if state.get("schema_version") != STATE_VERSION:
-        raise UserError(
-            f"{path} has schema_version {state.get('schema_version')!r}, this twintrace reads {STATE_VERSION}"
-        )
-    return state
+        return {"runs": {}}
+    return load_json(path, "experiment state")
+
+
+def _record(
+    state: dict[str, Any],
+    state_path: Path,
+    spec: RunSpec,
+    status: str,
+    run_dir: Path | None,
+    error: str | None,
+    duration: float,
+) -> None:
+    """Record one run's outcome in the experiment's state file (atomically)."""
+    state["runs"][spec.key] = {
+        "status": status,
+        "run_dir": str(run_dir) if run_dir else None,
+        "error": error,
+        "duration_s": round(duration, 2),
+        "spec": dataclasses.asdict(spec),
+    }
+    write_json(state_path, {k: v for k, v in state.items() if k != "schema_version"})
 
 
 def _completed(run_dir: str | None) -> bool:
@@ -299,8 +308,8 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
     """Run (or resume) every run of the grid, then produce the outputs; return the outcomes."""
     import time
 
-    from images.build import workload_tag
-    from tracing.runner import TraceRequest, trace
+    from tracing.request import Limits, RunOptions, workload_request
+    from tracing.runner import RunInterrupted, trace
 
     home = Path(out_root) / experiment.name
     runs_root = home / "runs"
@@ -324,46 +333,36 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
             **experiment.settings,
             **{k: v for k, v in per_workload.items() if k in SETTINGS_KEYS},
         }
-        config = WORKLOADS[spec.workload].config(
-            spec.variant,
-            batch_size=spec.batch_size,
-            accelerators=spec.accelerators,
-            workers=spec.workers,
-            options=dict(per_workload.get("options", {})),
-            **settings,
-        )
         data = datasets[experiment.dataset_for(spec.workload).name]
         started = time.monotonic()
-        before = set(runs_root.iterdir())
         run_dir: Path | None = None
-        error = None
         try:
-            run_dir = trace(
-                TraceRequest(
-                    image=workload_tag(spec.workload, spec.variant),
-                    command=None,
-                    label=spec.workload,
-                    runs_root=runs_root,
-                    config=config,
-                    data_dir=data,
-                    memory_limit=spec.memory_limit or None,
+            outcome = trace(
+                workload_request(
+                    spec.workload,
+                    spec.variant,
+                    data,
+                    runs_root,
+                    settings={
+                        "batch_size": spec.batch_size,
+                        "accelerators": spec.accelerators,
+                        "workers": spec.workers,
+                        **settings,
+                    },
+                    options=dict(per_workload.get("options", {})),
+                    run=RunOptions(limits=Limits.parse(spec.memory_limit or None, None)),
                 )
             )
-            status = "completed"
-        except UserError as exc:
+            status, error, run_dir = outcome.status, outcome.error, outcome.run_dir
+        except RunInterrupted as exc:
+            _record(state, state_path, spec, exc.outcome.status, exc.outcome.run_dir, None, 0.0)
+            raise
+        except UserError as exc:  # refused before a run directory existed
             status, error = "failed", str(exc)
-            new = sorted(set(runs_root.iterdir()) - before)
-            run_dir = new[-1] if new else None
+        if status != "completed":
             log(f"[{i}/{total}] {spec.key} failed: {error}")
         duration = time.monotonic() - started
-        state["runs"][spec.key] = {
-            "status": status,
-            "run_dir": str(run_dir) if run_dir else None,
-            "error": error,
-            "duration_s": round(duration, 2),
-            "spec": dataclasses.asdict(spec),
-        }
-        atomic_write_json(state_path, state)
+        _record(state, state_path, spec, status, run_dir, error, duration)
         outcomes.append(
             Outcome(spec.key, status, str(run_dir) if run_dir else None, error, duration)
         )

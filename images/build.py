@@ -5,17 +5,27 @@ Images and their inputs:
   imported with ``docker import``;
 - ``twintrace/base:latest`` from ``Dockerfile.base`` and a wheelhouse of
   ``images/requirements.txt`` downloaded on the host;
-- ``twintrace/<workload>:<variant>`` from ``images/<workload>/Dockerfile`` and ``workloads/``.
+- ``twintrace/<workload>:<variant>``, one per workload of ``workloads/registry.py`` and variant
+  it supports, from ``images/Dockerfile.workload`` (or ``images/<workload>/Dockerfile`` where a
+  workload has its own) with the build arguments ``WORKLOAD`` and ``VARIANT``. The build context
+  is the repository root filtered by ``.dockerignore``: ``workloads/`` and ``core/`` without its
+  host-only modules.
 
 Each built image carries the label ``twintrace.inputs-hash``: a hash of everything it was built
-from (files, build arguments, the parent image id). An image whose label matches is skipped.
+from (the files of its build context, build arguments, the parent image id). An image whose
+label matches is skipped. A workload image's files are listed by :func:`context_files` with the
+rules docker itself applies to the context (``.dockerignore``, the Dockerfile always sent), so
+editing host-only code (``tracing/``, ``analysis/``, ``core/rundir.py``, ``cli.py``...) rebuilds
+nothing, and editing anything that goes into the images rebuilds them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +34,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+from docker.utils.build import exclude_paths
 
 from core.errors import UserError
 from workloads.config import VARIANTS
@@ -35,8 +46,8 @@ BASE_TAG = "twintrace/base:latest"
 OS_TAG = "twintrace/os:bookworm"
 REGISTRY_BASE = "python:3.11-slim"
 HASH_LABEL = "twintrace.inputs-hash"
-# One image per workload and variant: images/<workload>/Dockerfile.
-IMAGE_WORKLOADS = ("unet3d", "bert", "dlrm", "resnet18", "resnet50", "alexnet")
+# The Dockerfile of every workload image, relative to the repository root (the build context).
+WORKLOAD_DOCKERFILE = "images/Dockerfile.workload"
 
 Log = Callable[[str], None]
 
@@ -50,6 +61,72 @@ class BuildResult:
 
 def workload_tag(workload: str, variant: str) -> str:
     return f"twintrace/{workload}:{variant}"
+
+
+def image_matrix() -> list[tuple[str, str]]:
+    """Every workload image as (workload, variant): the registry's workloads, their variants."""
+    from workloads.registry import WORKLOADS  # imports numpy: only when images are listed
+
+    return [(name, variant) for name, spec in WORKLOADS.items() for variant in spec.variants]
+
+
+def workload_dockerfile(workload: str, root: Path = REPO) -> str:
+    """The Dockerfile of ``workload``'s images, relative to ``root``: its own if it has one."""
+    own = f"images/{workload}/Dockerfile"
+    return own if (root / own).is_file() else WORKLOAD_DOCKERFILE
+
+
+def workload_build_args(workload: str, variant: str) -> dict[str, str]:
+    """The build arguments of ``twintrace/<workload>:<variant>`` (compose passes the same)."""
+    return {"WORKLOAD": workload, "VARIANT": variant, "BASE_TAG": BASE_TAG}
+
+
+def dockerignore_patterns(root: Path = REPO) -> list[str]:
+    """The patterns of ``root/.dockerignore``, read as the Docker SDK reads them."""
+    path = root / ".dockerignore"
+    if not path.exists():
+        return []
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def context_files(root: Path = REPO, dockerfile: str = WORKLOAD_DOCKERFILE) -> list[str]:
+    """The paths (files and directories, relative to ``root``) of the build context that docker
+    sends for ``dockerfile``: the SDK's own ``exclude_paths`` over ``.dockerignore``, which
+    also keeps the Dockerfile and ``.dockerignore`` themselves."""
+    return sorted(exclude_paths(str(root), dockerignore_patterns(root), dockerfile=dockerfile))
+
+
+def context_hash(root: Path = REPO, dockerfile: str = WORKLOAD_DOCKERFILE) -> str:
+    """A hash of the build context: each entry's path, type, permission bits and content."""
+    h = hashlib.sha256()
+    for rel in context_files(root, dockerfile):
+        path = root / rel
+        info = path.lstat()
+        h.update(f"{rel}\0{oct(stat.S_IMODE(info.st_mode))}\0".encode())
+        if stat.S_ISLNK(info.st_mode):
+            h.update(b"link\0" + os.readlink(path).encode())
+        elif stat.S_ISDIR(info.st_mode):
+            h.update(b"dir\0")
+        else:
+            h.update(b"file\0%d\0" % info.st_size + path.read_bytes())
+    return h.hexdigest()
+
+
+def workload_inputs_hash(
+    workload: str, variant: str, base_id: str, root: Path = REPO, context: str | None = None
+) -> str:
+    """The ``twintrace.inputs-hash`` of ``twintrace/<workload>:<variant>`` built on ``base_id``.
+
+    ``context``: :func:`context_hash` of the workload's Dockerfile, when already computed."""
+    if context is None:
+        context = context_hash(root, workload_dockerfile(workload, root))
+    h = hashlib.sha256(context.encode())
+    h.update(workload_dockerfile(workload, root).encode())
+    for key, value in sorted(workload_build_args(workload, variant).items()):
+        h.update(f"\0{key}={value}".encode())
+    h.update(f"\0{base_id}".encode())
+    return h.hexdigest()[:16]
 
 
 def _hash_files(paths: Iterable[Path], extra: Iterable[str] = ()) -> str:
@@ -234,14 +311,17 @@ def build_base(
 
 
 def build_workload(
-    cli: docker.DockerClient, workload: str, variant: str, base_id: str, log: Log
+    cli: docker.DockerClient,
+    workload: str,
+    variant: str,
+    base_id: str,
+    log: Log,
+    context: str | None = None,
 ) -> BuildResult:
+    """Build ``twintrace/<workload>:<variant>`` unless its inputs hash is already its label."""
     tag = workload_tag(workload, variant)
-    dockerfile = REPO / "images" / workload / "Dockerfile"
-    inputs = _hash_files(
-        [dockerfile, *(p for p in (REPO / "workloads").rglob("*") if p.is_file())],
-        [variant, base_id],
-    )
+    dockerfile = workload_dockerfile(workload)
+    inputs = workload_inputs_hash(workload, variant, base_id, context=context)
     current, image_id = _existing_hash(cli, tag)
     if current == inputs and image_id:
         return BuildResult(tag, image_id, False)
@@ -250,9 +330,9 @@ def build_workload(
         cli,
         log,
         path=str(REPO),
-        dockerfile=f"images/{workload}/Dockerfile",
+        dockerfile=dockerfile,
         tag=tag,
-        buildargs={"VARIANT": variant, "BASE_TAG": BASE_TAG},
+        buildargs=workload_build_args(workload, variant),
         labels={HASH_LABEL: inputs},
     )
     return BuildResult(tag, image_id, True)
@@ -267,12 +347,12 @@ def build(
     bootstrap_base: bool = False,
 ) -> list[BuildResult]:
     """Build what is missing or out of date; return every requested image with its state."""
-    chosen = list(workloads or IMAGE_WORKLOADS)
+    matrix = image_matrix()
+    known = list(dict.fromkeys(name for name, _ in matrix))
+    chosen = list(workloads or known)
     for name in chosen:
-        if name not in IMAGE_WORKLOADS:
-            raise UserError(
-                f"unknown workload {name!r}: choose one of {', '.join(IMAGE_WORKLOADS)}"
-            )
+        if name not in known:
+            raise UserError(f"unknown workload {name!r}: choose one of {', '.join(known)}")
     chosen_variants = list(variants or VARIANTS)
     for variant in chosen_variants:
         if variant not in VARIANTS:
@@ -280,7 +360,14 @@ def build(
     CACHE.mkdir(exist_ok=True)
     base = build_base(cli, log, base_image, bootstrap_base)
     results = [base]
+    contexts: dict[str, str] = {}  # Dockerfile -> context hash, computed once per build
     for name in chosen:
+        dockerfile = workload_dockerfile(name)
+        if dockerfile not in contexts:
+            contexts[dockerfile] = context_hash(REPO, dockerfile)
         for variant in chosen_variants:
-            results.append(build_workload(cli, name, variant, base.image_id, log))
+            if (name, variant) in matrix:
+                results.append(
+                    build_workload(cli, name, variant, base.image_id, log, contexts[dockerfile])
+                )
     return results

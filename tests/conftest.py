@@ -46,8 +46,23 @@ def runs_root(tmp_path: Path) -> Path:
     return tmp_path / "runs"
 
 
+@pytest.fixture(scope="session")
+def tiny_unet3d(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six small UNet3D cases (patch 32 fits in every one), made once per session."""
+    from datagen.unet3d import UNet3DGenParams, generate_unet3d
+
+    out = tmp_path_factory.mktemp("unet3d-tiny")
+    generate_unet3d(
+        out,
+        8_000_000,
+        seed=1,
+        params=UNet3DGenParams(s1_range=(40, 48), s2_range=(48, 56), min_dim=40),
+    )
+    return out
+
+
 def bpftrace_running() -> list[int]:
-    """Pids of bpftrace processes running one of our scripts."""
+    """Pids of bpftrace processes running one of our scripts (rendered into a run's raw/)."""
     pids = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -58,7 +73,7 @@ def bpftrace_running() -> list[int]:
             if (
                 cmdline
                 and Path(cmdline[0].decode(errors="replace")).name == "bpftrace"
-                and any(b"tracing/bpf/" in part for part in cmdline)
+                and any(part.endswith(b".bt") for part in cmdline)
             ):
                 pids.append(int(proc.name))
     return pids

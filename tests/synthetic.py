@@ -1,10 +1,16 @@
 """Synthetic run directories exactly as docs/run-format.md describes them (a manifest.json and
-three Parquet files with the documented columns and types), for the analysis tests."""
+three Parquet files with the documented columns and types), for the analysis tests.
+
+Rows belong to the container ``main`` unless they say otherwise (``"container": "rank1"`` in a
+row, a fifth element of a sample tuple, or :func:`in_containers`); host-wide samples
+(``host_*``, ``gpu*``) to none. ``make_run(..., containers=("rank0", "rank1"))`` lists several
+containers in the manifest: a run of two containers.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +22,7 @@ from core.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,
+    SCHEMA_VERSION,
     arrow_schema,
     empty_frame,
 )
@@ -38,7 +45,11 @@ EVENT_DEFAULTS: dict[str, Any] = {
     "latency_ns": 1000,
     "dev": None,
     "in_container": True,
+    "container": "main",
 }
+
+#: Sample metrics that are host-wide (null ``container``) rather than a container's.
+HOST_METRIC_PREFIXES = ("host_", "gpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,11 +72,15 @@ def events_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return frame.sort_values("ts_ns", kind="stable").astype(dict(EVENTS_COLUMNS))
 
 
-def samples_frame(rows: Iterable[tuple[float, str, float, str]]) -> pd.DataFrame:
-    """Samples from (seconds after START_NS, metric, value, unit)."""
-    frame = pd.DataFrame(
-        [(START_NS + round(t * SEC), m, v, u) for t, m, v, u in rows], columns=list(SAMPLES_COLUMNS)
-    )
+def samples_frame(rows: Iterable[tuple[Any, ...]]) -> pd.DataFrame:
+    """Samples from (seconds after START_NS, metric, value, unit[, container]); without a
+    container, ``main``, or none for host-wide metrics (:data:`HOST_METRIC_PREFIXES`)."""
+    records = []
+    for t, metric, value, unit, *container in rows:
+        default = None if metric.startswith(HOST_METRIC_PREFIXES) else "main"
+        role = container[0] if container else default
+        records.append((START_NS + round(t * SEC), metric, value, unit, role))
+    frame = pd.DataFrame(records, columns=list(SAMPLES_COLUMNS))
     return frame.astype(dict(SAMPLES_COLUMNS))
 
 
@@ -87,16 +102,39 @@ def phases_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
                 "epoch": row.get("epoch", -1),
                 "step": row.get("step", -1),
                 "value": json.dumps(row.get("value")),
+                "container": row.get("container", "main"),
             }
         )
     return pd.DataFrame(records, columns=list(PHASES_COLUMNS)).astype(dict(PHASES_COLUMNS))
 
 
-def manifest(run_id: str, **changes: Any) -> dict[str, Any]:
-    """A complete schema-1 manifest (docs/run-format.md), 10 s long."""
+def in_containers(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """One table from per-container tables (role -> frame): each row tagged with its role,
+    sorted by time as the run format requires."""
+    parts = [frame.assign(container=role) for role, frame in frames.items()]
+    merged = pd.concat(parts, ignore_index=True).sort_values("ts_ns", kind="stable")
+    return merged.reset_index(drop=True).astype({"container": "string"})
+
+
+def container_entry(role: str, workload: str, index: int = 0) -> dict[str, Any]:
+    """One entry of the manifest's ``containers`` list."""
+    return {
+        "role": role,
+        "image": f"twintrace/{workload}:latest",
+        "command": ["python", "-m", f"workloads.{workload}"],
+        "container_id": f"{index:x}" * 64,
+        "cgroup_id": 1234 + index,
+        "main_pid": 100 + 1000 * index,
+        "exit_code": 0,
+    }
+
+
+def manifest(run_id: str, containers: Sequence[str] = ("main",), **changes: Any) -> dict[str, Any]:
+    """A complete manifest of the current schema (docs/run-format.md), 10 s long, listing a
+    container per role of ``containers``."""
     workload, variant = run_id.split("-")[2:4]
     data: dict[str, Any] = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "twintrace_version": "0.1.0",
         "run_id": run_id,
         "status": "completed",
@@ -107,14 +145,13 @@ def manifest(run_id: str, **changes: Any) -> dict[str, Any]:
         "config": {"workload": workload, "variant": variant, "epochs": 1, "batch_size": 2},
         "trace": {"sample_interval_s": 1.0, "memory_limit": None, "cpus": None, "mounts": []},
         "host": {"hostname": "test", "kernel": "6.8.0", "cpus": 2},
-        "container_id": "c" * 64,
-        "cgroup_id": 1234,
         "started_at": "2026-11-21T16:30:05Z",
         "ended_at": "2026-11-21T16:30:15Z",
         "start_ns": START_NS,
         "end_ns": START_NS + 10 * SEC,
         "exit_code": 0,
         "lost_events": 0,
+        "containers": [container_entry(r, workload, i) for i, r in enumerate(containers)],
     }
     data.update(changes)
     return data
@@ -127,12 +164,16 @@ def make_run(
     samples: pd.DataFrame | None = None,
     phases: pd.DataFrame | None = None,
     skip: Iterable[str] = (),
+    containers: Sequence[str] = ("main",),
     **manifest_changes: Any,
 ) -> Path:
-    """Write a run directory under ``root``; tables not given are written empty unless skipped."""
+    """Write a run directory under ``root``; tables not given are written empty unless skipped.
+
+    ``containers``: the roles the manifest lists (the rows say which is theirs)."""
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest(run_id, **manifest_changes)))
+    data = manifest(run_id, containers, **manifest_changes)
+    (run_dir / "manifest.json").write_text(json.dumps(data))
     tables = {
         "events": (events, EVENTS_COLUMNS),
         "samples": (samples, SAMPLES_COLUMNS),

@@ -20,8 +20,8 @@ from analysis.compare_report import REPORT_LANES, write_comparison_report
 from analysis.similarity import compare_runs
 from core.rundir import load_run
 from tests.browser import dom, subplot_count
-from tracing.runner import TraceRequest, trace
-from workloads.registry import WORKLOADS
+from tracing.request import workload_request
+from tracing.runner import trace
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
@@ -52,20 +52,17 @@ def unet3d_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def traced(runs_dir: Path, data: Path, workload: str, variant: str, **settings: object) -> Path:
     options = settings.pop("options", {"patch_size": 32} if workload == "unet3d" else {})
-    config = WORKLOADS[workload].config(
-        variant, epochs=1, checkpoint_every=1, options=options, **settings
-    )
     drop_caches()
     return trace(
-        TraceRequest(
-            image=f"twintrace/{workload}:{variant}",
-            command=None,
-            label=workload,
-            runs_root=runs_dir,
-            config=config,
-            data_dir=data,
+        workload_request(
+            workload,
+            variant,
+            data,
+            runs_dir,
+            settings={"epochs": 1, "checkpoint_every": 1, **settings},
+            options=options,
         )
-    )
+    ).check()
 
 
 @pytest.fixture(scope="module")

@@ -2,30 +2,97 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import shlex
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
-from tracing.rundir import atomic_write_json, initial_manifest, new_run_dir
 
 import cli as cli_module
+from core.atomic import atomic_write_json
+from core.rundir import SCHEMA_VERSION, initial_manifest, new_run_dir, write_json
 
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
+    """Every command and group under ``group``, by its path (``"plot timeline"``)."""
     out = []
     for name, cmd in group.commands.items():
+        out.append((f"{prefix}{name}", cmd))
         if isinstance(cmd, click.Group):
             out += _commands(cmd, f"{prefix}{name} ")
-        else:
-            out.append((f"{prefix}{name}", cmd))
     return out
 
 
-@pytest.mark.parametrize("name,cmd", _commands(cli_module.cli))
-def test_every_command_is_documented_with_an_example(name: str, cmd: click.Command) -> None:
-    assert cmd.help and "Example" in cmd.help, name
+def examples(cmd: click.Command) -> list[str]:
+    """The command lines of the last paragraph of ``cmd``'s docstring, which must be
+    ``Example: LINE`` or ``Examples:`` followed by one line each."""
+    text = inspect.cleandoc(cmd.help or "")
+    paragraphs = [p for p in text.split("\n\n") if p.strip()]
+    assert paragraphs, "no docstring"
+    lines = [line.strip() for line in paragraphs[-1].splitlines() if line.strip() not in ("", "\b")]
+    head = lines[0]
+    if head.startswith("Example:"):
+        assert len(lines) == 1, "`Example:` is followed by one command line; use `Examples:`"
+        return [head.removeprefix("Example:").strip()]
+    assert head == "Examples:" and len(lines) > 1, f"the docstring ends with {head!r}"
+    return lines[1:]
+
+
+def _parse(argv: list[str], where: Path) -> click.Command:
+    """Descend the groups along ``argv`` and parse the rest with the command it names (types,
+    choices, required options), as click would before running it."""
+    cmd: click.Command = cli_module.cli
+    while isinstance(cmd, click.Group):
+        assert argv and argv[0] in cmd.commands, f"no command {argv[:1]} under {cmd.name}"
+        cmd, argv = cmd.commands[argv[0]], argv[1:]
+    # Paths that must exist (--compose FILE) are made, empty, in a scratch directory.
+    for param in cmd.params:
+        kind = param.type
+        if isinstance(kind, click.Path) and kind.exists:
+            for opt in param.opts:
+                if opt in argv[:-1]:
+                    target = where / argv[argv.index(opt) + 1]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if kind.file_okay:
+                        target.touch()
+                    else:
+                        target.mkdir()
+    with cmd.make_context(cmd.name or "cli", list(argv)):
+        pass
+    return cmd
+
+
+@pytest.mark.parametrize(
+    "name,cmd",
+    [("", cli_module.cli), *_commands(cli_module.cli)],
+    ids=["cli", *(name for name, _ in _commands(cli_module.cli))],
+)
+def test_every_command_is_documented_with_an_example(
+    name: str, cmd: click.Command, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # STYLE.md: each command's docstring (its --help) ends with an example of its use, and the
+    # example is a valid command line of this very command (a group: of one of its commands).
+    monkeypatch.chdir(tmp_path)
+    for line in examples(cmd):
+        argv = shlex.split(line)
+        assert argv[0] == "./cli.py", line
+        assert argv[1 : 1 + len(name.split())] == name.split(), f"{line!r} is not `{name}`"
+        leaf = _parse(argv[1:], tmp_path)
+        assert not isinstance(cmd, click.Group) or leaf is not cmd
+        if not isinstance(cmd, click.Group):
+            assert leaf is cmd
+
+
+def test_the_example_check_catches_a_wrong_example(tmp_path: Path) -> None:
+    with pytest.raises(click.UsageError):
+        _parse(["export", "runs/RUN", "--format", "pdf"], tmp_path)
+    with pytest.raises(click.UsageError):
+        _parse(["profile", "fit", "runs/RUN"], tmp_path)  # --out is required
+    with pytest.raises(AssertionError):
+        examples(click.Command("x", help="Do things.\n\nSee the docs."))
 
 
 @pytest.mark.parametrize(
@@ -60,9 +127,9 @@ def test_runs_and_show(tmp_path: Path) -> None:
     run_dir = new_run_dir(tmp_path, "unet3d", "sleep")
     manifest = initial_manifest(run_dir, image={"tag": "twintrace/unet3d:sleep", "id": "sha256:0"})
     manifest["status"] = "completed"
+    manifest["containers"] = [{"role": "main", "image": "twintrace/unet3d:sleep"}]
     atomic_write_json(run_dir / "manifest.json", manifest)
     summary = {
-        "schema_version": 1,
         "run_id": run_dir.name,
         "status": "completed",
         "duration_s": 2.5,
@@ -72,12 +139,14 @@ def test_runs_and_show(tmp_path: Path) -> None:
         "block": {},
         "page_cache": {},
     }
-    atomic_write_json(run_dir / "summary.json", summary)
+    write_json(run_dir / "summary.json", summary)
+    assert json.loads((run_dir / "summary.json").read_text())["schema_version"] == SCHEMA_VERSION
     runner = CliRunner()
     listed = runner.invoke(cli_module.cli, ["runs", "--out", str(tmp_path), "--json"])
-    assert listed.exit_code == 0
+    assert listed.exit_code == 0, listed.output
     (row,) = json.loads(listed.output)
     assert row["run_id"] == run_dir.name and row["steps"] == 4 and row["events"] == 3
+    assert row["image"] == "twintrace/unet3d:sleep" and row["containers"] == 1
     shown = runner.invoke(cli_module.cli, ["show", run_dir.name, "--out", str(tmp_path), "--json"])
     assert shown.exit_code == 0 and json.loads(shown.output)["steps"] == 4
     # A second run directory in the same second never reuses the first.

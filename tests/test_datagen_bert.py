@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import crc32c
 import numpy as np
 import pytest
+from google.protobuf.internal.encoder import _VarintBytes
+from tfrecord import example_pb2
+from tfrecord.writer import TFRecordWriter
 
 from core.errors import UserError
 from datagen.bert import (
@@ -26,32 +28,22 @@ from datagen.bert import (
     SEP_ID,
     BertGenParams,
     Draws,
+    TextPool,
     block_records,
     calibrate,
     draw_arrays,
-    draw_records,
     generate_bert,
     make_pool,
     max_record_bytes,
     plan_bert_shards,
     pool_tokens,
+    record_sizes,
+    varint_sizes,
 )
-from datagen.bert_encode import (
-    ENTRY_ORDER,
-    _crc32c_sliced,
-    _crc32c_sse42,
-    _has_sse42_crc,
-    encode_block,
-)
-from datagen.bert_encode import encode_varints as compiled_varints
+from datagen.bert_encode import ENTRY_ORDER, encode_block, encode_varints
 from datagen.common import MANIFEST_NAME, MARKER_NAME, load_manifest
 from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
-from workloads.bert.records import (
-    encode_examples_buffer,
-    encode_varints,
-    iter_records,
-    parse_example,
-)
+from workloads.bert.records import iter_records, parse_example
 
 SMALL = BertGenParams(seq_length=64, max_predictions=10, records_per_file=60)
 SIZE = 100_000
@@ -182,30 +174,36 @@ def test_records_are_shaped_like_create_pretraining_data(dataset: tuple[Path, di
     assert labels == {0, 1}
 
 
+def encoded_block(
+    params: BertGenParams, pool_seed: Any, seed: Any
+) -> tuple[TextPool, Draws, bytes]:
+    """A pool, the first block drawn from it, and that block's framed records."""
+    pool = make_pool(np.random.default_rng(pool_seed), pool_tokens(params), params, encode_varints)
+    draws = draw_arrays(np.random.default_rng(seed), block_records(params), params, pool)
+    return pool, draws, encode_block(draws, pool, params)[0].tobytes()
+
+
 def test_masked_ids_are_the_tokens_at_their_positions_in_the_longest_records() -> None:
     # Runs of masking candidates longer than 32768 tokens (the int32 overflow of version 1).
     params = BertGenParams(seq_length=65535, max_predictions=1, records_per_file=50)
-    pool = make_pool(np.random.default_rng(3), pool_tokens(params), params)
-    features = draw_records(np.random.default_rng(4), 50, params, pool)
-    for data in iter_bytes(encode_examples_buffer(features)[0].tobytes()):
-        r = parse_example(data)
+    _, _, data = encoded_block(params, 3, 4)
+    for payload in iter_bytes(data):
+        r = parse_example(payload)
         position = int(r["masked_lm_positions"][0])
         assert r["masked_lm_ids"][0] == r["input_ids"][position] >= FIRST_WORD_ID
 
 
 def test_passages_come_from_the_pool_and_b_follows_a_unless_labelled_random() -> None:
     params = BertGenParams(seq_length=48, max_predictions=8, records_per_file=200)
-    pool = make_pool(np.random.default_rng(1), pool_tokens(params), params)
-    features = draw_records(np.random.default_rng(2), 200, params, pool)
-    buffer, _ = encode_examples_buffer(features)
+    pool, _, data = encoded_block(params, 1, 2)
 
     def in_pool(tokens: np.ndarray) -> bool:
         windows = np.lib.stride_tricks.sliding_window_view(pool.ids, tokens.size)
         return bool((windows == tokens).all(axis=1).any())
 
     follows = random = 0
-    for data in iter_bytes(buffer.tobytes()):
-        r = parse_example(data, "record", list(FEATURES))
+    for payload in iter_bytes(data):
+        r = parse_example(payload, "record", list(FEATURES))
         length = int(r["input_mask"].sum())
         sep = int(np.flatnonzero(r["input_ids"] == SEP_ID)[0])
         a, b = r["input_ids"][1:sep], r["input_ids"][sep + 1 : length - 1]
@@ -287,9 +285,9 @@ def test_content_of_a_seed_is_pinned(dataset: tuple[Path, dict]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The compiled encoder
+# The encoder, against the tfrecord package's writer and protobuf
 
-KERNEL_PARAMS = {
+ENCODER_PARAMS = {
     "mlperf": BertGenParams(),
     "5-tokens": BertGenParams(seq_length=5, max_predictions=1, records_per_file=50),
     "8-tokens": BertGenParams(seq_length=8, max_predictions=2, records_per_file=50),
@@ -305,29 +303,99 @@ KERNEL_PARAMS = {
     "1-record-blocks": BertGenParams(seq_length=64, max_predictions=10, records_per_file=1),
 }
 
+_SERIALIZE = TFRecordWriter.serialize_tf_example
 
-@pytest.mark.parametrize("params", KERNEL_PARAMS.values(), ids=KERNEL_PARAMS.keys())
-def test_kernel_writes_the_bytes_of_the_generic_encoder(params: BertGenParams) -> None:
-    pool = make_pool(np.random.default_rng(3), pool_tokens(params), params)
-    n = block_records(params)
+
+def serialize_in_order(datum: dict[str, tuple[list, str]]) -> bytes:
+    """The writer's Example, its map entries in ``datum``'s order.
+
+    protobuf (upb) writes map entries in the order of its hash table, which no encoder can
+    follow; every entry here is protobuf's own bytes (a one-entry Features), in a fixed order,
+    and the message is the writer's (checked).
+    """
+    features = b"".join(
+        example_pb2.Example.FromString(_SERIALIZE({name: value})).features.SerializeToString()
+        for name, value in datum.items()
+    )
+    example = b"\n" + _VarintBytes(len(features)) + features  # Example.features, field 1
+    assert example_pb2.Example.FromString(example) == example_pb2.Example.FromString(
+        _SERIALIZE(datum)
+    )
+    return example
+
+
+def writer_data(pool: TextPool, draws: Draws, params: BertGenParams) -> list[dict]:
+    """Each drawn record's features as the tfrecord writer takes them, in ENTRY_ORDER.
+
+    Values from the draws' definition (see :class:`datagen.bert.Draws`), not from any encoder:
+    input_ids are [CLS] A [SEP] B [SEP] and zeros, A and B the pool tokens whose varints the
+    runs cover.
+    """
+    s, p = params.seq_length, params.max_predictions
+
+    def tokens(start: int, size: int) -> list[int]:
+        first, last = np.searchsorted(pool.offsets, [start, start + size])
+        assert pool.offsets[first] == start and pool.offsets[last] == start + size
+        return pool.ids[first:last].tolist()
+
+    records, first = [], 0
+    for i, length in enumerate(draws.lengths.tolist()):
+        runs, k, a = draws.runs[i].tolist(), int(draws.k[i]), int(draws.a[i])
+        assert runs[0] == [pool.cls_at, 1] and runs[2] == runs[4] == [pool.sep_at, 1]
+        ids = [CLS_ID, *tokens(*runs[1]), SEP_ID, *tokens(*runs[3]), SEP_ID]
+        assert len(ids) == length
+        masked = slice(first, first + k)
+        first += k
+        values = {
+            "input_ids": ids + [0] * (s - length),
+            "input_mask": [1] * length + [0] * (s - length),
+            "segment_ids": [0] * (a + 2) + [1] * (length - a - 2) + [0] * (s - length),
+            "masked_lm_positions": draws.positions[masked].tolist() + [0] * (p - k),
+            "masked_lm_ids": draws.masked_ids[masked].tolist() + [0] * (p - k),
+            "masked_lm_weights": [1.0] * k + [0.0] * (p - k),
+            "next_sentence_labels": [int(draws.labels[i])],
+        }
+        kinds = {name: "float" if FEATURES[name][0] == "float" else "int" for name in ENTRY_ORDER}
+        records.append({name: (values[name], kinds[name]) for name in ENTRY_ORDER})
+    return records
+
+
+@pytest.mark.parametrize("params", ENCODER_PARAMS.values(), ids=ENCODER_PARAMS.keys())
+def test_encoder_writes_the_files_of_the_tfrecord_writer(
+    params: BertGenParams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(TFRecordWriter, "serialize_tf_example", staticmethod(serialize_in_order))
     for block in range(3):
-        features = draw_records(np.random.default_rng([5, block]), n, params, pool)
-        draws = draw_arrays(np.random.default_rng([5, block]), n, params, pool)
-        expected, expected_ends = encode_examples_buffer(features)
-        buffer, ends = encode_block(draws, pool.source, params)
-        assert buffer.tobytes() == expected.tobytes()
-        assert ends.tolist() == expected_ends.tolist()
+        pool, draws, data = encoded_block(params, 3, [5, block])
+        path = tmp_path / f"block{block}.tfrecord"
+        writer = TFRecordWriter(str(path))
+        for datum in writer_data(pool, draws, params):
+            writer.write(datum)
+        writer.close()
+        assert data == path.read_bytes()
 
 
-def test_kernel_params_reach_the_varint_widths_they_are_named_for() -> None:
-    """Length prefixes of two widths in one block, word ids of 3 to 5 bytes: see KERNEL_PARAMS."""
+@pytest.mark.parametrize("params", ENCODER_PARAMS.values(), ids=ENCODER_PARAMS.keys())
+def test_planning_sizes_records_as_the_encoder_writes_them(params: BertGenParams) -> None:
+    pool = make_pool(np.random.default_rng(3), pool_tokens(params), params, encode_varints)
+    plain = make_pool(np.random.default_rng(3), pool_tokens(params), params)
+    assert plain.source is None and plain.offsets.tolist() == pool.offsets.tolist()
+    for block in range(3):
+        draws = draw_arrays(np.random.default_rng([5, block]), block_records(params), params, pool)
+        _, ends = encode_block(draws, pool, params)
+        assert record_sizes(draws, params).tolist() == np.diff(ends, prepend=0).tolist()
+        assert np.diff(ends, prepend=0).max() <= max_record_bytes(params)
+
+
+def test_encoder_params_reach_the_varint_widths_they_are_named_for() -> None:
+    """Length prefixes of two widths in one block, word ids of 3 to 5 bytes: see ENCODER_PARAMS."""
 
     def block(name: str) -> tuple[Draws, np.ndarray]:
         """The first block's draws and record sizes (framed)."""
-        params = KERNEL_PARAMS[name]
+        params = ENCODER_PARAMS[name]
         pool = make_pool(np.random.default_rng(3), pool_tokens(params), params)
         draws = draw_arrays(np.random.default_rng([5, 0]), block_records(params), params, pool)
-        return draws, np.diff(encode_block(draws, pool.source, params)[1], prepend=0)
+        return draws, record_sizes(draws, params)
 
     draws, _ = block("100-tokens")
     text = draws.runs[:, :, 1].sum(axis=1) + 100 - draws.lengths
@@ -343,24 +411,12 @@ def test_entry_order_names_every_feature() -> None:
     assert sorted(ENTRY_ORDER) == sorted(FEATURES)
 
 
-@pytest.mark.parametrize(
-    "crc",
-    [
-        _crc32c_sliced,
-        pytest.param(
-            _crc32c_sse42,
-            marks=pytest.mark.skipif(not _has_sse42_crc(), reason="no x86 CRC32 instruction"),
-        ),
-    ],
-)
-def test_crc32c_is_that_of_the_crc32c_package(crc: Any) -> None:
-    data = np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8)
-    for begin, end in [(0, 0), (0, 1), (3, 10), (1, 9), (5, 300), (0, 300), (7, 7 + 16 * 8)]:
-        assert crc(data, begin, end) == crc32c.crc32c(data[begin:end].tobytes())
-
-
-def test_importing_the_generator_leaves_numba_for_the_writers() -> None:
-    code = "import sys, datagen.bert; assert 'numba' not in sys.modules"
+def test_importing_the_generator_and_planning_leave_numba_for_the_writers() -> None:
+    code = (
+        "import sys, datagen.bert as b\n"
+        "b.plan_bert_shards(10**7, 0, b.BertGenParams(records_per_file=100))\n"
+        "assert 'numba' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 
@@ -431,13 +487,15 @@ def test_progress_reports_reach_the_total(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.int64])
-def test_compiled_pool_varints_are_the_generic_ones(dtype: type) -> None:
+def test_pool_varints_are_protobufs(dtype: type) -> None:
     high = min(np.iinfo(dtype).max, 2**31)
     values = np.random.default_rng(5).integers(0, high, 10_000, endpoint=True).astype(dtype)
     values[:4] = [0, 127, 128, high]
-    for got, want in zip(compiled_varints(values), encode_varints(values), strict=True):
-        assert got.tolist() == want.tolist()
-    empty = compiled_varints(np.empty(0, dtype=dtype))
+    source, offsets = encode_varints(values)
+    assert source.tobytes() == b"".join(_VarintBytes(v) for v in values.tolist())
+    assert np.diff(offsets).tolist() == varint_sizes(values).tolist()
+    assert offsets[0] == 0 and offsets[-1] == source.size
+    empty = encode_varints(np.empty(0, dtype=dtype))
     assert empty[0].size == 0 and empty[1].tolist() == [0]
     with pytest.raises(ValueError, match="non-negative"):
-        compiled_varints(np.array([-1]))
+        encode_varints(np.array([-1]))

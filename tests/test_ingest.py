@@ -35,7 +35,32 @@ def test_syscalls_counts_and_bytes_match_plain_reading() -> None:
     assert Counter(df["kind"]) == expected
     assert df.loc[df["kind"].isin(ingest.READ_KINDS), "bytes"].sum() == read_bytes
     assert stats.skipped_lines == 0 and stats.lost_events == 0
-    assert df["ts_ns"].is_monotonic_increasing or len(df) > 0
+    # Row by row, in file order: the columns taken as they are from each line
+    # (ts, kind, pid, tid, fd, ret, arg, latency, comm, path).
+    assert len(df) == len(rows) == 3830
+    assert df["ts_ns"].tolist() == [int(r[0]) for r in rows]
+    assert df["ts_ns"].is_monotonic_increasing  # the saved trace is in time order
+    assert df["pid"].tolist() == [int(r[2]) for r in rows]
+    assert df["tid"].tolist() == [int(r[3]) for r in rows]
+    assert df["ret"].tolist() == [int(r[5]) for r in rows]
+    assert df["latency_ns"].tolist() == [int(r[7]) for r in rows]
+    assert df["comm"].tolist() == [r[8] for r in rows]
+    assert df["path"].fillna("").tolist() == [r[9] for r in rows]
+    # The derived columns: openat's descriptor is its return value (-1 when it failed), a
+    # pread64's offset is its argument, an mmap's size its length argument.
+    want_fd = [
+        (int(r[5]) if int(r[5]) >= 0 else -1) if r[1] == "openat" else int(r[4]) for r in rows
+    ]
+    assert df["fd"].tolist() == want_fd
+    assert (df["kind"] == "openat").sum() == 1384 and (
+        df.loc[df["kind"] == "openat", "fd"] == -1
+    ).sum() == sum(1 for r in rows if r[1] == "openat" and int(r[5]) < 0)
+    preads = df["kind"] == "pread64"
+    assert df.loc[preads, "offset"].tolist() == [int(r[6]) for r in rows if r[1] == "pread64"]
+    mmaps = df["kind"] == "mmap"
+    assert df.loc[mmaps, "bytes"].tolist() == [int(r[6]) for r in rows if r[1] == "mmap"]
+    written = sum(max(int(r[5]), 0) for r in rows if r[1] == "write")
+    assert df.loc[df["kind"] == "write", "bytes"].sum() == written > 0
 
 
 def test_paths_are_resolved_from_openat() -> None:

@@ -46,12 +46,11 @@ from analysis.similarity import (
     ratio_similarity,
     reads_in_flight,
     relative_wasserstein_similarity,
-    resample_mean,
-    resample_sum,
     run_span,
     timing_similarity,
     volume_similarity,
 )
+from analysis.series import Bins, binned_sum, filled_mean
 from core.errors import UserError
 from core.rundir import (
     EVENTS_COLUMNS,
@@ -107,6 +106,7 @@ def events_frame(columns: Mapping[str, Any]) -> pd.DataFrame:
         "latency_ns": np.full(n, 1000),
         "dev": [None] * n,
         "in_container": np.ones(n, dtype=bool),
+        "container": ["main"] * n,
         **columns,
     }
     data.setdefault("tid", data["pid"])
@@ -116,8 +116,8 @@ def events_frame(columns: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def samples_frame(rows: Iterable[tuple[int, str, float, str]]) -> pd.DataFrame:
-    """Samples from (ts_ns, metric, value, unit)."""
-    frame = pd.DataFrame(list(rows), columns=list(SAMPLES_COLUMNS))
+    """Samples from (ts_ns, metric, value, unit), of the container ``main``."""
+    frame = pd.DataFrame([(*row, "main") for row in rows], columns=list(SAMPLES_COLUMNS))
     return frame.astype(dict(SAMPLES_COLUMNS))
 
 
@@ -135,6 +135,7 @@ def phases_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
             "epoch": r.get("epoch", 0),
             "step": r.get("step", -1),
             "value": "null",
+            "container": r.get("container", "main"),
         }
         for r in rows
     ]
@@ -301,24 +302,27 @@ def scores(comparison: Comparison) -> dict[str, float | None]:
 
 
 def test_resample_sum_bins_over_the_runs_own_span() -> None:
-    span = (1000, 2000)
     ts = np.array([999, 1000, 1099, 1100, 1950, 2000, 2001])
     weights = np.array([5, 1, 2, 4, 8, 16, 32])
     # 10 bins of 100 ns: the end itself goes to the last bin, values outside are dropped.
-    assert resample_sum(ts, weights, span, 10).tolist() == [3, 4, 0, 0, 0, 0, 0, 0, 0, 24]
+    binned = binned_sum(ts, weights, Bins.spanning(1000, 2000, 10))
+    assert binned.tolist() == [3, 4, 0, 0, 0, 0, 0, 0, 0, 24]
     # A run twice as long with every time doubled gives the same bins.
-    doubled = resample_sum(1000 + 2 * (ts - 1000), weights, (1000, 3000), 10)
+    doubled = binned_sum(1000 + 2 * (ts - 1000), weights, Bins.spanning(1000, 3000, 10))
     assert doubled.tolist() == [3, 4, 0, 0, 0, 0, 0, 0, 0, 24]
+    # Exact on edges whatever the span: 1/3 of a 3 s span starts bin 100 of 300.
+    third = binned_sum(np.array([SEC]), np.array([1.0]), Bins.spanning(0, 3 * SEC, 300))
+    assert third[100] == 1.0
 
 
 def test_resample_mean_interpolates_gaps() -> None:
     ts = np.array([0, 10, 90])
     values = np.array([1.0, 3.0, 9.0])
     # 10 bins of 10 ns: bin 0 has 1, bin 1 has 3, bin 9 has 9; between, a straight line.
-    out = resample_mean(ts, values, (0, 100), 10)
+    out = filled_mean(ts, values, Bins.spanning(0, 100, 10))
     assert out[:2].tolist() == [1.0, 3.0] and out[9] == 9.0
     assert out[5] == pytest.approx(3.0 + (9.0 - 3.0) * 4 / 8)
-    assert len(resample_mean(np.array([500]), np.array([1.0]), (0, 100), 10)) == 0
+    assert len(filled_mean(np.array([500]), np.array([1.0]), Bins.spanning(0, 100, 10))) == 0
 
 
 def bursts(n: int = 400, at: Iterable[int] = (40, 140, 240, 340), width: int = 8) -> np.ndarray:

@@ -16,13 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.processes import classify_processes
+from analysis.series import Bins, binned_rate, default_bin_s
 from analysis.timeline import (
     LANES,
     MAX_SEGMENTS,
-    Bins,
-    binned_rate,
-    classify_processes,
-    default_bin_s,
     merge_segments,
     timeline_figure,
     write_timeline,
@@ -32,6 +30,7 @@ from core.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,
+    SCHEMA_VERSION,
     arrow_schema,
     conform,
     empty_frame,
@@ -162,6 +161,7 @@ def test_loader_conforms_plain_arrow_types(tmp_path: Path) -> None:
             "latency_ns": pa.array([7], pa.int64()),
             "dev": pa.array([None], pa.string()),
             "in_container": pa.array([True]),
+            "container": pa.array(["main"], pa.large_string()),
             "extra": pa.array([1.5]),
         }
     )
@@ -182,17 +182,18 @@ def test_missing_column_is_a_user_error(tmp_path: Path) -> None:
 
 def test_null_in_integer_column_is_a_user_error() -> None:
     frame = empty_frame(SAMPLES_COLUMNS).astype({"ts_ns": "float64"})
-    frame.loc[0] = [np.nan, "container_cpu", 1.0, "percent"]
+    frame.loc[0] = [np.nan, "container_cpu", 1.0, "percent", "main"]
     with pytest.raises(UserError, match=r"samples: column 'ts_ns' cannot be read as int64"):
         conform(frame, SAMPLES_COLUMNS, "samples")
 
 
 def test_unknown_schema_version_names_the_version_to_use(tmp_path: Path) -> None:
-    run_dir = make_run(tmp_path, schema_version=2, twintrace_version="0.7.0")
+    run_dir = make_run(tmp_path, schema_version=SCHEMA_VERSION + 1, twintrace_version="0.7.0")
     with pytest.raises(UserError) as info:
         load_run(run_dir)
     message = str(info.value)
-    assert "schema_version 2" in message and "reads only schema_version 1" in message
+    assert f"schema_version {SCHEMA_VERSION + 1}" in message
+    assert f"reads only schema_version {SCHEMA_VERSION}" in message
     assert "use twintrace 0.7.0" in message
 
 
@@ -261,18 +262,30 @@ def test_default_bin_gives_500_to_2000_bins(duration: float) -> None:
 
 
 def test_binned_rate_known_input() -> None:
-    bins = Bins.covering(0.0, 3.0, 1.0)
-    assert bins.count == 4 and list(bins.edges) == [0, 1, 2, 3, 4]
-    t = np.array([0.05 * i for i in range(10)] + [2.5])  # ten in bin 0, one in bin 2
+    bins = Bins.covering(START_NS, 0.0, 3.0, 1.0)
+    assert bins.count == 4 and list(bins.edges_s(START_NS)) == [0, 1, 2, 3, 4]
+    # Ten in bin 0, one in bin 2 (times in ns, as in the tables).
+    t = START_NS + np.array([50_000_000 * i for i in range(10)] + [SEC * 5 // 2])
     rate = binned_rate(t, np.full(len(t), MIB), bins) / MIB
     assert rate.tolist() == [10.0, 0.0, 1.0, 0.0]
-    half = Bins.covering(0.0, 1.0, 0.5)  # the same ten reads: 20 MiB/s for half a second
+    half = Bins.covering(START_NS, 0.0, 1.0, 0.5)  # the same ten reads: 20 MiB/s for 0.5 s
     assert (binned_rate(t[:10], np.full(10, MIB), half) / MIB).tolist()[:2] == [20.0, 0.0]
+    # Bins are aligned on multiples of the width since the origin, also before it.
+    early = Bins.covering(START_NS, -1.5, 0.2, 1.0)
+    assert (early.start_ns, early.count) == (START_NS - 2 * SEC, 3)
+    # A time on an edge belongs to the bin that starts there, exactly.
+    edges = START_NS + np.arange(1, 4) * SEC // 10
+    assert binned_rate(edges, np.ones(3), Bins.covering(START_NS, 0.0, 0.35, 0.1)).tolist() == [
+        0.0,
+        10.0,
+        10.0,
+        10.0,
+    ]
 
 
 def test_tiny_bin_is_refused() -> None:
     with pytest.raises(UserError, match="use a bin of at least"):
-        Bins.covering(0.0, 3600.0, 1e-6)
+        Bins.covering(START_NS, 0.0, 3600.0, 1e-6)
 
 
 def test_merge_segments_per_key() -> None:
@@ -512,6 +525,7 @@ def test_two_million_events_are_merged_not_dropped(tmp_path: Path) -> None:
         "latency_ns": rng.integers(1_000, 200_000, n),
         "dev": pa.nulls(n, pa.string()),
         "in_container": np.ones(n, dtype=bool),
+        "container": pa.array(["main"] * n, pa.string()),
     }
     run_dir = make_run(tmp_path, skip=("events",), end_ns=START_NS + 60 * SEC)
     table = pa.table(columns, schema=arrow_schema(EVENTS_COLUMNS))

@@ -13,10 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core.errors import UserError
 from tests.conftest import REPO, bpftrace_running
 from tracing.container import RUN_LABEL, BindMount, client
-from tracing.runner import TraceRequest, trace
+from tracing.request import image_request, workload_request
+from tracing.runner import trace
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
@@ -51,14 +51,13 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(
     subprocess.run(["sync"], check=True)
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
     run_dir = trace(
-        TraceRequest(
-            image=BASE,
-            command=["python3", "-c", script],
-            label="groundtruth",
-            runs_root=runs_root,
+        image_request(
+            BASE,
+            ["python3", "-c", script],
+            runs_root,
             mounts=(BindMount(data, "/data", True),),
         )
-    )
+    ).check()
     manifest = _manifest(run_dir)
     assert manifest["status"] == "completed" and manifest["exit_code"] == 0
     assert manifest["lost_events"] == 0
@@ -84,19 +83,22 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(
     assert summary["syscalls"]["openat"]["count"] == int((events["kind"] == "openat").sum())
     samples = pd.read_parquet(run_dir / "samples.parquet")
     assert {"container_cpu", "host_cpu_user"} <= set(samples["metric"].astype(str))
+    # One container, role "main": every in-container event and its samples carry it.
+    assert [c["role"] for c in manifest["containers"]] == ["main"]
+    assert manifest["containers"][0]["exit_code"] == 0
+    assert set(events.loc[events["in_container"], "container"]) == {"main"}
+    cpu = samples[samples["metric"] == "container_cpu"]
+    assert set(cpu["container"]) == {"main"}
+    assert samples.loc[samples["metric"] == "host_cpu_user", "container"].isna().all()
+    # A single-container run has no network at all.
+    assert manifest["trace"]["network"] == "none"
 
 
 def test_failed_workload_leaves_a_failed_run(images, runs_root: Path) -> None:
-    with pytest.raises(UserError, match="exited with code 3"):
-        trace(
-            TraceRequest(
-                image=BASE,
-                command=["python3", "-c", "import sys; sys.exit(3)"],
-                label="fails",
-                runs_root=runs_root,
-            )
-        )
+    outcome = trace(image_request(BASE, ["python3", "-c", "import sys; sys.exit(3)"], runs_root))
+    assert outcome.status == "failed" and "exited with code 3" in outcome.error
     (run_dir,) = runs_root.iterdir()
+    assert run_dir == outcome.run_dir
     manifest = _manifest(run_dir)
     assert manifest["status"] == "failed" and manifest["exit_code"] == 3
     assert "exited with code 3" in manifest["error"]
@@ -156,51 +158,25 @@ def test_ctrl_c_leaves_no_container_no_bpftrace_and_an_interrupted_manifest(
     assert (run_dir / "events.parquet").exists()
 
 
-@pytest.fixture(scope="module")
-def unet3d_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from datagen.unet3d import UNet3DGenParams, generate_unet3d
-
-    out = tmp_path_factory.mktemp("unet3d-data")
-    # Six small cases (patch 32 fits in every one).
-    generate_unet3d(
-        out,
-        8_000_000,
-        seed=1,
-        params=UNet3DGenParams(s1_range=(40, 48), s2_range=(48, 56), min_dim=40),
-    )
-    return out
-
-
 def _unet3d_run(runs_root: Path, data: Path, variant: str, **settings: object) -> Path:
-    from workloads.config import WorkloadConfig
-
-    config = WorkloadConfig(
-        workload="unet3d",
-        variant=variant,
-        epochs=1,
-        batch_size=2,
-        workers=2,
-        options={"patch_size": 32},
-        **settings,
-    )
     return trace(
-        TraceRequest(
-            image=f"twintrace/unet3d:{variant}",
-            command=None,
-            label="unet3d",
-            runs_root=runs_root,
-            config=config,
-            data_dir=data,
+        workload_request(
+            "unet3d",
+            variant,
+            data,
+            runs_root,
+            settings={"epochs": 1, "batch_size": 2, "workers": 2, **settings},
+            options={"patch_size": "32"},
         )
-    )
+    ).check()
 
 
 def test_unet3d_sleep_run_reads_every_file_and_takes_the_expected_steps(
-    images, unet3d_data: Path, runs_root: Path
+    images, tiny_unet3d: Path, runs_root: Path
 ) -> None:
-    run_dir = _unet3d_run(runs_root, unet3d_data, "sleep")
+    run_dir = _unet3d_run(runs_root, tiny_unet3d, "sleep")
     summary = json.loads((run_dir / "summary.json").read_text())
-    files = sorted(p.name for p in unet3d_data.glob("case_*.npy"))
+    files = sorted(p.name for p in tiny_unet3d.glob("case_*.npy"))
     cases = len(files) // 2
     assert summary["status"] == "completed" and summary["lost_events"] == 0
     assert summary["steps"] == -(-cases // 2)  # ceil(cases / batch size)
@@ -211,7 +187,7 @@ def test_unet3d_sleep_run_reads_every_file_and_takes_the_expected_steps(
         read = events.loc[
             events["kind"].isin(["read", "pread64", "readv"]) & (events["path"] == path), "bytes"
         ].sum()
-        size = (unet3d_data / name).stat().st_size
+        size = (tiny_unet3d / name).stat().st_size
         # np.load reads the header through Python's buffered file, then the whole file through a
         # dup of the descriptor: every byte at least once, only the head (a few KiB) twice.
         assert size <= read <= size + 16384, path
@@ -236,13 +212,13 @@ def test_unet3d_sleep_run_reads_every_file_and_takes_the_expected_steps(
         "sample_load",
     } <= keys
     assert (phases["key"] == "sample_load").sum() == len(files) // 2
-    assert list((run_dir / "out" / "checkpoints").glob("*.pt"))
+    assert list((run_dir / "out" / "main" / "checkpoints").glob("*.pt"))
 
 
 def test_unet3d_original_and_instrumented_runs_complete(
-    images, unet3d_data: Path, runs_root: Path
+    images, tiny_unet3d: Path, runs_root: Path
 ) -> None:
-    original = _unet3d_run(runs_root, unet3d_data, "original", max_steps=2)
+    original = _unet3d_run(runs_root, tiny_unet3d, "original", max_steps=2)
     summary = json.loads((original / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 2
     phases = pd.read_parquet(original / "phases.parquet")
@@ -255,7 +231,7 @@ def test_unet3d_original_and_instrumented_runs_complete(
     ]
     assert ckpt.loc[ckpt["kind"].isin(["write", "writev", "pwrite64"]), "bytes"].sum() > 0
 
-    instrumented = _unet3d_run(runs_root, unet3d_data, "instrumented", max_steps=2)
+    instrumented = _unet3d_run(runs_root, tiny_unet3d, "instrumented", max_steps=2)
     phases = pd.read_parquet(instrumented / "phases.parquet")
     per_step = {
         "load_batch_mem",
@@ -268,3 +244,31 @@ def test_unet3d_original_and_instrumented_runs_complete(
     }
     counts = phases[phases["key"].isin(per_step)].groupby("key").size()
     assert set(counts.index) == per_step and (counts == 2).all()
+
+
+@pytest.mark.parametrize(("given", "expected"), [("2GiB", 2 * 2**30), ("500MB", 500 * 10**6)])
+def test_memory_limit_units_mean_the_same_to_us_and_to_docker(
+    images, runs_root: Path, given: str, expected: int
+) -> None:
+    """`--memory-limit` is parsed once (MB = 10^6, GiB = 2^30) and docker gets bytes: the
+    container's own cgroup shows the limit (the kernel rounds it down to whole pages)."""
+    show = (
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
+        " || cat /sys/fs/cgroup/memory.max"
+    )
+    done = subprocess.run(
+        [sys.executable, str(REPO / "cli.py"), "trace", "--image", BASE, "--memory-limit", given]
+        + ["--out", str(runs_root), "--", "sh", "-c", show],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    run_dir = Path(done.stdout.strip().splitlines()[-1])
+    seen = int((run_dir / "raw" / "main" / "container.log").read_text().split()[0])
+    assert expected - 4096 < seen <= expected
+    manifest = _manifest(run_dir)
+    assert manifest["containers"][0]["memory_limit_bytes"] == expected
+    # The container's output also reached the terminal (stderr), as `docker run` shows it.
+    assert str(seen) in done.stderr

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tracing.runner import TraceRequest, trace
-from workloads.registry import WORKLOADS
+from tracing.request import workload_request
+from tracing.runner import trace
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
@@ -34,19 +34,16 @@ def _phases(run_dir: Path) -> pd.DataFrame:
 
 def _run(runs_root: Path, data: Path, workload: str, variant: str, **settings: object) -> Path:
     options = settings.pop("options", {})
-    config = WORKLOADS[workload].config(
-        variant, epochs=1, workers=2, checkpoint_every=0, options=options, **settings
-    )
     run_dir = trace(
-        TraceRequest(
-            image=f"twintrace/{workload}:{variant}",
-            command=None,
-            label=workload,
-            runs_root=runs_root,
-            config=config,
-            data_dir=data,
+        workload_request(
+            workload,
+            variant,
+            data,
+            runs_root,
+            settings={"epochs": 1, "workers": 2, "checkpoint_every": 0, **settings},
+            options=options,
         )
-    )
+    ).check()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["lost_events"] == 0
     return run_dir

@@ -3,11 +3,17 @@
 Each script takes two positional parameters: the container's cgroup-v2 id and a file that its
 BEGIN probe creates. bpftrace runs BEGIN only after every other probe is attached, so once all
 files exist no event of the container can be missed.
+
+A run of several containers is traced by ONE set of scripts: each script's filter
+``cgroup == $1`` is rendered as ``(cgroup == A || cgroup == B ...)`` over the run's cgroup ids
+and the rendered script is saved next to its output (``raw/<name>.bt``), so what ran is on
+record.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from core.errors import UserError
@@ -26,8 +32,28 @@ def script_path(name: str) -> Path:
     return BPF_DIR / f"{name}.bt"
 
 
-def command(name: str, out: Path, cgroup_id: int, ready_file: Path) -> list[str]:
-    """The bpftrace argument list for one script; run it with ``ready_file``'s directory as cwd."""
+CGROUP_FILTER = "cgroup == $1"
+
+
+def render(name: str, cgroup_ids: Sequence[int]) -> str:
+    """Script ``name`` with its container filter over ``cgroup_ids`` (one or more)."""
+    if not cgroup_ids:
+        raise ValueError("no cgroup to trace")
+    text = script_path(name).read_text()
+    if CGROUP_FILTER not in text:
+        raise AssertionError(f"{name}.bt has no `{CGROUP_FILTER}` filter")
+    ids = [int(i) for i in cgroup_ids]
+    predicate = (
+        f"cgroup == {ids[0]}"
+        if len(ids) == 1
+        else "(" + " || ".join(f"cgroup == {i}" for i in ids) + ")"
+    )
+    return text.replace(CGROUP_FILTER, predicate)
+
+
+def command(name: str, out: Path, script: Path, ready_file: Path) -> list[str]:
+    """The bpftrace argument list for one rendered script; run it with ``ready_file``'s
+    directory as cwd."""
     exe = shutil.which("bpftrace")
     if exe is None:
         raise UserError(
@@ -43,8 +69,8 @@ def command(name: str, out: Path, cgroup_id: int, ready_file: Path) -> list[str]
         "full",
         "-o",
         str(out),
-        str(script_path(name)),
-        str(cgroup_id),
+        str(script),
+        "0",  # $1: unused once rendered; kept so the scripts also run by hand
         ready_file.name,
     ]
 
@@ -53,11 +79,15 @@ class Tracer:
     """The bpftrace processes of one run, writing into ``raw_dir``."""
 
     def __init__(
-        self, raw_dir: Path, ctl_dir: Path, cgroup_id: int, scripts: tuple[str, ...] = SCRIPTS
+        self,
+        raw_dir: Path,
+        ctl_dir: Path,
+        cgroup_ids: Sequence[int],
+        scripts: tuple[str, ...] = SCRIPTS,
     ):
         self.raw_dir = raw_dir
         self.ctl_dir = ctl_dir
-        self.cgroup_id = cgroup_id
+        self.cgroup_ids = tuple(cgroup_ids)
         self.scripts = scripts
         self.children: dict[str, ChildProcess] = {}
 
@@ -68,7 +98,9 @@ class Tracer:
         for name in self.scripts:
             ready[name] = self.ctl_dir / f"{name}.ready"
             ready[name].unlink(missing_ok=True)
-            argv = command(name, self.raw_dir / f"{name}.txt", self.cgroup_id, ready[name])
+            script = self.raw_dir / f"{name}.bt"
+            script.write_text(render(name, self.cgroup_ids))
+            argv = command(name, self.raw_dir / f"{name}.txt", script, ready[name])
             self.children[name] = ChildProcess(
                 argv,
                 self.raw_dir / f"{name}.stdout",

@@ -1,11 +1,16 @@
-"""Containers through the Docker SDK: start one held at a barrier, release it, stop it.
+"""Containers through the Docker SDK: start them held at a barrier, release them, stop them.
 
-The barrier is a FIFO in the run's control directory, mounted read-only at /twintrace/ctl. The
-container's entry point is ``/bin/sh -c 'read _ < /twintrace/ctl/release && exec "$@"'``: the
-shell blocks opening the FIFO's read end until the tracer writes a line into it, then replaces
-itself with the real command. Everything the workload does, from its first exec on, happens
-after every probe is attached. Aborting before the release (closing without writing) makes
-``read`` fail, so the command never runs.
+The barrier is a FIFO in the container's own barrier directory of the run (``ctl/<role>/``),
+mounted read-only at /twintrace/barrier (apart from /twintrace/ctl, which a user topology may
+mount itself). The container's entry point is
+``/bin/sh -c 'read _ < /twintrace/barrier/release && exec "$@"'``: the shell blocks opening the
+FIFO's read end until the tracer writes a line into it, then replaces itself with the real
+command. Everything the workload does, from its first exec on, happens after every probe is
+attached. Aborting before the release (closing without writing) makes ``read`` fail, so the
+command never runs.
+
+A run of several containers gets a private internal network of its own (no route out; the
+containers reach each other by role name); a single-container run gets no network at all.
 """
 
 from __future__ import annotations
@@ -13,22 +18,28 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import docker
 import docker.errors
-from docker.types import Mount
+from docker.types import EndpointConfig, Mount
 
 from core.errors import UserError
 
 CTL_MOUNT = "/twintrace/ctl"
+BARRIER_MOUNT = "/twintrace/barrier"
 OUT_MOUNT = "/twintrace/out"
 DATA_MOUNT = "/data"
 RELEASE_FIFO = "release"
 RUN_LABEL = "twintrace.run"
+ROLE_LABEL = "twintrace.role"
 OWNER_LABEL = "twintrace.owner-pid"
-BARRIER_SCRIPT = f'read line < {CTL_MOUNT}/{RELEASE_FIFO} && exec "$@"'
+BARRIER_SCRIPT = f'read line < {BARRIER_MOUNT}/{RELEASE_FIFO} && exec "$@"'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,39 +100,79 @@ def default_command(cli: docker.DockerClient, tag: str) -> list[str]:
     return command
 
 
+def create_network(cli: docker.DockerClient, run_id: str) -> Any:
+    """A private, internal bridge network for the run's containers (no route out)."""
+    try:
+        return cli.networks.create(
+            network_name(run_id),
+            driver="bridge",
+            internal=True,
+            labels={RUN_LABEL: run_id, OWNER_LABEL: str(os.getpid())},
+        )
+    except docker.errors.APIError as exc:
+        raise UserError(
+            f"docker could not create the run's network: {exc.explanation or exc}"
+        ) from None
+
+
+def network_name(run_id: str) -> str:
+    return f"twintrace-{run_id}"
+
+
+def container_name(run_id: str, role: str) -> str:
+    """A container's name: unique per run, and resolvable by its role on the run network."""
+    return f"{run_id}-{role}"
+
+
 def start_held(
     cli: docker.DockerClient,
     image: str,
-    command: list[str],
-    ctl_dir: Path,
-    mounts: list[BindMount],
+    command: Sequence[str],
+    barrier_dir: Path,
+    mounts: Sequence[BindMount],
     run_id: str,
-    memory_limit: str | None = None,
+    role: str,
+    *,
+    network: str | None,
+    memory_bytes: int | None = None,
     cpus: float | None = None,
     environment: dict[str, str] | None = None,
+    shm_bytes: int = 1 << 30,
+    working_dir: str | None = None,
 ) -> docker.models.containers.Container:
-    """Create and start a container that waits at the barrier before running ``command``."""
-    fifo = ctl_dir / RELEASE_FIFO
+    """Create and start a container that waits at the barrier before running ``command``.
+
+    ``network`` None: no network at all (least privilege for a single-container run)."""
+    fifo = barrier_dir / RELEASE_FIFO
     if not fifo.exists():
         os.mkfifo(fifo, 0o600)
-    all_mounts = [BindMount(ctl_dir, CTL_MOUNT, True), *mounts]
-    kwargs: dict = {}
-    if memory_limit:
-        kwargs["mem_limit"] = memory_limit
-        kwargs["memswap_limit"] = memory_limit  # no swap: the limit bounds memory and page cache
+    all_mounts = [BindMount(barrier_dir, BARRIER_MOUNT, True), *mounts]
+    kwargs: dict[str, Any] = {}
+    if memory_bytes:
+        kwargs["mem_limit"] = int(memory_bytes)
+        kwargs["memswap_limit"] = int(memory_bytes)  # no swap: bounds memory and page cache
     if cpus:
         kwargs["nano_cpus"] = int(cpus * 1e9)
+    if working_dir:
+        kwargs["working_dir"] = working_dir
+    if network is None:
+        kwargs["network_mode"] = "none"
+    else:
+        kwargs["network"] = network
+        kwargs["hostname"] = role
+        # Reachable by role too (rank0, storage, ...), not only by the run-specific name.
+        kwargs["networking_config"] = {network: EndpointConfig(cli.api._version, aliases=[role])}
     try:
         container = cli.containers.run(
             image,
-            command=command,
+            command=list(command),
             entrypoint=["/bin/sh", "-c", BARRIER_SCRIPT, "twintrace-barrier"],
+            name=container_name(run_id, role),
             mounts=[m.to_docker() for m in all_mounts],
-            labels={RUN_LABEL: run_id, OWNER_LABEL: str(os.getpid())},
+            labels={RUN_LABEL: run_id, ROLE_LABEL: role, OWNER_LABEL: str(os.getpid())},
             environment=environment or {},
             detach=True,
-            # Loader workers share tensors through /dev/shm; docker's 64 MB default is too small.
-            shm_size="1g",
+            shm_size=int(shm_bytes),
             **kwargs,
         )
     except docker.errors.ImageNotFound:
@@ -147,9 +198,9 @@ def main_pid(container: docker.models.containers.Container, timeout: float = 30.
     raise UserError(f"container {container.short_id} did not start within {timeout:.0f} s")
 
 
-def release(ctl_dir: Path, timeout: float = 30.0) -> None:
-    """Let the held container go: write one line into its barrier FIFO."""
-    fifo = ctl_dir / RELEASE_FIFO
+def release(barrier_dir: Path, timeout: float = 30.0) -> None:
+    """Let a held container go: write one line into its barrier FIFO."""
+    fifo = barrier_dir / RELEASE_FIFO
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -176,17 +227,12 @@ def exit_code(container: docker.models.containers.Container) -> int | None:
     return None
 
 
-def stop_and_remove(container: docker.models.containers.Container, log_path: Path | None) -> None:
-    """Stop the container (if running), save its logs, and remove it. Safe to call twice."""
+def stop_and_remove(container: docker.models.containers.Container) -> None:
+    """Stop the container (if running) and remove it. Safe to call twice."""
     try:
         container.kill()
     except docker.errors.APIError:
         pass  # already stopped
-    if log_path is not None:
-        try:
-            log_path.write_bytes(container.logs(stdout=True, stderr=True))
-        except docker.errors.APIError:
-            pass
     try:
         container.remove(force=True)
     except docker.errors.NotFound:
@@ -194,6 +240,59 @@ def stop_and_remove(container: docker.models.containers.Container, log_path: Pat
     except docker.errors.APIError as exc:
         if "already in progress" not in str(exc):
             raise
+
+
+class LogFollower:
+    """Copies a container's stdout and stderr, as they are written, to a file in the run
+    directory and (``echo``) to our stderr, each line prefixed with the role when a run has
+    several containers. The file is complete once :meth:`join` returns."""
+
+    def __init__(
+        self,
+        container: docker.models.containers.Container,
+        path: Path,
+        echo: bool,
+        prefix: str = "",
+        sink: Callable[[bytes], None] | None = None,
+    ) -> None:
+        self.container = container
+        self.path = path
+        self.prefix = prefix.encode()
+        self.echo = echo
+        self.sink = sink or _stderr_sink
+        self._thread = threading.Thread(target=self._run, name=f"logs-{path.stem}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pending = b""
+        try:
+            with open(self.path, "wb") as out:
+                stream = self.container.logs(stdout=True, stderr=True, stream=True, follow=True)
+                for chunk in stream:
+                    out.write(chunk)
+                    out.flush()
+                    if self.echo:
+                        pending = self._echo(pending + chunk)
+        except (docker.errors.APIError, OSError, ValueError):
+            pass  # the container was removed while we read: what was read is kept
+        finally:
+            if self.echo and pending:
+                self._echo(pending + b"\n")
+
+    def _echo(self, data: bytes) -> bytes:
+        *lines, rest = data.split(b"\n")
+        if lines:
+            self.sink(b"".join(self.prefix + line + b"\n" for line in lines))
+        return rest
+
+    def join(self, timeout: float = 10.0) -> None:
+        self._thread.join(timeout)
+
+
+def _stderr_sink(data: bytes) -> None:
+    out: BinaryIO = sys.stderr.buffer
+    out.write(data)
+    out.flush()
 
 
 def remove_orphans(cli: docker.DockerClient) -> list[str]:
@@ -210,13 +309,27 @@ def remove_orphans(cli: docker.DockerClient) -> list[str]:
             removed.append(ctr.labels.get(RUN_LABEL, ctr.short_id))
         except docker.errors.APIError:
             pass
-    return removed
+    for net in cli.networks.list(filters={"label": RUN_LABEL}):
+        owner = (net.attrs.get("Labels") or {}).get(OWNER_LABEL, "")
+        if owner.isdigit() and Path(f"/proc/{owner}").exists():
+            continue
+        try:
+            net.remove()
+        except docker.errors.APIError:
+            pass
+    return sorted(set(removed))
 
 
-def remove_run_containers(cli: docker.DockerClient, run_id: str) -> None:
-    """Remove any container left with this run's label (belt and braces on every exit path)."""
+def remove_run_resources(cli: docker.DockerClient, run_id: str) -> None:
+    """Remove any container and network left with this run's label (belt and braces on every
+    exit path)."""
     for container in cli.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
         try:
             container.remove(force=True)
+        except docker.errors.APIError:
+            pass
+    for net in cli.networks.list(filters={"label": f"{RUN_LABEL}={run_id}"}):
+        try:
+            net.remove()
         except docker.errors.APIError:
             pass

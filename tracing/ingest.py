@@ -9,6 +9,7 @@ lines are counted.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,13 +18,19 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from core.rundir import EVENTS_COLUMNS, PHASES_COLUMNS, SAMPLES_COLUMNS, arrow_schema, conform
+from core.rundir import (
+    EVENTS_COLUMNS,
+    FD_KINDS,
+    PHASES_COLUMNS,
+    READ_KINDS,
+    SAMPLES_COLUMNS,
+    WRITE_KINDS,
+    arrow_schema,
+    conform,
+    empty_frame,
+)
 
 PAGE_SIZE = 4096
-
-READ_KINDS = ("read", "pread64", "readv")
-WRITE_KINDS = ("write", "pwrite64", "writev")
-FD_KINDS = (*READ_KINDS, *WRITE_KINDS, "close", "lseek", "fsync", "fdatasync", "mmap", "dup")
 
 # Column order and Arrow types of events.parquet: the single definition lives in core.rundir.
 EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
@@ -350,8 +357,41 @@ def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
     return sys
 
 
-def build_events(raw_dir: Path) -> tuple[pa.Table, ParseStats]:
-    """Parse every raw tracer file of a run into one events table sorted by time."""
+def container_owners(proc: pd.DataFrame, roots: Mapping[int, str]) -> dict[int, str]:
+    """Which container each process belongs to: a container's first process (``roots``: host
+    pid -> role) and, following the traced forks in time order, everything it started."""
+    owner = {int(pid): role for pid, role in roots.items()}
+    forks = proc[(proc["kind"] == "fork").to_numpy()].sort_values("ts_ns", kind="stable")
+    for parent, child in zip(forks["pid"].to_numpy(), forks["ret"].to_numpy(), strict=True):
+        role = owner.get(int(parent))
+        if role is not None:
+            owner[int(child)] = role
+    return owner
+
+
+def attribute_containers(
+    events: pd.DataFrame, proc: pd.DataFrame, roots: Mapping[int, str]
+) -> pd.Series:
+    """The ``container`` column: the role whose process made each in-container event; null for
+    events outside the run's containers (block completions of other processes, say). With a
+    single container every in-container event is its own, whatever its pid."""
+    roles = set(roots.values())
+    inside = events["in_container"].to_numpy(dtype=bool)
+    if len(roles) == 1:
+        (role,) = roles
+        return pd.Series(np.where(inside, role, None), dtype="string")
+    owner = container_owners(proc, roots)
+    mapped = events["pid"].map(owner).astype("string")
+    return mapped.where(inside, pd.NA)
+
+
+def build_events(
+    raw_dir: Path, roots: Mapping[int, str] | None = None
+) -> tuple[pa.Table, ParseStats]:
+    """Parse every raw tracer file of a run into one events table sorted by time.
+
+    ``roots`` maps each container's first process (host pid) to its role, for the
+    ``container`` column; None (raw files without a manifest) leaves the column null."""
     stats = ParseStats()
     sys = parse_syscalls(raw_dir / "syscalls.txt", stats)
     proc = parse_proc(raw_dir / "proc.txt", stats)
@@ -371,37 +411,87 @@ def build_events(raw_dir: Path) -> tuple[pa.Table, ParseStats]:
     )
     events = events.sort_values("ts_ns", kind="stable", ignore_index=True)
     events["kind"] = events["kind"].astype(str)
+    events["container"] = (
+        attribute_containers(events, proc, roots)
+        if roots
+        else pd.Series(pd.NA, index=events.index, dtype="string")
+    )
     table = pa.Table.from_pandas(events, preserve_index=False)
     table = table.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
     return table, stats
 
 
 def build_samples(raw_dir: Path) -> pd.DataFrame:
-    """Read raw/samples.csv (long format) written by tracing.samplers."""
+    """Read raw/samples.csv (long format) written by tracing.samplers. ``container`` is the
+    role of a container's metric, null for host-wide metrics."""
     path = raw_dir / "samples.csv"
     columns = SAMPLES_COLUMNS
     if not path.exists() or path.stat().st_size == 0:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
+        return empty_frame(columns)
     # The sampler may have been stopped mid-line: on_bad_lines drops a cut-off last line.
     df = pd.read_csv(
-        path, dtype={"ts_ns": "Int64", "metric": "string", "unit": "string"}, on_bad_lines="skip"
+        path,
+        dtype={"ts_ns": "Int64", "metric": "string", "unit": "string", "container": "string"},
+        keep_default_na=False,
+        na_values={"ts_ns": [""], "value": [""]},
+        on_bad_lines="skip",
     )
+    if "container" not in df.columns:
+        df["container"] = pd.Series(pd.NA, index=df.index, dtype="string")
     df["value"] = pd.to_numeric(df["value"], errors="coerce")
-    df = df.dropna()
+    df = df.dropna(subset=["ts_ns", "metric", "value", "unit"])
+    df["container"] = df["container"].where(df["container"] != "", pd.NA)
     return df.astype(columns)
 
 
-def build_phases(raw_dir: Path) -> pd.DataFrame:
-    """Parse raw/mllog.log, the workload's MLLOG events."""
+def build_phases(raw_dir: Path, roles: Sequence[str] = ()) -> pd.DataFrame:
+    """Parse each container's MLLOG events (``raw/<role>/mllog.log``), or ``raw/mllog.log``
+    when no roles are given, into one phases table with the ``container`` column."""
     from tracing.mllog import parse_mllog
 
-    return conform(parse_mllog(raw_dir / "mllog.log"), PHASES_COLUMNS, "raw/mllog.log")
+    sources = [(raw_dir / role / "mllog.log", role) for role in roles] or [
+        (raw_dir / "mllog.log", None)
+    ]
+    frames = []
+    for path, role in sources:
+        frame = parse_mllog(path)
+        frame["container"] = pd.Series(role, index=frame.index, dtype="string")
+        frames.append(conform(frame, PHASES_COLUMNS, str(path.relative_to(raw_dir.parent))))
+    phases = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    return phases.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
 def summarize(events: pa.Table, phases: pd.DataFrame, stats: ParseStats) -> dict:
-    """Counts and bytes per kind, grouped as in summary.json (docs/run-format.md)."""
-    df = events.select(["kind", "bytes", "count"]).to_pandas()
+    """Counts and bytes per kind, grouped as in summary.json (docs/run-format.md); with
+    several containers also per container (``containers``)."""
+    df = events.select(["kind", "bytes", "count", "container"]).to_pandas()
     df["kind"] = df["kind"].astype(str)
+    result = {
+        "steps": _steps(phases),
+        "lost_events": stats.lost_events,
+        "skipped_lines": stats.skipped_lines,
+        **_kind_groups(df),
+    }
+    roles = sorted(set(df["container"].dropna()) | set(phases["container"].dropna()))
+    if len(roles) > 1:
+        result["containers"] = {
+            role: {
+                "steps": _steps(phases[(phases["container"] == role).fillna(False).to_numpy()]),
+                **_kind_groups(df[(df["container"] == role).fillna(False).to_numpy()]),
+            }
+            for role in roles
+        }
+    return result
+
+
+def _steps(phases: pd.DataFrame) -> int:
+    """Training steps: ``step_end`` events of rank 0 (or of a run without ranks)."""
+    if not len(phases):
+        return 0
+    return int(((phases["key"] == "step_end") & phases["rank"].isin([0, -1])).sum())
+
+
+def _kind_groups(df: pd.DataFrame) -> dict[str, dict]:
     agg = df.groupby("kind", observed=True).agg(count=("count", "sum"), bytes=("bytes", "sum"))
     groups: dict[str, dict] = {"syscalls": {}, "block": {}, "page_cache": {}, "processes": {}}
     for kind, row in agg.iterrows():
@@ -414,13 +504,4 @@ def summarize(events: pa.Table, phases: pd.DataFrame, stats: ParseStats) -> dict
             groups["processes"][kind] = int(row["count"])
         else:
             groups["syscalls"][kind] = entry
-    steps = 0
-    if len(phases):
-        step_rows = phases[(phases["key"] == "step_end") & (phases["rank"].isin([0, -1]))]
-        steps = int(len(step_rows))
-    return {
-        "steps": steps,
-        "lost_events": stats.lost_events,
-        "skipped_lines": stats.skipped_lines,
-        **groups,
-    }
+    return groups

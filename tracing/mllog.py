@@ -34,8 +34,9 @@ from core.rundir import PHASES_COLUMNS
 
 MARKER = ":::MLLOG"
 
-# The documented columns and dtypes of phases.parquet; the one definition is in core.rundir.
-COLUMNS: Mapping[str, str] = PHASES_COLUMNS
+# The documented columns and dtypes of phases.parquet (the one definition is in core.rundir),
+# but ``container``: one MLLOG file is one container's, and ingest says which.
+COLUMNS: Mapping[str, str] = {k: v for k, v in PHASES_COLUMNS.items() if k != "container"}
 
 
 def empty_phases() -> pd.DataFrame:

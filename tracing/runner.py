@@ -1,12 +1,21 @@
-"""Trace one container run from start to a finished run directory.
+"""Trace one run (one or more containers) from start to a finished run directory.
 
 Order of operations (docs/run-format.md describes the result):
-1. check prerequisites, create the run directory, write the manifest (status ``running``);
-2. start the container held at its barrier, find its cgroup;
-3. start the samplers and bpftrace, wait until every probe is attached;
-4. release the workload and wait for it to exit (or for Ctrl-C, or a tracer failure);
-5. on every exit path: stop the container, bpftrace and the samplers;
+1. check prerequisites and images, create the run directory, write the manifest (``running``);
+2. create the run's private network (several containers) and start every container held at its
+   barrier; find each one's first process and cgroup;
+3. start the samplers and ONE set of bpftrace scripts filtered on the set of the run's cgroup
+   ids, and wait until every probe is attached;
+4. release every container at once and wait until they have all exited (or one failed, or
+   Ctrl-C, or a tracer failure, or the timeout);
+5. on every exit path: stop every container, bpftrace and the samplers; remove the containers
+   and the network;
 6. turn the raw output into tables and a summary, finalise the manifest.
+
+:func:`trace` returns a :class:`RunOutcome` (run directory, status, error) for a run that
+completed or failed; Ctrl-C raises :class:`RunInterrupted` (a KeyboardInterrupt carrying the
+outcome) once the directory is finalised. Problems found before the run directory exists are
+a UserError.
 """
 
 from __future__ import annotations
@@ -20,44 +29,53 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
+from core import rundir
 from core.errors import UserError
-from core.rundir import PHASES_COLUMNS, SAMPLES_COLUMNS, arrow_schema
 from tracing import bpftrace, container, host, ingest
-from tracing.cgroups import cgroups_of
-from tracing.rundir import (
-    atomic_write_json,
-    atomic_write_parquet,
-    host_metadata,
-    initial_manifest,
-    new_run_dir,
-    utc_now,
-)
+from tracing.cgroups import ProcessCgroups, cgroups_of
+from tracing.request import ContainerSpec, RunRequest
 from tracing.samplers import Sampler
-from workloads.config import WorkloadConfig
 
 Progress = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True)
-class TraceRequest:
-    """Everything a traced run needs. ``config`` is None when tracing an arbitrary image."""
+class RunOutcome:
+    """How a run ended: its directory, final status and error (None when completed)."""
 
-    image: str
-    command: list[str] | None
-    label: str
-    runs_root: Path
-    config: WorkloadConfig | None = None
-    data_dir: Path | None = None
-    mounts: tuple[container.BindMount, ...] = ()
-    memory_limit: str | None = None
-    cpus: float | None = None
-    sample_interval: float = 0.1
-    timeout_s: float | None = None
-    environment: dict[str, str] = dataclasses.field(default_factory=dict)
-    # False runs the same container without bpftrace and samplers: the baseline for overhead.
-    tracing: bool = True
+    run_dir: Path
+    status: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    def check(self) -> Path:
+        """The run directory of a completed run; a UserError (naming the directory) else."""
+        if not self.ok:
+            raise UserError(f"{self.error} (run directory: {self.run_dir})")
+        return self.run_dir
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a run, raised once its directory is finalised."""
+
+    def __init__(self, outcome: RunOutcome) -> None:
+        super().__init__(f"interrupted (run directory: {outcome.run_dir})")
+        self.outcome = outcome
+
+
+@dataclasses.dataclass
+class _Member:
+    """One started container of the run."""
+
+    spec: ContainerSpec
+    ctr: Any
+    barrier: Path
+    main_pid: int = 0
+    cgroups: ProcessCgroups | None = None
+    logs: container.LogFollower | None = None
 
 
 @contextlib.contextmanager
@@ -78,129 +96,195 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def trace(request: TraceRequest, progress: Progress = lambda msg: None) -> Path:
-    """Run ``request`` under tracing; return the run directory (whatever the outcome).
-
-    Raises UserError for problems found before the run directory exists. Failures during the
-    run are recorded in the manifest (status ``failed``/``interrupted``) and re-raised as
-    UserError/KeyboardInterrupt after the directory is finalised.
-    """
-    if request.tracing:
+def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutcome:
+    """Run ``request`` (traced unless ``request.run.tracing`` is False); see the module doc."""
+    if request.run.tracing:
         host.require_tracing_prerequisites()
     cli = container.client()
     for orphan in container.remove_orphans(cli):
-        progress(f"removed the container of run {orphan}, left behind by a killed tracer")
-    image_id = container.image_id(cli, request.image)
-    command = request.command or container.default_command(cli, request.image)
+        progress(f"removed the containers of run {orphan}, left behind by a killed tracer")
+    images = {spec.role: container.image_id(cli, spec.image) for spec in request.containers}
+    commands = {
+        spec.role: list(spec.command or container.default_command(cli, spec.image))
+        for spec in request.containers
+    }
 
-    run_dir = new_run_dir(
-        request.runs_root, request.label, request.config.variant if request.config else None
-    )
-    raw, ctl, out = run_dir / "raw", run_dir / "ctl", run_dir / "out"
-    mounts = list(request.mounts)
-    if request.data_dir is not None:
-        mounts.append(container.BindMount(request.data_dir.resolve(), container.DATA_MOUNT, True))
-    mounts.append(container.BindMount(out.resolve(), container.OUT_MOUNT, False))
-    if request.config is not None:
-        request.config.save(ctl / "config.json")
-    manifest = initial_manifest(
+    run_dir = rundir.new_run_dir(request.runs_root, request.label, request.variant)
+    raw, ctl, out = (run_dir / sub for sub in rundir.RUN_SUBDIRS)
+    manifest = rundir.initial_manifest(
         run_dir,
-        image={"tag": request.image, "id": image_id},
-        command=command,
         config=request.config.to_dict() if request.config else None,
+        source=request.source,
         trace={
-            "sample_interval_s": request.sample_interval,
-            "memory_limit": request.memory_limit,
-            "cpus": request.cpus,
-            "mounts": [
-                {"source": str(m.source), "target": m.target, "read_only": m.read_only}
-                for m in mounts
-            ],
-            "enabled": request.tracing,
-            "bpftrace_scripts": list(bpftrace.SCRIPTS) if request.tracing else [],
+            "enabled": request.run.tracing,
+            "sample_interval_s": request.run.sample_interval,
+            "timeout_s": request.run.timeout_s,
+            "bpftrace_scripts": list(bpftrace.SCRIPTS) if request.run.tracing else [],
+            "network": "internal" if len(request.containers) > 1 else "none",
         },
-        host=host_metadata(cli.version().get("Version")),
-        container_id=None,
-        cgroup_id=None,
+        host=host.host_metadata(cli.version().get("Version")),
+        containers=[],
     )
-    atomic_write_json(run_dir / "manifest.json", manifest)
+    members: list[_Member] = []
+    for spec in request.containers:
+        for sub in (raw, ctl, out):
+            (sub / spec.role).mkdir()
+        mounts = list(spec.mounts)
+        if spec.config is not None:
+            spec.config.save(ctl / spec.role / "config.json")
+            mounts.append(container.BindMount(ctl / spec.role, container.CTL_MOUNT, True))
+        if spec.out:
+            mounts.append(container.BindMount(out / spec.role, container.OUT_MOUNT, False))
+        manifest["containers"].append(
+            {
+                "role": spec.role,
+                "image": spec.image,
+                "image_id": images[spec.role],
+                "command": commands[spec.role],
+                "config": spec.config.to_dict() if spec.config else None,
+                "environment": dict(spec.environment),
+                "memory_limit_bytes": spec.memory_bytes,
+                "cpus": spec.cpus,
+                "daemon": spec.daemon,
+                "mounts": [
+                    {"source": str(m.source), "target": m.target, "read_only": m.read_only}
+                    for m in mounts
+                ],
+                "container_id": None,
+                "cgroup_id": None,
+                "main_pid": None,
+                "exit_code": None,
+            }
+        )
+        members.append(
+            _Member(dataclasses.replace(spec, mounts=tuple(mounts)), None, ctl / spec.role)
+        )
+    rundir.write_manifest(run_dir, manifest)
     progress(f"run directory {run_dir}")
 
     status, error, pending = "failed", None, None
-    ctr = tracer = sampler = None
+    tracer = sampler = None
     try:
         with _sigterm_as_interrupt():
             try:
-                ctr = container.start_held(
-                    cli,
-                    request.image,
-                    command,
-                    ctl,
-                    mounts,
-                    run_dir.name,
-                    request.memory_limit,
-                    request.cpus,
-                    request.environment,
-                )
-                manifest["container_id"] = ctr.id
-                cgroups = cgroups_of(container.main_pid(ctr))
-                manifest["cgroup_id"] = cgroups.v2_id
-                if request.tracing:
-                    sampler = Sampler(raw / "samples.csv", cgroups, request.sample_interval)
+                if len(members) > 1:
+                    container.create_network(cli, run_dir.name)
+                _start_all(cli, members, commands, run_dir, manifest, request.run.echo)
+                if request.run.tracing:
+                    sampler = Sampler(
+                        raw / "samples.csv",
+                        {m.spec.role: m.cgroups for m in members},
+                        request.run.sample_interval,
+                    )
                     sampler.start()
                     progress("attaching bpftrace probes")
-                    tracer = bpftrace.Tracer(raw, ctl, cgroups.v2_id)
+                    tracer = bpftrace.Tracer(raw, ctl, [m.cgroups.v2_id for m in members])
                     tracer.start()
-                container.release(ctl)
+                for m in members:  # back to back: every container starts within ~1 ms
+                    container.release(m.barrier)
                 manifest["start_ns"] = time.monotonic_ns()
-                atomic_write_json(
-                    run_dir / "manifest.json", manifest
-                )  # still "running", now with ids
-                progress(f"workload released ({request.image})")
-                code = _wait(ctr, tracer, request.timeout_s)
+                rundir.write_manifest(run_dir, manifest)  # still running, now with ids
+                progress(f"released {', '.join(m.spec.role for m in members)}")
+                status, error = _wait(members, tracer, request.run.timeout_s, manifest)
                 manifest["end_ns"] = time.monotonic_ns()
-                manifest["exit_code"] = code
-                if code == 0:
-                    status = "completed"
-                else:
-                    status = "failed"
-                    error = f"the workload exited with code {code}{_log_tail(ctr)}"
             except KeyboardInterrupt as exc:
                 status, error, pending = "interrupted", "interrupted by the user", exc
             except UserError as exc:
-                status, error, pending = "failed", str(exc), exc
+                status, error = "failed", str(exc)
             except BaseException as exc:  # a bug: record it, finish the directory, re-raise
                 status, error, pending = "failed", f"internal error: {exc!r}", exc
             finally:
-                _shutdown(cli, ctr, tracer, sampler, run_dir, manifest)
+                _shutdown(cli, members, tracer, sampler, run_dir, manifest)
             progress("processing the trace")
-            status, error = _process(run_dir, manifest, status, error)
+            status, error = _process(run_dir, manifest, members, status, error)
     except KeyboardInterrupt as exc:  # a second Ctrl-C while shutting down or processing
         status, error, pending = "interrupted", "interrupted by the user", exc
     finally:
-        manifest.update(status=status, error=error, ended_at=utc_now())
-        atomic_write_json(run_dir / "manifest.json", manifest)
+        manifest.update(status=status, error=error, ended_at=rundir.utc_now())
+        rundir.write_manifest(run_dir, manifest)
+    outcome = RunOutcome(run_dir, status, error)
+    if isinstance(pending, KeyboardInterrupt):
+        raise RunInterrupted(outcome) from None
     if pending is not None:
-        if isinstance(pending, UserError):
-            raise UserError(f"{pending} (run directory: {run_dir})") from None
         raise pending
-    if status == "failed":
-        raise UserError(f"{error} (run directory: {run_dir})")
-    return run_dir
+    return outcome
 
 
-def _wait(ctr: Any, tracer: bpftrace.Tracer | None, timeout_s: float | None) -> int:
+def _start_all(
+    cli: Any,
+    members: list[_Member],
+    commands: dict[str, list[str]],
+    run_dir: Path,
+    manifest: dict,
+    echo: bool,
+) -> None:
+    """Start every container held at its barrier and record its ids."""
+    network = container.network_name(run_dir.name) if len(members) > 1 else None
+    for i, m in enumerate(members):
+        spec = m.spec
+        m.ctr = container.start_held(
+            cli,
+            spec.image,
+            commands[spec.role],
+            m.barrier,
+            spec.mounts,
+            run_dir.name,
+            spec.role,
+            network=network,
+            memory_bytes=spec.memory_bytes,
+            cpus=spec.cpus,
+            environment=dict(spec.environment),
+            shm_bytes=spec.shm_bytes,
+            working_dir=spec.working_dir,
+        )
+        m.main_pid = container.main_pid(m.ctr)
+        m.cgroups = cgroups_of(m.main_pid)
+        m.logs = container.LogFollower(
+            m.ctr,
+            run_dir / "raw" / spec.role / "container.log",
+            echo=echo,
+            prefix=f"[{spec.role}] " if len(members) > 1 else "",
+        )
+        manifest["containers"][i].update(
+            container_id=m.ctr.id, cgroup_id=m.cgroups.v2_id, main_pid=m.main_pid
+        )
+
+
+def _wait(
+    members: list[_Member],
+    tracer: bpftrace.Tracer | None,
+    timeout_s: float | None,
+    manifest: dict,
+) -> tuple[str, str | None]:
+    """Wait until every container that is not a daemon has exited; the run fails as soon as
+    one exits non-zero (the others are then stopped: a rank whose peer died would wait
+    forever). Returns (status, error)."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
+    codes: dict[str, int] = {}
     while True:
-        code = container.exit_code(ctr)
-        if code is not None:
-            return code
+        for i, m in enumerate(members):
+            if m.spec.role in codes:
+                continue
+            code = container.exit_code(m.ctr)
+            if code is None:
+                continue
+            codes[m.spec.role] = code
+            manifest["containers"][i]["exit_code"] = code
+            if code != 0 or m.spec.daemon:
+                manifest["exit_code"] = code
+                what = "daemon " if m.spec.daemon else ""
+                return "failed", (
+                    f"{what}container {m.spec.role} exited with code {code}{_log_tail(m.ctr)}"
+                )
+        if all(m.spec.role in codes for m in members if not m.spec.daemon):
+            manifest["exit_code"] = 0
+            return "completed", None
         failure = tracer.failed() if tracer is not None else None
         if failure:
             raise UserError(failure)
         if deadline and time.monotonic() > deadline:
-            raise UserError(f"the workload did not finish within {timeout_s:.0f} s (--timeout)")
-        time.sleep(0.1)
+            raise UserError(f"the run did not finish within {timeout_s:.0f} s (--timeout)")
+        time.sleep(0.05)
 
 
 def _log_tail(ctr: Any, lines: int = 8) -> str:
@@ -211,60 +295,85 @@ def _log_tail(ctr: Any, lines: int = 8) -> str:
     return f"; its output ends with:\n{text}" if text else ""
 
 
-def _shutdown(cli: Any, ctr: Any, tracer: Any, sampler: Any, run_dir: Path, manifest: dict) -> None:
+def _shutdown(
+    cli: Any,
+    members: list[_Member],
+    tracer: bpftrace.Tracer | None,
+    sampler: Sampler | None,
+    run_dir: Path,
+    manifest: dict,
+) -> None:
     """Stop everything the run started. Each step runs even if an earlier one failed."""
-    steps = []
-    if ctr is not None:
-        steps.append(lambda: container.stop_and_remove(ctr, run_dir / "raw" / "container.log"))
+    steps: list[Callable[[], Any]] = [
+        (lambda m=m: container.stop_and_remove(m.ctr)) for m in members if m.ctr is not None
+    ]
+    steps += [(lambda m=m: m.logs.join()) for m in members if m.logs is not None]
     # A short pause lets block completions of the last requests reach the tracer.
     if tracer is not None:
         steps.append(lambda: (time.sleep(0.2), tracer.stop()))
     if sampler is not None:
         steps.append(sampler.stop)
-    steps.append(lambda: container.remove_run_containers(cli, run_dir.name))
+    steps.append(lambda: container.remove_run_resources(cli, run_dir.name))
     first_error = None
     for step in steps:
         try:
             step()
         except BaseException as exc:
             first_error = first_error or exc
-    mllog = run_dir / "out" / "mllog.log"
-    if mllog.exists():
-        shutil.move(mllog, run_dir / "raw" / "mllog.log")
+    started = manifest.get("start_ns")
+    for m in members:
+        mllog = run_dir / "out" / m.spec.role / "mllog.log"
+        if mllog.exists():
+            shutil.move(mllog, run_dir / "raw" / m.spec.role / "mllog.log")
+        elif not m.spec.out and started is not None:
+            _copy_own_mllog(m.spec, run_dir / "raw" / m.spec.role / "mllog.log", started)
     if tracer is not None:
         manifest["bpftrace_exit_codes"] = {n: c.returncode for n, c in tracer.children.items()}
     if first_error is not None:
         raise first_error
 
 
+def _copy_own_mllog(spec: ContainerSpec, target: Path, start_ns: int) -> None:
+    """A container that mounts its own /twintrace/out (a compose service) writes its MLLOG
+    there: copy it (never move: it is the user's) when it was written during this run."""
+    for mount in spec.mounts:
+        if mount.target != container.OUT_MOUNT:
+            continue
+        source = mount.source / "mllog.log"
+        try:
+            written = source.stat().st_mtime_ns
+        except OSError:
+            return
+        age_ns = time.time_ns() - written
+        if time.monotonic_ns() - age_ns >= start_ns:
+            shutil.copyfile(source, target)
+
+
 def _process(
-    run_dir: Path, manifest: dict, status: str, error: str | None
+    run_dir: Path, manifest: dict, members: list[_Member], status: str, error: str | None
 ) -> tuple[str, str | None]:
     """Write events/samples/phases parquet and summary.json from raw/. Returns (status, error)."""
     raw = run_dir / "raw"
+    roles = [m.spec.role for m in members]
     try:
-        events, stats = ingest.build_events(raw)
+        roots = {m.main_pid: m.spec.role for m in members if m.main_pid}
+        events, stats = ingest.build_events(raw, roots)
         samples = ingest.build_samples(raw)
-        phases = ingest.build_phases(raw)
-        atomic_write_parquet(run_dir / "events.parquet", events)
-        for name, frame, columns in (
-            ("samples", samples, SAMPLES_COLUMNS),
-            ("phases", phases, PHASES_COLUMNS),
-        ):
-            table = pa.Table.from_pandas(
-                frame[list(columns)], schema=arrow_schema(columns), preserve_index=False
-            )
-            atomic_write_parquet(run_dir / f"{name}.parquet", table)
+        phases = ingest.build_phases(raw, roles)
+        rundir.write_table(run_dir / "events.parquet", events, rundir.EVENTS_COLUMNS)
+        rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
+        rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
         manifest["lost_events"] = stats.lost_events
         start, end = manifest.get("start_ns"), manifest.get("end_ns")
-        summary = {
-            "schema_version": manifest["schema_version"],
-            "run_id": run_dir.name,
-            "status": status,
-            "duration_s": (end - start) / 1e9 if start and end else None,
-            **ingest.summarize(events, phases, stats),
-        }
-        atomic_write_json(run_dir / "summary.json", summary)
+        rundir.write_json(
+            run_dir / rundir.SUMMARY,
+            {
+                "run_id": run_dir.name,
+                "status": status,
+                "duration_s": (end - start) / 1e9 if start and end else None,
+                **ingest.summarize(events, phases, stats),
+            },
+        )
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # keep raw/ and say why the tables are missing

@@ -1,7 +1,8 @@
-"""Time-series samplers: the container's CPU and memory, host CPU, and real GPUs via NVML.
+"""Time-series samplers: each container's CPU and memory, host CPU, and real GPUs via NVML.
 
-One background thread samples every ``interval`` seconds and appends ``ts_ns,metric,value,unit``
-lines to a CSV file. Timestamps are CLOCK_MONOTONIC, the clock of bpftrace and of the
+One background thread samples every container of the run (and the host) every ``interval``
+seconds and appends ``ts_ns,metric,value,unit,container`` lines to a CSV file; ``container`` is
+the container's role, empty for host-wide metrics. Timestamps are CLOCK_MONOTONIC, the clock of bpftrace and of the
 workload's events, so all tables line up without an alignment step.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
@@ -77,13 +79,13 @@ class _Gpus:
 
 
 class Sampler:
-    """Samples a container's cgroup, the host CPU and GPUs on a background thread."""
+    """Samples the run's containers' cgroups, the host CPU and GPUs on a background thread."""
 
     def __init__(
-        self, out_csv: Path, cgroups: ProcessCgroups | None, interval: float = 0.1
+        self, out_csv: Path, cgroups: Mapping[str, ProcessCgroups], interval: float = 0.1
     ) -> None:
         self.out_csv = out_csv
-        self.cgroups = cgroups
+        self.cgroups = dict(cgroups)
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -103,7 +105,7 @@ class Sampler:
         gpus = _Gpus()
         try:
             with open(self.out_csv, "w", buffering=1 << 16) as out:
-                out.write("ts_ns,metric,value,unit\n")
+                out.write("ts_ns,metric,value,unit,container\n")
                 prev = self._read_counters()
                 next_t = time.monotonic() + self.interval
                 while not self._stop.wait(max(0.0, next_t - time.monotonic())):
@@ -118,23 +120,9 @@ class Sampler:
             gpus.close()
 
     def _read_counters(self) -> dict:
-        cg = self.cgroups
-        usage_ns = None
-        mem: dict[str, int] = {}
-        if cg is not None:
-            if cg.is_v1:
-                usage_ns = _read_int(cg.cpuacct_dir / "cpuacct.usage") if cg.cpuacct_dir else None
-                stat = _read_keyed(cg.memory_dir / "memory.stat")
-                mem = {"rss": stat.get("rss"), "cache": stat.get("cache")}
-            else:
-                usec = _read_keyed(cg.v2_dir / "cpu.stat").get("usage_usec")
-                usage_ns = usec * 1000 if usec is not None else None
-                stat = _read_keyed(cg.v2_dir / "memory.stat")
-                mem = {"rss": stat.get("anon"), "cache": stat.get("file")}
         return {
             "t": time.monotonic_ns(),
-            "usage_ns": usage_ns,
-            "mem": mem,
+            "containers": {role: _container_counters(cg) for role, cg in self.cgroups.items()},
             "host": _host_cpu_times(),
         }
 
@@ -142,19 +130,20 @@ class Sampler:
     def _write(out: TextIO, prev: dict, cur: dict, gpus: _Gpus) -> None:
         ts = cur["t"]
         dt = max(1, cur["t"] - prev["t"])
-        rows: list[tuple[str, float, str]] = []
-        if cur["usage_ns"] is not None and prev["usage_ns"] is not None:
-            rows.append(
-                ("container_cpu", 100.0 * (cur["usage_ns"] - prev["usage_ns"]) / dt, "percent")
-            )
-        if cur["mem"].get("rss") is not None:
-            rows.append(("container_mem_rss", cur["mem"]["rss"], "bytes"))
-        if cur["mem"].get("cache") is not None:
-            rows.append(("container_mem_cache", cur["mem"]["cache"], "bytes"))
+        rows: list[tuple[str, float, str, str]] = []
+        for role, now in cur["containers"].items():
+            before = prev["containers"][role]
+            if now["usage_ns"] is not None and before["usage_ns"] is not None:
+                cpu = 100.0 * (now["usage_ns"] - before["usage_ns"]) / dt
+                rows.append(("container_cpu", cpu, "percent", role))
+            if now["mem"].get("rss") is not None:
+                rows.append(("container_mem_rss", now["mem"]["rss"], "bytes", role))
+            if now["mem"].get("cache") is not None:
+                rows.append(("container_mem_cache", now["mem"]["cache"], "bytes", role))
         deltas = [c - p for c, p in zip(cur["host"], prev["host"], strict=True)]
         total = sum(deltas) or 1
         by_name = dict(zip(_HOST_CPU_FIELDS, deltas, strict=True))
-        rows += [
+        host = [
             ("host_cpu_user", 100.0 * (by_name["user"] + by_name["nice"]) / total, "percent"),
             (
                 "host_cpu_system",
@@ -163,6 +152,21 @@ class Sampler:
             ),
             ("host_cpu_iowait", 100.0 * by_name["iowait"] / total, "percent"),
             ("host_cpu_idle", 100.0 * by_name["idle"] / total, "percent"),
+            *gpus.sample(),
         ]
-        rows += gpus.sample()
-        out.write("".join(f"{ts},{m},{v:.6g},{u}\n" for m, v, u in rows))
+        rows += [(m, v, u, "") for m, v, u in host]
+        out.write("".join(f"{ts},{m},{v:.6g},{u},{c}\n" for m, v, u, c in rows))
+
+
+def _container_counters(cg: ProcessCgroups) -> dict:
+    """CPU time and memory of one container's cgroup (v1 controllers or v2)."""
+    if cg.is_v1:
+        usage_ns = _read_int(cg.cpuacct_dir / "cpuacct.usage") if cg.cpuacct_dir else None
+        stat = _read_keyed(cg.memory_dir / "memory.stat")
+        return {"usage_ns": usage_ns, "mem": {"rss": stat.get("rss"), "cache": stat.get("cache")}}
+    usec = _read_keyed(cg.v2_dir / "cpu.stat").get("usage_usec")
+    stat = _read_keyed(cg.v2_dir / "memory.stat")
+    return {
+        "usage_ns": usec * 1000 if usec is not None else None,
+        "mem": {"rss": stat.get("anon"), "cache": stat.get("file")},
+    }

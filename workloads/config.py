@@ -16,6 +16,16 @@ from core.errors import UserError
 
 VARIANTS: tuple[str, ...] = ("original", "instrumented", "sleep")
 
+#: Environment variables that tell a rank container (``rank`` set) where rank 0 listens.
+MASTER_ADDR_ENV = "TWINTRACE_MASTER_ADDR"
+MASTER_PORT_ENV = "TWINTRACE_MASTER_PORT"
+DEFAULT_MASTER_PORT = 29500
+
+
+def image_tag(workload: str, variant: str) -> str:
+    """The image of a workload variant: ``twintrace/<workload>:<variant>``."""
+    return f"twintrace/{workload}:{variant}"
+
 T = TypeVar("T")
 
 
@@ -84,6 +94,10 @@ class WorkloadConfig:
     device: str = "auto"  # auto, cpu or cuda (original and instrumented variants)
     profile: str | None = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # One container per rank: this process runs only rank ``rank`` of ``accelerators`` and
+    # joins the others through torch.distributed at TWINTRACE_MASTER_ADDR:TWINTRACE_MASTER_PORT
+    # (environment). None: this process runs every rank itself.
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -96,6 +110,11 @@ class WorkloadConfig:
         for name in ("workers", "max_steps", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.rank is not None and not 0 <= self.rank < self.accelerators:
+            raise UserError(
+                f"rank {self.rank} is outside 0..{self.accelerators - 1} "
+                f"({self.accelerators} accelerators)"
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"device must be auto, cpu or cuda, got {self.device!r}")
 

@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader
 from core.errors import UserError
 from workloads.config import WorkloadConfig
 from workloads.events import Emitter
+from workloads.config import DEFAULT_MASTER_PORT, MASTER_ADDR_ENV, MASTER_PORT_ENV
 from workloads.profile import SleepProfile, default_profile, load_profile
 
 Marks = list[tuple[str, int, int]]
@@ -112,6 +113,8 @@ class Plan:
     out_dir: Path
     profile: SleepProfile | None
     master_port: int = 0
+    master_addr: str = "127.0.0.1"
+
 
 
 def sleep_profile(config: WorkloadConfig) -> SleepProfile | None:
@@ -130,6 +133,14 @@ def sleep_profile(config: WorkloadConfig) -> SleepProfile | None:
 def run(config: WorkloadConfig, task: Task, out_dir: Path, emitter: Emitter) -> None:
     """Train ``task`` as ``config`` says, logging events through ``emitter`` (module doc)."""
     plan = Plan(config, task, Path(out_dir), sleep_profile(config))
+    if config.rank is not None:  # one rank of several, each in its own container
+        plan = dataclasses.replace(
+            plan,
+            master_addr=os.environ.get(MASTER_ADDR_ENV, "127.0.0.1"),
+            master_port=int(os.environ.get(MASTER_PORT_ENV, DEFAULT_MASTER_PORT)),
+        )
+        _rank_main(config.rank, plan, emitter)
+        return
     if config.accelerators == 1:
         _rank_main(0, plan, emitter)
         return
@@ -205,12 +216,13 @@ def _rank_main(rank: int, plan: Plan, emitter: Emitter) -> None:
     em = emitter if emitter.rank == rank else emitter.for_rank(rank)
     em.start("init")
     world = config.accelerators
-    # Ranks share the CPUs; DataLoader workers set themselves to one thread each.
+    # Ranks share the CPUs (all of them when each rank has a container of its own, since
+    # containers see every host core); DataLoader workers set themselves to one thread each.
     torch.set_num_threads(max(1, available_cpus() // world))
     device = resolve_device(config, rank)
     distributed = world > 1 and plan.profile is None
     if distributed:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_ADDR"] = plan.master_addr
         os.environ["MASTER_PORT"] = str(plan.master_port)
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":

@@ -1,0 +1,100 @@
+"""Sampled gauges: container CPU and memory over the run, compared with DTW on a common scale.
+
+A run of several containers is compared on the sum over its containers
+(:func:`~analysis.similarity.profile.run_profile`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from analysis.similarity.aspects.base import (
+    SHIFT,
+    SPEED,
+    Outcome,
+    SeriesPair,
+    aspect,
+    channel_pairs,
+    lacking,
+)
+from analysis.similarity.measures import dtw_similarity
+from analysis.similarity.profile import RunProfile
+
+_RUNS = ("real", "emulated")
+
+
+def gauge_outcome(real: RunProfile, emulated: RunProfile, channels: Mapping[str, str]) -> Outcome:
+    """Score of time-series channels (label -> profile series name): the mean of per-channel
+    DTW similarities (level mode) over the channels either run has (0 for one that only one
+    run has).
+
+    Every channel is scaled by the larger peak of the two runs' channel *sum* (for memory:
+    rss + page cache, the container's footprint), so a difference is judged as a fraction of
+    the whole: 6 MiB more page cache in a 200 MiB container is a small difference, not, as
+    against the channel's own maximum, a large one."""
+    present = channel_pairs(real, emulated, channels)
+    if not present:
+        return Outcome(None, {}, {}, f"neither run has {' or '.join(channels)} data")
+    footprint = 0.0
+    for profile in (real, emulated):
+        parts = [profile.series[k] for k in channels.values() if k in profile.series]
+        if parts:
+            footprint = max(footprint, float(np.sum(parts, axis=0).max()))
+    details: dict[str, Any] = {}
+    scores = []
+    plot_channels: dict[str, SeriesPair] = {}
+    for label, (a, b) in present.items():
+        slug = label.replace(" ", "_")
+        if a is None or b is None:
+            scores.append(0.0)
+            details[f"{slug}_missing_in"] = lacking(a)
+        else:
+            score, distance = dtw_similarity(a, b, level=True, scale=footprint)
+            scores.append(score)
+            details[f"{slug}_score"] = score
+            details[f"{slug}_dtw"] = distance
+        plot_channels[label] = (a, b)
+    plot = {"kind": "series", "level": True, "channels": plot_channels}
+    return Outcome(float(np.mean(scores)), details, plot)
+
+
+def _with_means(
+    outcome: Outcome, real: RunProfile, emulated: RunProfile, keys: dict[str, str]
+) -> Outcome:
+    """``outcome`` with each run's mean of the series ``keys`` (series -> detail name)."""
+    for key, detail in keys.items():
+        for who, profile in zip(_RUNS, (real, emulated), strict=True):
+            outcome.details[detail.format(who=who)] = profile.totals.get(f"{key}_mean")
+    return outcome
+
+
+@aspect(
+    "cpu",
+    "container CPU",
+    "CPU",
+    "DTW",
+    0.5,
+    (SHIFT, SPEED),
+    ("CPU level (% of one core)", "its shape over the run"),
+)
+def cpu(real: RunProfile, emulated: RunProfile) -> Outcome:
+    outcome = gauge_outcome(real, emulated, {"cpu": "cpu"})
+    return _with_means(outcome, real, emulated, {"cpu": "mean_cpu_{who}"})
+
+
+@aspect(
+    "memory",
+    "container memory (rss, page cache)",
+    "memory",
+    "DTW",
+    1.0,
+    (SHIFT, SPEED),
+    ("memory level (bytes)", "its shape over the run"),
+)
+def memory(real: RunProfile, emulated: RunProfile) -> Outcome:
+    outcome = gauge_outcome(real, emulated, {"rss": "mem_rss", "page cache": "mem_cache"})
+    means = {key: f"mean_{key}_bytes_{{who}}" for key in ("mem_rss", "mem_cache")}
+    return _with_means(outcome, real, emulated, means)

@@ -1,0 +1,206 @@
+"""The package layering of core/__init__.py, checked on the source.
+
+Every ``.py`` file of the project's top-level packages is parsed (ast, so imports inside
+functions and under ``if TYPE_CHECKING:`` count too, and so do ``importlib.import_module("x")``
+calls and ``"package.module:Name"`` strings naming a module to import later) and each import of
+another project package is checked against :data:`ALLOWED`. ``cli.py`` sits on top and
+``bench/`` and ``tests/`` may import anything, so they are not checked; no package may import
+them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: package -> the other project packages it may import.
+ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "workloads": frozenset({"core"}),
+    "datagen": frozenset({"core", "workloads"}),
+    "tracing": frozenset({"core", "workloads"}),
+    "analysis": frozenset({"core", "workloads"}),
+    "images": frozenset({"core", "workloads"}),
+    "experiments": frozenset({"core", "workloads", "datagen", "tracing", "analysis", "images"}),
+}
+
+#: Project modules outside the packages: nothing in a package may import them.
+TOP: frozenset[str] = frozenset({"cli", "bench", "tests"})
+
+_MODULE_STRING = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?$")
+
+
+def packages() -> list[str]:
+    """Directories at the repository root that are Python packages."""
+    return sorted(p.name for p in REPO.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+
+
+def package_files(package: str) -> list[Path]:
+    return sorted(p for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_project_module(dotted: str) -> bool:
+    """True when ``dotted`` names a module or package file of the repository."""
+    base = REPO.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def imports_of(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) for every import in ``path``, wherever it appears."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    module = _module_name(path)
+    package_parts = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package_parts[: len(package_parts) - (node.level - 1)]
+                name = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                name = node.module or ""
+            yield node.lineno, name
+            # `from pkg import mod` imports pkg.mod: the module is what the code depends on.
+            for alias in node.names:
+                if _is_project_module(f"{name}.{alias.name}"):
+                    yield node.lineno, f"{name}.{alias.name}"
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else ""
+            )
+            if (
+                called in ("import_module", "__import__")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                yield node.lineno, node.args[0].value
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and _MODULE_STRING.match(node.value)
+        ):
+            # "datagen.unet3d" or "workloads.unet3d.task:UNet3DTask": imported by name later.
+            dotted = node.value.partition(":")[0]
+            if _is_project_module(dotted):
+                yield node.lineno, dotted
+
+
+def package_imports() -> list[tuple[str, str, int, str]]:
+    """(importing package, file relative to the repo, line, imported top-level name) for every
+    import of another project package or top-level module."""
+    project = set(packages()) | TOP
+    found = []
+    for package in packages():
+        for path in package_files(package):
+            for line, name in imports_of(path):
+                top = name.split(".")[0]
+                if top in project and top != package:
+                    found.append((package, str(path.relative_to(REPO)), line, top))
+    return found
+
+
+def test_the_rules_cover_every_package() -> None:
+    # A new top-level package needs its place in the layering (here and in core/__init__.py).
+    assert set(packages()) == set(ALLOWED)
+
+
+def test_the_import_scanner_sees_every_kind_of_import(tmp_path: Path) -> None:
+    # The scanner must not miss the forms that hide a dependency: inside a function, relative,
+    # `from pkg import module`, and modules imported by name.
+    source = REPO / "workloads" / "registry.py"
+    names = {name for _, name in imports_of(source)}
+    assert "core.errors" in names
+    assert "workloads" in names  # `from workloads import training` inside WorkloadSpec.run
+    assert "workloads.training" in names
+    assert any(n.startswith("workloads.unet3d.task") for n in names)  # "module:Class" strings
+    generators = {name for _, name in imports_of(REPO / "datagen" / "registry.py")}
+    assert {"datagen.unet3d", "datagen.bert", "datagen.dlrm", "datagen.images"} <= generators
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_follow_the_layering(package: str) -> None:
+    allowed = ALLOWED[package]
+    bad = [
+        f"{path}:{line} imports {top}"
+        for importer, path, line, top in package_imports()
+        if importer == package and top not in allowed
+    ]
+    may = ", ".join(sorted(allowed)) or "no other project package"
+    assert not bad, f"{package} may import only {may}:\n  " + "\n  ".join(bad)
+
+
+def test_no_cycle_between_packages() -> None:
+    graph: dict[str, set[str]] = {p: set() for p in packages()}
+    for importer, _, _, top in package_imports():
+        if top in graph:
+            graph[importer].add(top)
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles between packages: " + "; ".join(
+        " -> ".join(c) for c in cycles
+    )
+
+
+def test_every_project_import_names_an_existing_module() -> None:
+    # After a move (tracing/rundir.py -> core/rundir.py) an import of the old place fails only
+    # when its code runs: inside a function, in a benchmark, in a test that is skipped here.
+    roots = [REPO / p for p in packages()] + [REPO / "bench", REPO / "tests"]
+    files = [REPO / "cli.py"] + [
+        p for root in roots for p in sorted(root.rglob("*.py")) if "__pycache__" not in p.parts
+    ]
+    project = set(packages())
+    stale = [
+        f"{path.relative_to(REPO)}:{line} imports {name}, which does not exist"
+        for path in files
+        for line, name in imports_of(path)
+        if name.split(".")[0] in project and not _is_project_module(name)
+    ]
+    assert not stale, "\n".join(stale)

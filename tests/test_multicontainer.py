@@ -1,0 +1,208 @@
+"""Integration: runs of several containers (roles) traced by one tracer set, checked against
+ground truth: each container's opens and bytes, a joint release, and a clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO, bpftrace_running
+from tracing.container import RUN_LABEL, BindMount, client
+from tracing.request import ContainerSpec, RunRequest, workload_request
+from tracing.runner import trace
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
+
+BASE = "twintrace/base:latest"
+READ_KINDS = ["read", "pread64", "readv"]
+READER = (
+    "import os, sys\n"
+    "root = sys.argv[1]\n"
+    "for name in sorted(os.listdir(root)):\n"
+    "    with open(os.path.join(root, name), 'rb') as fh:\n"
+    "        fh.read()\n"
+)
+
+
+def _events(run_dir: Path) -> pd.DataFrame:
+    df = pd.read_parquet(run_dir / "events.parquet")
+    df["kind"] = df["kind"].astype(str)
+    return df
+
+
+def _left_behind(run_id: str) -> list[str]:
+    cli = client()
+    label = {"label": f"{RUN_LABEL}={run_id}"}
+    return [c.name for c in cli.containers.list(all=True, filters=label)] + [
+        n.name for n in cli.networks.list(filters=label)
+    ]
+
+
+def test_two_containers_each_show_exactly_their_own_opens_and_bytes(
+    images, tmp_path: Path, runs_root: Path
+) -> None:
+    shards = {}
+    for role, sizes in (("left", [1, 5000, 70_001]), ("right", [4096, 123_457, 2, 300_000])):
+        shard = tmp_path / role
+        shard.mkdir()
+        for i, size in enumerate(sizes):
+            (shard / f"{role}{i}.bin").write_bytes(os.urandom(size))
+        shards[role] = shard
+    request = RunRequest(
+        label="pair",
+        runs_root=runs_root,
+        containers=tuple(
+            ContainerSpec(
+                role=role,
+                image=BASE,
+                command=("python3", "-c", READER, "/data"),
+                mounts=(BindMount(shard, "/data", True),),
+            )
+            for role, shard in shards.items()
+        ),
+    )
+    outcome = trace(request)
+    run_dir = outcome.check()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert [c["role"] for c in manifest["containers"]] == ["left", "right"]
+    assert all(c["exit_code"] == 0 for c in manifest["containers"])
+    assert manifest["trace"]["network"] == "internal" and manifest["lost_events"] == 0
+    events = _events(run_dir)
+    for role, shard in shards.items():
+        mine = events[events["container"] == role]
+        data_opens = mine[(mine["kind"] == "openat") & mine["path"].str.startswith("/data/")]
+        assert sorted(data_opens["path"]) == sorted(f"/data/{p.name}" for p in shard.iterdir())
+        for path in shard.iterdir():
+            reads = mine[mine["kind"].isin(READ_KINDS) & (mine["path"] == f"/data/{path.name}")]
+            assert reads["bytes"].sum() == path.stat().st_size, (role, path.name)
+    # Every /data open is attributed to one of the two containers, none to nobody.
+    all_opens = events[(events["kind"] == "openat") & events["path"].str.startswith("/data/")]
+    assert len(all_opens) == 7 and all_opens["container"].notna().all()
+    # Both released at once: their first exec (the barrier shell becoming python) within ms.
+    execs = events[events["kind"] == "exec"].groupby("container")["ts_ns"].min()
+    assert set(execs.index) == {"left", "right"}
+    gap_ms = abs(int(execs["left"]) - int(execs["right"])) / 1e6
+    print(f"release gap between the two containers: {gap_ms:.2f} ms")
+    assert gap_ms < 25
+    samples = pd.read_parquet(run_dir / "samples.parquet")
+    cpu_roles = set(samples.loc[samples["metric"] == "container_cpu", "container"])
+    assert cpu_roles == {"left", "right"}
+    for role in shards:
+        assert (run_dir / "raw" / role / "container.log").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["containers"]) == {"left", "right"}
+    assert summary["containers"]["left"]["syscalls"]["openat"]["count"] >= 3
+    assert _left_behind(run_dir.name) == []
+
+
+def _expected_shards(n_cases: int, world: int, seed: int) -> dict[str, list[int]]:
+    from torch.utils.data.distributed import DistributedSampler
+
+    shards = {}
+    for rank in range(world):
+        sampler = DistributedSampler(
+            range(n_cases), num_replicas=world, rank=rank, shuffle=True, seed=seed
+        )
+        sampler.set_epoch(1)  # the training loop counts epochs from 1
+        shards[f"rank{rank}"] = sorted(set(sampler))
+    return shards
+
+
+@pytest.mark.parametrize("variant", ["sleep", "original"])
+def test_rank_containers_read_disjoint_shards(
+    images, tiny_unet3d: Path, runs_root: Path, variant: str
+) -> None:
+    settings = {"epochs": 1, "batch_size": 1, "workers": 1, "accelerators": 2, "seed": 0}
+    if variant == "original":
+        settings["checkpoint_every"] = 0  # gloo all-reduces every step: the ranks must meet
+    request = workload_request(
+        "unet3d",
+        variant,
+        tiny_unet3d,
+        runs_root,
+        settings=settings,
+        options={"patch_size": "32"},
+        rank_containers=True,
+    )
+    assert [c.role for c in request.containers] == ["rank0", "rank1"]
+    run_dir = trace(request).check()
+    events = _events(run_dir)
+    cases = sorted(p.name[: -len("_x.npy")] for p in tiny_unet3d.glob("case_*_x.npy"))
+    shards = _expected_shards(len(cases), 2, seed=0)
+    for role, indices in shards.items():
+        mine = events[(events["container"] == role) & events["path"].str.startswith("/data/case_")]
+        expected = {f"/data/{cases[i]}_{xy}.npy" for i in indices for xy in "xy"}
+        opened = set(mine.loc[mine["kind"] == "openat", "path"])
+        assert opened == expected, role
+        for path in expected:
+            size = (tiny_unet3d / path.removeprefix("/data/")).stat().st_size
+            read = mine.loc[mine["kind"].isin(READ_KINDS) & (mine["path"] == path), "bytes"].sum()
+            assert size <= read <= size + 16384, (role, path)
+    if len(cases) % 2 == 0:
+        assert not set(shards["rank0"]) & set(shards["rank1"])
+    phases = pd.read_parquet(run_dir / "phases.parquet")
+    steps = phases[phases["key"] == "step_end"].groupby("container").size()
+    assert dict(steps) == {"rank0": -(-len(cases) // 2), "rank1": -(-len(cases) // 2)}
+    assert _left_behind(run_dir.name) == []
+
+
+def test_ctrl_c_stops_every_container_of_a_compose_topology(
+    images, tmp_path: Path, runs_root: Path
+) -> None:
+    compose = tmp_path / "pair.yml"
+    compose.write_text(
+        textwrap.dedent(
+            f"""\
+            version: "3.7"
+            services:
+              ping:
+                image: {BASE}
+                command: ["python3", "-c", "import time\\nwhile True: time.sleep(0.1)"]
+              pong:
+                image: {BASE}
+                command: ["python3", "-c", "import time\\nwhile True: time.sleep(0.1)"]
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), "trace", "--compose", str(compose)]
+        + ["--out", str(runs_root), "--quiet"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    run_dir = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            dirs = list(runs_root.glob("*")) if runs_root.exists() else []
+            if dirs and (dirs[0] / "manifest.json").exists():
+                manifest = json.loads((dirs[0] / "manifest.json").read_text())
+                if manifest.get("start_ns"):
+                    run_dir = dirs[0]
+                    assert bpftrace_running()
+                    assert len(_left_behind(run_dir.name)) == 3  # two containers, one network
+                    break
+            time.sleep(0.2)
+        assert run_dir is not None, "the trace never started"
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr.decode()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert [c["role"] for c in manifest["containers"]] == ["ping", "pong"]
+    assert _left_behind(run_dir.name) == []
+    assert bpftrace_running() == []

@@ -1,0 +1,256 @@
+"""What a traced run is: one request type, and the one builder for each way of asking for one.
+
+A run holds one or more containers ("roles"). Every caller that traces something (``./cli.py
+trace``, the experiment orchestrator, ``bench/``, the tests) describes it with a
+:class:`RunRequest` made by one of the builders here and hands it to
+:func:`tracing.runner.trace`, which returns a :class:`tracing.runner.RunOutcome`:
+
+- :func:`workload_request`: a workload of the zoo in one container, or one container per rank
+  (``rank_containers``);
+- :func:`image_request`: any image with any command;
+- :func:`topology_request` (in :mod:`tracing.topology`): the services of a compose file.
+
+Sizes are parsed once, here, into bytes (:func:`core.units.parse_size`: ``MB``/``GB`` are powers
+of 1000, ``MiB``/``GiB`` and docker's ``m``/``g`` powers of 1024); everything downstream takes
+bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from core.errors import UserError
+from core.units import parse_size
+from tracing.container import CTL_MOUNT, DATA_MOUNT, OUT_MOUNT, BindMount
+from workloads.config import (
+    DEFAULT_MASTER_PORT,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
+    WorkloadConfig,
+    image_tag,
+)
+
+#: Where a sleep profile given with ``--profile`` is mounted in a workload container.
+PROFILE_MOUNT = "/twintrace/profile"
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerSpec:
+    """One container of a run: what it runs, what it sees, and its limits.
+
+    ``command`` None runs the image's own ENTRYPOINT + CMD. ``config`` (workload runs) is
+    written to the container's control directory ``ctl/<role>/config.json``, mounted at
+    ``/twintrace/ctl``. ``out`` mounts the container's own ``out/<role>/`` directory of the run
+    at ``/twintrace/out``.
+    """
+
+    role: str
+    image: str
+    command: tuple[str, ...] | None = None
+    config: WorkloadConfig | None = None
+    mounts: tuple[BindMount, ...] = ()
+    environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    shm_bytes: int = 1 << 30  # loader workers share tensors through /dev/shm
+    working_dir: str | None = None
+    out: bool = True
+    # A service (a storage server, say) that runs until the others are done: the run ends when
+    # every container that is not a daemon has exited, and then stops the daemons.
+    daemon: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.role or not all(c.isalnum() or c in "-_" for c in self.role):
+            raise UserError(
+                f"bad container role {self.role!r}: use letters, digits, '-' and '_' only"
+            )
+        if self.memory_bytes is not None and self.memory_bytes < 6 * 2**20:
+            raise UserError(
+                f"memory limit {self.memory_bytes} bytes is below docker's minimum of 6 MiB"
+            )
+        if self.cpus is not None and self.cpus <= 0:
+            raise UserError(f"--cpus must be positive, got {self.cpus}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-container resource limits, parsed once."""
+
+    memory_bytes: int | None = None
+    cpus: float | None = None
+
+    @classmethod
+    def parse(cls, memory: str | int | None, cpus: float | None) -> Limits:
+        """``memory`` as the user wrote it (``2GiB``, ``500MB``, ``2g``, bytes), or None."""
+        return cls(parse_size(memory) if memory not in (None, "") else None, cpus)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How to run, whatever is run: default per-container ``limits``, the sampler interval, a
+    timeout, tracing on or off (off: the baseline for overhead), and whether the containers'
+    output is shown as it is written (``echo``)."""
+
+    limits: Limits = Limits()
+    sample_interval: float = 0.1
+    timeout_s: float | None = None
+    tracing: bool = True
+    echo: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sample_interval <= 0:
+            raise UserError(f"--sample-interval must be positive, got {self.sample_interval}")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise UserError(f"--timeout must be positive, got {self.timeout_s}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """Everything a traced run needs.
+
+    ``label`` and ``variant`` name the run directory; ``config`` is the run's workload config
+    (recorded in the manifest; None for image and topology runs); ``run`` says how to run it.
+    """
+
+    label: str
+    runs_root: Path
+    containers: tuple[ContainerSpec, ...]
+    variant: str | None = None
+    config: WorkloadConfig | None = None
+    run: RunOptions = RunOptions()
+    source: str | None = None  # the topology file a run came from
+
+    def __post_init__(self) -> None:
+        if not self.containers:
+            raise UserError("a run needs at least one container")
+        roles = [c.role for c in self.containers]
+        if len(set(roles)) != len(roles):
+            raise UserError(f"container roles must be unique, got {', '.join(roles)}")
+
+    @property
+    def roles(self) -> list[str]:
+        return [c.role for c in self.containers]
+
+
+def workload_request(
+    workload: str,
+    variant: str,
+    data_dir: Path | None,
+    runs_root: Path,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    options: Mapping[str, str] | None = None,
+    profile: Path | None = None,
+    rank_containers: bool = False,
+    mounts: Sequence[BindMount] = (),
+    run: RunOptions = RunOptions(),
+) -> RunRequest:
+    """A run of a zoo workload: one container, or one container per rank.
+
+    ``settings`` are WorkloadConfig fields (epochs, batch_size, workers, accelerators, ...);
+    ``options`` the workload's own ``--set KEY=VALUE`` options (validated here, before anything
+    starts); ``profile`` a sleep profile file. ``rank_containers``: ``accelerators`` = G
+    containers, each running one data-parallel rank over its shard, joined by torch.distributed
+    (gloo) over the run's private network.
+    """
+    from workloads.profile import load_profile
+    from workloads.registry import WORKLOADS
+
+    if workload not in WORKLOADS:
+        raise UserError(
+            f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}"
+        )
+    spec = WORKLOADS[workload]
+    if data_dir is None:
+        raise UserError(
+            f"--data is required: generate a dataset with "
+            f"`./cli.py datagen {spec.datagen} --out DIR --size 1GB`"
+        )
+    data_dir = Path(data_dir).resolve()
+    spec.check_data(data_dir)
+    settings = dict(settings or {})
+    options = dict(options or {})
+    spec.parse_options(options)  # names and types checked before anything starts
+    extra = list(mounts)
+    if profile is not None:
+        if variant != "sleep":
+            raise UserError("--profile is only used by the sleep variant")
+        load_profile(profile)
+        extra.append(BindMount(Path(profile).resolve(), f"{PROFILE_MOUNT}/profile.json", True))
+        settings["profile"] = f"{PROFILE_MOUNT}/profile.json"
+    config = spec.config(variant, options=options, **settings)
+    image = image_tag(workload, variant)
+    common = {
+        "image": image,
+        "mounts": (BindMount(data_dir, DATA_MOUNT, True), *extra),
+        "memory_bytes": run.limits.memory_bytes,
+        "cpus": run.limits.cpus,
+    }
+    if rank_containers:
+        if config.accelerators < 2:
+            raise UserError("--rank-containers needs --accelerators 2 or more")
+        master = "rank0"
+        env = {MASTER_ADDR_ENV: master, MASTER_PORT_ENV: str(DEFAULT_MASTER_PORT)}
+        containers = tuple(
+            ContainerSpec(role=f"rank{r}", config=config.replace(rank=r), environment=env, **common)
+            for r in range(config.accelerators)
+        )
+    else:
+        containers = (ContainerSpec(role="main", config=config, **common),)
+    return RunRequest(
+        label=workload,
+        variant=variant,
+        runs_root=Path(runs_root),
+        containers=containers,
+        config=config,
+        run=run,
+    )
+
+
+def image_request(
+    image: str,
+    command: Sequence[str] | None,
+    runs_root: Path,
+    *,
+    mounts: Sequence[BindMount] = (),
+    data_dir: Path | None = None,
+    environment: Mapping[str, str] | None = None,
+    run: RunOptions = RunOptions(),
+) -> RunRequest:
+    """A run of any image: ``command`` (None: the image's own), ``data_dir`` at /data."""
+    all_mounts = list(mounts)
+    if data_dir is not None:
+        all_mounts.append(BindMount.parse(f"{data_dir}:{DATA_MOUNT}:ro"))
+    label = image.split("/")[-1].replace(":", "-")
+    return RunRequest(
+        label=label,
+        runs_root=Path(runs_root),
+        containers=(
+            ContainerSpec(
+                role="main",
+                image=image,
+                command=tuple(command) if command else None,
+                mounts=tuple(all_mounts),
+                environment=dict(environment or {}),
+                memory_bytes=run.limits.memory_bytes,
+                cpus=run.limits.cpus,
+            ),
+        ),
+        run=run,
+    )
+
+
+__all__ = [
+    "CTL_MOUNT",
+    "OUT_MOUNT",
+    "PROFILE_MOUNT",
+    "ContainerSpec",
+    "Limits",
+    "RunOptions",
+    "RunRequest",
+    "image_request",
+    "workload_request",
+]
