@@ -55,6 +55,20 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def out_option(
+    dest: str, help: str, *, kind: str = "file", required: bool = False, default: Any = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ``--out`` option of a command: a file (``kind="file"``), a directory (``"dir"``) or
+    either (``"any"``), as a Path."""
+    path_type = click.Path(
+        file_okay=kind in ("file", "any"), dir_okay=kind in ("dir", "any"), path_type=Path
+    )
+    # No `default` unless there is one: click takes an explicit default=None as a given default
+    # and would then no longer report a required option as missing.
+    extra = {"default": default, "show_default": True} if default is not None else {}
+    return click.option("--out", dest, type=path_type, required=required, help=help, **extra)
+
+
 def runs_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--out",
@@ -578,13 +592,7 @@ def plot() -> None:
 
 @plot.command("timeline")
 @click.argument("runs", nargs=-1, required=True)
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="HTML file (default: timeline.html in the first run directory).",
-)
+@out_option("out_path", "HTML file (default: timeline.html in the first run directory).")
 @runs_root_option
 @user_errors
 def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path) -> None:
@@ -611,12 +619,10 @@ def plot_timeline(runs: tuple[str, ...], out_path: Path | None, runs_root: Path)
     is_flag=True,
     help="Print the JSON breakdown on stdout (overall score under `overall`).",
 )
-@click.option(
-    "--out",
+@out_option(
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Directory for compare.html and comparison.json (default: the emulated run's directory).",
+    "Directory for compare.html and comparison.json (default: the emulated run's directory).",
+    kind="dir",
 )
 @runs_root_option
 @user_errors
@@ -658,13 +664,7 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
 
 @plot.command("breakdown")
 @click.argument("runs", nargs=-1, required=True)
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="HTML file (default: breakdown.html in the first run directory).",
-)
+@out_option("out_path", "HTML file (default: breakdown.html in the first run directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown table as JSON records.")
 @runs_root_option
 @user_errors
@@ -695,12 +695,10 @@ def plot_breakdown(
 @click.option(
     "--format", "fmt", type=click.Choice(["perfetto", "csv"]), default="perfetto", show_default=True
 )
-@click.option(
-    "--out",
+@out_option(
     "out_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="perfetto: the JSON file (default RUN/trace.json); csv: a directory (default RUN/csv).",
+    "perfetto: the JSON file (default RUN/trace.json); csv: a directory (default RUN/csv).",
+    kind="any",
 )
 @runs_root_option
 @user_errors
@@ -733,13 +731,7 @@ def profile() -> None:
 
 @profile.command("fit")
 @click.argument("runs", nargs=-1, required=True)
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="Profile JSON to write.",
-)
+@out_option("out_path", "Profile JSON to write.", required=True)
 @click.option(
     "--accelerator", default=None, help="Accelerator name to record (default: from the runs)."
 )
@@ -784,13 +776,7 @@ def profile_fit(
 @click.option(
     "--max-seconds", type=float, default=60.0, show_default=True, help="Time limit per batch size."
 )
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="Profile JSON to write.",
-)
+@out_option("out_path", "Profile JSON to write.", required=True)
 @user_errors
 def profile_measure(
     workload: str,
@@ -855,13 +841,11 @@ def experiment() -> None:
 
 @experiment.command("run")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--out",
+@out_option(
     "out_root",
-    type=click.Path(file_okay=False, path_type=Path),
+    "Experiments directory: runs, data and outputs go to OUT/NAME.",
+    kind="dir",
     default=Path("runs/experiments"),
-    show_default=True,
-    help="Experiments directory: runs, data and outputs go to OUT/NAME.",
 )
 @click.option("--dry-run", is_flag=True, help="List the runs the grid makes and exit.")
 @user_errors

@@ -221,9 +221,10 @@ def accelerator_utilisation(run: Run, steps: pd.DataFrame | None = None) -> floa
 
 def run_config(run: Run, steps: pd.DataFrame) -> tuple[int, int]:
     """(accelerators, batch size per accelerator) from the manifest's config; for runs without
-    one (``--image``), the number of ranks and the median samples per step."""
+    one (``--image``), the number of ranks (of all containers) and the median samples per
+    step."""
     config = run.manifest.get("config") or {}
-    accelerators = config.get("accelerators") or int(steps["rank"].nunique())
+    accelerators = config.get("accelerators") or len(steps[_RANK].drop_duplicates())
     batch = config.get("batch_size") or int(np.nanmedian(steps["samples"]))
     return int(accelerators), int(batch)
 
@@ -236,35 +237,64 @@ def dataset_prefixes(run: Run) -> tuple[str, ...]:
     )
 
 
-def _reads_in(run: Run, start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes and summed latency (s) of the dataset's read syscalls completing in each
-    ``(start, end]``, by prefix sums over the reads sorted by time (vectorised).
-
-    Dataset reads are those of files under the run's read-only mounts (imports, ``/proc`` and
-    pipes are not the storage being measured); without recorded mounts, every read counts.
-    """
+def _dataset_reads(run: Run) -> pd.DataFrame:
+    """The dataset's read syscalls (``ts_ns``, ``bytes``, ``latency_ns``, ``container``), sorted
+    by time: reads of files under the run's read-only mounts (imports, ``/proc`` and pipes are
+    not the storage being measured); without recorded mounts, every read."""
     events = run.events
-    mask = events["kind"].isin(READ_KINDS).to_numpy(dtype=bool, na_value=False)
+    mask = kind_mask(events, READ_KINDS)
     prefixes = dataset_prefixes(run)
     if prefixes:
         mask = mask & events["path"].str.startswith(prefixes).to_numpy(dtype=bool, na_value=False)
-    reads = events[mask]
-    order = np.argsort(reads["ts_ns"].to_numpy(), kind="stable")
-    ts = reads["ts_ns"].to_numpy()[order]
-    nbytes = np.concatenate([[0], np.cumsum(reads["bytes"].to_numpy()[order])])
-    latency = np.concatenate([[0], np.cumsum(reads["latency_ns"].to_numpy()[order])])
+    reads = events.loc[mask, ["ts_ns", "bytes", "latency_ns", "container"]]
+    reads = reads.assign(container=reads["container"].fillna(""))
+    return reads.sort_values("ts_ns", kind="stable")
+
+
+def _reads_in(
+    reads: pd.DataFrame, start_ns: np.ndarray, end_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes and summed latency (s) of ``reads`` (sorted by time) completing in each
+    ``(start, end]``, by prefix sums (vectorised)."""
+    ts = reads["ts_ns"].to_numpy()
+    nbytes = np.concatenate([[0], np.cumsum(reads["bytes"].to_numpy())])
+    latency = np.concatenate([[0], np.cumsum(reads["latency_ns"].to_numpy())])
     hi = np.searchsorted(ts, end_ns, side="right")
     lo = np.searchsorted(ts, start_ns, side="right")
     return (nbytes[hi] - nbytes[lo]).astype(np.float64), (latency[hi] - latency[lo]) * _NS
+
+
+def _read_throughput(run: Run, kept: pd.DataFrame) -> np.ndarray:
+    """Per measured step, samples/s of the dataset's reads while reading (module doc).
+
+    Reads cannot be told apart by rank (loader workers are separate processes), so within a
+    container the time is sliced by the steps of one rank, whose steps tile each epoch, and
+    every reader's reads in a slice count: no read is counted twice. Reads are told apart by
+    container: each container's steps count its own reads.
+    """
+    reads = _dataset_reads(run)
+    values = [np.zeros(0)]
+    for role, mine in kept.groupby("container", sort=False):  # one per container: a handful
+        theirs = reads[reads["container"] == role]
+        spans = mine.groupby("epoch").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+        epoch_bytes, _ = _reads_in(theirs, spans["lo"].to_numpy(), spans["hi"].to_numpy())
+        mean_sample = epoch_bytes.sum() / float(mine["samples"].sum())
+        slices = mine[mine["rank"] == mine["rank"].min()]
+        nbytes, read_s = _reads_in(
+            theirs, slices["start_ns"].to_numpy(), slices["end_ns"].to_numpy()
+        )
+        if mean_sample > 0:
+            values.append(nbytes / mean_sample / read_s)
+    return np.concatenate(values)
 
 
 def _loader_latencies(phases: pd.DataFrame, kept: pd.DataFrame) -> pd.DataFrame:
     """``metric``/``value`` rows of loader events ending within their rank's measured steps."""
     if len(kept) == 0:
         return pd.DataFrame({"metric": pd.Series([], dtype=str), "value": []})
-    windows = kept.groupby(["rank", "epoch"]).agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    windows = kept.groupby([*_RANK, "epoch"]).agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
     loads = phases[phases["key"].isin(list(LOADER_KEYS)).to_numpy(dtype=bool, na_value=False)]
-    loads = loads.join(windows, on=["rank", "epoch"], how="inner")
+    loads = loads.join(windows, on=[*_RANK, "epoch"], how="inner")
     inside = (loads["end_ns"] > loads["lo"]) & (loads["end_ns"] <= loads["hi"])
     loads = loads[inside]
     return pd.DataFrame(
@@ -289,21 +319,11 @@ def step_values(run: Run, steps: pd.DataFrame | None = None) -> pd.DataFrame:
             "load_throughput": (kept["samples"] / kept["load_s"]).to_numpy(),
             "compute_throughput": (kept["samples"] / kept["compute_s"]).to_numpy(),
         }
-        if len(kept):
-            # Reads cannot be told apart by rank (loader workers are separate processes), so
-            # the time is sliced by the steps of one rank, whose steps tile each epoch, and
-            # every reader's reads in a slice count: no read is counted twice.
-            spans = kept.groupby("epoch").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
-            epoch_bytes, _ = _reads_in(run, spans["lo"].to_numpy(), spans["hi"].to_numpy())
-            mean_sample = epoch_bytes.sum() / float(kept["samples"].sum())
-            slices = kept[kept["rank"] == kept["rank"].min()]
-            nbytes, read_s = _reads_in(
-                run, slices["start_ns"].to_numpy(), slices["end_ns"].to_numpy()
-            )
-            if mean_sample > 0:
-                per_step["read_throughput"] = nbytes / mean_sample / read_s
+        throughput = _read_throughput(run, kept)
+        if len(throughput):
+            per_step["read_throughput"] = throughput
     frames = [pd.DataFrame({"metric": name, "value": v}) for name, v in per_step.items()]
-    frames.append(_loader_latencies(run.phases, kept))
+    frames.append(_loader_latencies(_phases(run), kept))
     frames.append(
         pd.DataFrame(
             {"metric": ["accelerator_utilisation"], "value": [accelerator_utilisation(run, steps)]}

@@ -25,6 +25,11 @@ release have negative times. What becomes what:
 - samples: counter events (``C``), category ``samples``, on a pseudo-process ``samples``, one
   counter per metric, named ``<metric> (<unit>)``.
 
+A run of several containers is exported as one process group per container: its own
+``application · <role>`` and ``samples · <role>`` pseudo-processes (host-wide samples go to
+``samples · host``) and its real processes, labelled with the role (``process_labels``) and
+sorted next to them (``process_sort_index``). Block devices are shared by all containers.
+
 Page-cache rows (per-process 100 ms intervals) are not exported; the timeline plot shows them.
 Events are written in groups (the order of the list above), each sorted by start time; the
 format does not require an order (Perfetto sorts on import).
@@ -57,34 +62,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from analysis.tables import (
+    BLOCK_KINDS,
+    PROCESS_KINDS,
+    SYSCALL_KINDS,
+    container_codes,
+    kind_mask,
+    run_roles,
+)
 from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_path
 from core.errors import UserError
 from core.rundir import TABLES, Run
 
-SYSCALL_KINDS: tuple[str, ...] = (
-    "read",
-    "pread64",
-    "readv",
-    "write",
-    "pwrite64",
-    "writev",
-    "openat",
-    "close",
-    "lseek",
-    "fsync",
-    "fdatasync",
-    "mmap",
-    "dup",
-)
-PROCESS_KINDS: tuple[str, ...] = ("fork", "exec", "exit")
-BLOCK_KINDS: tuple[str, ...] = ("block_read", "block_write", "block_other")
-
 # Pseudo-process ids: above any Linux pid (pid_max is at most 2**22) and below 2**31, which
-# some trace readers require.
+# some trace readers require. A run of several containers has an application and a samples
+# pseudo-process per container, CONTAINER_PID_STRIDE apart (container i: APP_PID + i * stride).
 APP_PID = 1_000_000_000
 SAMPLES_PID = APP_PID + 1
 BLOCK_PID_BASE = APP_PID + 2
+CONTAINER_PID_STRIDE = 1_000
 
 #: Bytes of text built per chunk before it is written (bounds the temporary memory).
 CHUNK_BYTES = 32 << 20
@@ -297,7 +294,39 @@ def pack_lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def _kind_rows(events: pd.DataFrame, kinds: Sequence[str]) -> np.ndarray:
-    return np.flatnonzero(events["kind"].isin(kinds).to_numpy(dtype=bool, na_value=False))
+    return np.flatnonzero(kind_mask(events, kinds))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Groups:
+    """Process groups by container: a run of several containers gets, per container, its own
+    application and samples pseudo-processes next to its real processes (process sort index
+    ``3 i - 3`` to ``3 i - 1`` for container ``i``), and host-wide samples a group of their
+    own; a run of one container is one group, laid out as before containers existed."""
+
+    roles: tuple[str, ...]
+
+    @property
+    def several(self) -> bool:
+        return len(self.roles) > 1
+
+    def codes(self, frame: pd.DataFrame) -> np.ndarray:
+        """Per row, its group: the container's position, ``len(roles)`` for host-wide rows."""
+        if not self.several:
+            return np.zeros(len(frame), dtype=np.int64)
+        return container_codes(frame, self.roles)
+
+    def role(self, group: int) -> str:
+        """The container of a group; ``host`` for host-wide rows."""
+        return self.roles[group] if group < len(self.roles) else "host"
+
+    def label(self, base: str, group: int) -> str:
+        """A pseudo-process's name: ``base``, with the container when there are several."""
+        return f"{base} · {self.role(group)}" if self.several else base
+
+    def sort_index(self, group: int, slot: int) -> int:
+        """Slot 0: application, 1: samples, 2: the container's processes."""
+        return 3 * group - 3 + slot
 
 
 def _column(events: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
@@ -437,32 +466,44 @@ def _block_group(events: pd.DataFrame, origin: int) -> tuple[_Group | None, list
     return _Group("block", len(rows), fields, _row_bytes(fields(np.arange(1)))), meta
 
 
-def _phase_threads(phases: pd.DataFrame) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Thread id per phase row, one per (rank, pid): training loops first, then loaders."""
+def _phase_threads(
+    phases: pd.DataFrame, group: np.ndarray
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Thread id per phase row, one per (group, rank, pid): training loops first, then
+    loaders."""
     loop_keys = ["step_end", "epoch", "all_compute"]
     pairs = pd.DataFrame(
         {
+            "group": group,
             "rank": phases["rank"].to_numpy(dtype=np.int64),
             "pid": phases["pid"].to_numpy(dtype=np.int64),
             "loop": phases["key"].isin(loop_keys).to_numpy(dtype=bool, na_value=False),
         }
     )
-    threads = pairs.groupby(["rank", "pid"], sort=False)["loop"].any().reset_index()
-    threads = threads.assign(loader=~threads["loop"]).sort_values(["rank", "loader", "pid"])
+    key = ["group", "rank", "pid"]
+    threads = pairs.groupby(key, sort=False)["loop"].any().reset_index()
+    threads = threads.assign(loader=~threads["loop"]).sort_values(
+        ["group", "rank", "loader", "pid"]
+    )
     threads["tid"] = np.arange(1, len(threads) + 1)
-    tid = pairs.merge(threads, on=["rank", "pid"], how="left")["tid"].to_numpy(dtype=np.int64)
+    tid = pairs.merge(threads, on=key, how="left")["tid"].to_numpy(dtype=np.int64)
     meta = []
     for row in threads.itertuples():  # one per thread: a handful
         rank = f"rank {row.rank}" if row.rank >= 0 else "no rank"
         role = "training loop" if row.loop else "loader"
-        meta.append(_thread_meta(APP_PID, int(row.tid), f"{rank} {role} (pid {row.pid})"))
+        pid = APP_PID + CONTAINER_PID_STRIDE * int(row.group)
+        meta.append(_thread_meta(pid, int(row.tid), f"{rank} {role} (pid {row.pid})"))
     return tid, meta
 
 
-def _phase_groups(phases: pd.DataFrame, origin: int) -> tuple[list[_Group], list[dict[str, Any]]]:
+def _phase_groups(
+    phases: pd.DataFrame, origin: int, groups_of: _Groups
+) -> tuple[list[_Group], list[dict[str, Any]]]:
     if len(phases) == 0:
         return [], []
-    thread, meta = _phase_threads(phases)
+    group = groups_of.codes(phases)
+    pid = APP_PID + CONTAINER_PID_STRIDE * group
+    thread, meta = _phase_threads(phases, group)
     start = phases["ts_ns"].to_numpy(dtype=np.int64) - origin
     duration = (phases["end_ns"].to_numpy(dtype=np.int64) - origin - start).clip(min=0)
     is_point = phases["kind"].eq("point").to_numpy(dtype=bool, na_value=False)
@@ -483,7 +524,9 @@ def _phase_groups(phases: pd.DataFrame, origin: int) -> tuple[list[_Group], list
             return [
                 _const(f',\n{head},"cat":"application","name":'),
                 keys.field(key[r]),
-                _const(f',"pid":{APP_PID},"tid":'),
+                _const(',"pid":'),
+                _ints(pid[r]),
+                _const(',"tid":'),
                 _ints(thread[r]),
                 _const(',"ts":'),
                 *_micros(start[r]),
@@ -499,11 +542,20 @@ def _phase_groups(phases: pd.DataFrame, origin: int) -> tuple[list[_Group], list
 
         width = _row_bytes(fields(np.arange(1))) + keys.width + values.width
         groups.append(_Group("application", len(rows), fields, width))
-    return groups, _process_meta(APP_PID, "application", -3) + meta
+    processes = [
+        meta
+        for g in np.unique(group).tolist()
+        for meta in _process_meta(
+            APP_PID + CONTAINER_PID_STRIDE * g,
+            groups_of.label("application", g),
+            groups_of.sort_index(g, 0),
+        )
+    ]
+    return groups, processes + meta
 
 
 def _counter_group(
-    samples: pd.DataFrame, origin: int
+    samples: pd.DataFrame, origin: int, groups_of: _Groups
 ) -> tuple[_Group | None, list[dict[str, Any]]]:
     value = samples["value"].to_numpy(dtype=np.float64)
     rows = np.flatnonzero(np.isfinite(value))  # JSON has no NaN or infinity
@@ -514,20 +566,32 @@ def _counter_group(
     rows, ts, value = rows[order], ts[order], value[rows[order]]
     label = samples["metric"].iloc[rows] + " (" + samples["unit"].iloc[rows].fillna("?") + ")"
     name, names = _factorize(label)
+    group = groups_of.codes(samples)[rows]
+    pid = SAMPLES_PID + CONTAINER_PID_STRIDE * group
 
     def fields(at: np.ndarray) -> list[_Field]:
         return [
             _const(',\n{"ph":"C","cat":"samples","name":'),
             names.field(name[at]),
-            _const(f',"pid":{SAMPLES_PID},"tid":0,"ts":'),
+            _const(',"pid":'),
+            _ints(pid[at]),
+            _const(',"tid":0,"ts":'),
             *_micros(ts[at]),
             _const(',"args":{"value":'),
             _floats(value[at]),
             _const("}}"),
         ]
 
-    group = _Group("counter", len(rows), fields, _row_bytes(fields(np.arange(1))) + 32)
-    return group, _process_meta(SAMPLES_PID, "samples", -2)
+    processes = [
+        meta
+        for g in np.unique(group).tolist()
+        for meta in _process_meta(
+            SAMPLES_PID + CONTAINER_PID_STRIDE * g,
+            groups_of.label("samples", g),
+            groups_of.sort_index(g, 1),
+        )
+    ]
+    return _Group("counter", len(rows), fields, _row_bytes(fields(np.arange(1))) + 32), processes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,22 +601,27 @@ def _counter_group(
 def _process_meta(pid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
     return [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}},
-        {
-            "ph": "M",
-            "name": "process_sort_index",
-            "pid": pid,
-            "tid": 0,
-            "args": {"sort_index": sort_index},
-        },
+        _sort_meta(pid, sort_index),
     ]
+
+
+def _sort_meta(pid: int, sort_index: int) -> dict[str, Any]:
+    args = {"sort_index": sort_index}
+    return {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": args}
+
+
+def _labels_meta(pid: int, labels: str) -> dict[str, Any]:
+    return {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": labels}}
 
 
 def _thread_meta(pid: int, tid: int, name: str) -> dict[str, Any]:
     return {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
 
 
-def _process_names(events: pd.DataFrame) -> list[dict[str, Any]]:
-    """``process_name`` and ``thread_name`` events for the processes with exported events.
+def _process_names(events: pd.DataFrame, groups_of: _Groups) -> list[dict[str, Any]]:
+    """``process_name`` and ``thread_name`` events for the processes with exported events;
+    for a run of several containers also each process's container (``process_labels``) and a
+    ``process_sort_index`` that places it with its container's pseudo-processes.
 
     A thread's name is its latest ``comm`` (a DataLoader worker renames itself after fork); a
     process's is its main thread's (tid == pid), else that of its thread seen last.
@@ -560,7 +629,7 @@ def _process_names(events: pd.DataFrame) -> list[dict[str, Any]]:
     rows = _kind_rows(events, SYSCALL_KINDS + PROCESS_KINDS)
     if len(rows) == 0:
         return []
-    seen = events[["pid", "tid", "comm"]].iloc[rows]
+    seen = events[["pid", "tid", "comm"]].iloc[rows].assign(group=groups_of.codes(events)[rows])
     threads = seen.drop_duplicates(["pid", "tid"], keep="last")
     main = (threads["tid"] == threads["pid"]).to_numpy()
     procs = threads.iloc[np.argsort(main, kind="stable")].drop_duplicates("pid", keep="last")
@@ -578,6 +647,10 @@ def _process_names(events: pd.DataFrame) -> list[dict[str, Any]]:
             threads["pid"].tolist(), threads["tid"].tolist(), threads["comm"].tolist(), strict=True
         )
     ]
+    if groups_of.several:
+        for pid, g in zip(procs["pid"].tolist(), procs["group"].tolist(), strict=True):
+            meta.append(_labels_meta(pid, groups_of.role(g)))
+            meta.append(_sort_meta(pid, groups_of.sort_index(g, 2)))
     return meta
 
 
@@ -602,6 +675,7 @@ def trace_metadata(run: Run, counts: dict[str, int]) -> dict[str, Any]:
         "time_origin": "manifest start_ns (workload release), CLOCK_MONOTONIC; ts in µs",
         "start_ns": run.start_ns,
         "end_ns": run.end_ns,
+        "containers": run_roles(run),
         "events": counts,
         "exported_by": f"twintrace {TWINTRACE_VERSION}",
     }
@@ -615,11 +689,12 @@ def export_perfetto(run: Run, out_path: Path) -> Path:
     """
     origin = _origin(run)
     events, samples, phases = run.events, run.samples, run.phases
-    meta = _process_names(events)
+    groups_of = _Groups(tuple(run_roles(run)))
+    meta = _process_names(events, groups_of)
     groups = [_syscall_group(events, origin), _process_group(events, origin)]
     block, block_meta = _block_group(events, origin)
-    phase_groups, phase_meta = _phase_groups(phases, origin)
-    counters, counter_meta = _counter_group(samples, origin)
+    phase_groups, phase_meta = _phase_groups(phases, origin, groups_of)
+    counters, counter_meta = _counter_group(samples, origin, groups_of)
     groups = [g for g in [*groups, block, *phase_groups, counters] if g is not None]
     meta = phase_meta + counter_meta + meta + block_meta
     counts: dict[str, int] = {}

@@ -5,9 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
+from analysis.tables import container_codes, is_value
 from core import rundir
 from core.errors import UserError
 from core.units import format_size
+
+#: The groups of event kinds of a summary, in the order summary.json has them.
+SUMMARY_GROUPS: tuple[str, ...] = ("syscalls", "block", "page_cache")
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
@@ -24,14 +31,15 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def run_summary_lines(run_dir: Path) -> list[str]:
-    """A few lines saying how a run went and what it did."""
+    """A few lines saying how a run went and what it did; for a run of several containers,
+    then a line per container (:func:`container_lines`)."""
     s = load_summary(run_dir)
     lines = [f"run {s['run_id']}: {s['status']}" + (f" ({s['error']})" if s.get("error") else "")]
     if s.get("duration_s") is not None:
         lines.append(
             f"  duration {s['duration_s']:.1f} s, {s.get('steps', 0)} steps, lost events {s.get('lost_events', 0)}"
         )
-    for group in ("syscalls", "block", "page_cache"):
+    for group in SUMMARY_GROUPS:
         kinds = s.get(group) or {}
         if kinds:
             parts = [
@@ -39,7 +47,75 @@ def run_summary_lines(run_dir: Path) -> list[str]:
                 for k, v in sorted(kinds.items())
             ]
             lines.append(f"  {group}: " + ", ".join(parts))
+    run = rundir.load_run(run_dir)
+    if len(run.containers) > 1 and "events" not in run.missing:
+        lines += container_lines(container_counts(run.events, run.phases, run.containers))
     return lines
+
+
+def container_counts(events: pd.DataFrame, phases: pd.DataFrame, roles: list[str]) -> pd.DataFrame:
+    """Per container and event kind: ``count`` (summed ``count`` column) and ``bytes``, in the
+    columns ``container, kind, count, bytes``; ``container`` is ``roles`` order, then
+    ``(no container)`` for host-wide rows (block requests of no container). A ``steps`` row
+    per container counts ``step_end`` points of its lowest rank."""
+    labels = np.array([*roles, "(no container)"], dtype=object)
+    frame = pd.DataFrame(
+        {
+            "container": labels[container_codes(events, roles)],
+            "kind": events["kind"].astype("category").array,  # grouped by code, not string
+            "count": events["count"].to_numpy(),
+            "bytes": events["bytes"].to_numpy(),
+        }
+    )
+    table = frame.groupby(["container", "kind"], sort=False, observed=True).sum().reset_index()
+    table["kind"] = table["kind"].astype(str)
+    ends = phases[is_value(phases["key"], "step_end")]
+    ends = ends.assign(container=labels[container_codes(ends, roles)])
+    lowest = ends["rank"] == ends.groupby("container")["rank"].transform("min")
+    steps = ends[lowest].groupby("container").size()
+    steps = pd.DataFrame(
+        {"container": steps.index, "kind": "steps", "count": steps.to_numpy(), "bytes": 0}
+    )
+    table = pd.concat([table, steps], ignore_index=True)
+    order = {label: i for i, label in enumerate(labels)}
+    return table.sort_values(
+        ["container", "kind"], key=lambda c: c.map(order) if c.name == "container" else c
+    ).reset_index(drop=True)
+
+
+def container_lines(counts: pd.DataFrame) -> list[str]:
+    """``  container rank0 · syscalls: read 10 (10.0 MiB), ...; block: ...; steps 5``: the
+    counts of :func:`container_counts`, one line per container, kinds grouped as in the
+    summary (process events left out)."""
+    lines = []
+    for container, rows in counts.groupby("container", sort=False):
+        parts: dict[str, list[str]] = {}
+        for kind, count, nbytes in zip(rows["kind"], rows["count"], rows["bytes"], strict=True):
+            group = _summary_group(kind)
+            if group is not None:
+                size = f" ({format_size(nbytes)})" if nbytes else ""
+                parts.setdefault(group, []).append(f"{kind} {count}{size}")
+        text = [f"{group}: {', '.join(p)}" for group, p in sorted(parts.items(), key=_by_group)]
+        steps = rows.loc[rows["kind"] == "steps", "count"]
+        if len(steps):
+            text.append(f"steps {int(steps.iloc[0])}")
+        lines.append(f"  container {container} · " + "; ".join(text))
+    return lines
+
+
+def _summary_group(kind: str) -> str | None:
+    """The summary.json group of an event kind; None for process events and steps."""
+    if kind.startswith("block_"):
+        return "block"
+    if kind.startswith("cache_"):
+        return "page_cache"
+    if kind in ("fork", "exec", "exit", "steps"):
+        return None
+    return "syscalls"
+
+
+def _by_group(item: tuple[str, list[str]]) -> int:
+    return SUMMARY_GROUPS.index(item[0])
 
 
 def list_runs(runs_root: Path) -> list[dict[str, Any]]:

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
-from tracing.rundir import atomic_write_parquet  # noqa: E402
 
+from core.rundir import EVENTS_COLUMNS, write_table  # noqa: E402
 from tracing import ingest  # noqa: E402
 
 SAMPLE = REPO / "tests" / "data" / "raw" / "syscalls.txt"
@@ -70,7 +70,7 @@ def make_raw(raw: Path, n_events: int) -> int:
 def run_ingest(raw: Path, out: Path) -> float:
     t = time.perf_counter()
     table, _ = ingest.build_events(raw)
-    atomic_write_parquet(out, table)
+    write_table(out, table, EVENTS_COLUMNS)
     return time.perf_counter() - t
 
 

@@ -2,14 +2,16 @@
 and the dataset manifest.
 
 A generator describes its dataset as a list of independent :class:`FileTask` (one per file, or
-one per byte range of a large file that several processes write at once), hands them to
-:func:`run_file_tasks`, then calls :func:`write_manifest`. The contract for a dataset directory
-is:
+one per byte range of a large file that several processes write at once) and runs them through
+:class:`datagen.driver.Job`, which checks the request, prepares the directory, hands the tasks
+to :func:`run_file_tasks`, then calls :func:`write_manifest`. The contract for a dataset
+directory is:
 
 - it holds a ``.twintrace-dataset`` marker (written by :func:`prepare_output_dir`), which is what
   allows ``force`` to clear it later without risking a directory we did not create;
 - every data file appears under its final name only once it is complete (written to a hidden
-  temporary name in the same directory, then renamed), so a reader never sees half a file;
+  temporary name in the same directory, :func:`core.atomic.temp_path`, then renamed), so a
+  reader never sees half a file;
 - ``manifest.json`` is written last. **A dataset directory without ``manifest.json`` is
   incomplete** (interrupted or failed) and must be regenerated with ``force``.
 
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from core import __version__ as TWINTRACE_VERSION
-from core.atomic import atomic_write_json
+from core.atomic import atomic_path, atomic_write_text, temp_path
 from core.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -59,6 +61,12 @@ _POLL_S = 0.2
 
 # --------------------------------------------------------------------------------------------
 # Requests
+
+
+def check_seed(seed: int) -> None:
+    """Refuse a seed that is not a whole number >= 0 (every generator)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserError(f"seed must be a whole number >= 0, got {seed!r}")
 
 
 def check_size_bytes(size_bytes: int) -> None:
@@ -119,45 +127,36 @@ def prepare_output_dir(out: Path, force: bool) -> Path:
 # Atomic files
 
 
-def temp_path(path: str | os.PathLike[str]) -> str:
-    """The temporary name :func:`atomic_file` writes ``path`` under, in the same directory.
-
-    The same directory, so that the final ``os.replace`` is a rename within one file system
-    (atomic), never a copy. A string: this is computed once per file, and plain string
-    operations cost a fraction of pathlib's when a dataset has thousands of small files.
-    """
-    head, tail = os.path.split(os.fspath(path))
-    return os.path.join(head, f".{tail}.tmp-{os.getpid()}")
-
-
 @contextlib.contextmanager
 def atomic_file(
     path: str | os.PathLike[str], fsync: bool = False, writeback: bool = True
 ) -> Iterator[BinaryIO]:
     """Open a binary file that appears as ``path`` only if the ``with`` block completes.
 
-    On any exception (KeyboardInterrupt included) the temporary file is removed and ``path`` is
-    left untouched. ``fsync`` is off by default: every file of a synthetic dataset can be
-    regenerated from its seed, and an fsync per file makes each writer wait for the disk between
-    files instead of letting the kernel write back in the background, which costs throughput.
-    Without it a *power failure* (not a crash or Ctrl-C) can leave renamed files whose data never
-    reached the disk; pass ``fsync=True`` when that matters. ``writeback``: start writing the
-    completed file to disk at once (:func:`start_writeback`); off for a scratch file, which is
-    read back soon and then deleted.
+    :func:`core.atomic.atomic_path` for a dataset's files: the file is written under
+    :func:`core.atomic.temp_path` in the same directory (which must exist: the writers make
+    every directory once, not per file), renamed on success, removed on any exception
+    (KeyboardInterrupt included). ``fsync`` is off by default: every file of a synthetic dataset
+    can be regenerated from its seed, and an fsync per file makes each writer wait for the disk
+    between files instead of letting the kernel write back in the background, which costs
+    throughput. Without it a *power failure* (not a crash or Ctrl-C) can leave renamed files
+    whose data never reached the disk; ``fsync=True`` (core's writer, file and directory
+    synced) when that matters. ``writeback``: start writing the completed file to disk at once
+    (:func:`start_writeback`); off for a scratch file, which is read back soon and then deleted.
     """
+    if fsync:
+        with atomic_path(path, fsync=True) as tmp, open(tmp, "wb") as f:
+            yield f
+        return
     tmp = temp_path(path)
     f = open(tmp, "wb")  # noqa: SIM115 - closed on both paths below
     try:
         yield f
         f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-        elif writeback:
+        if writeback:
             start_writeback(f.fileno())
         f.close()
         os.replace(tmp, path)
-        if fsync:
-            _fsync_dir(os.path.dirname(tmp))
     except BaseException:
         f.close()
         with contextlib.suppress(FileNotFoundError):
@@ -176,20 +175,6 @@ def start_writeback(fd: int) -> None:
     """
     with contextlib.suppress(OSError, AttributeError):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-
-
-def write_json_atomic(path: Path, data: Any, fsync: bool = False) -> None:
-    """Write ``data`` as indented JSON to ``path`` atomically (see :func:`atomic_file`)."""
-    atomic_write_json(path, data, fsync=fsync)
-
-
-def _fsync_dir(path: str | os.PathLike[str]) -> None:
-    # The rename itself is only durable once the directory entry is on disk.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------------------------

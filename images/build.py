@@ -37,12 +37,11 @@ import docker.errors
 from docker.utils.build import exclude_paths
 
 from core.errors import UserError
-from workloads.config import VARIANTS
+from workloads.config import BASE_TAG, VARIANTS, image_tag
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
 BASE_CONTEXT = CACHE / "base-context"
-BASE_TAG = "twintrace/base:latest"
 OS_TAG = "twintrace/os:bookworm"
 REGISTRY_BASE = "python:3.11-slim"
 HASH_LABEL = "twintrace.inputs-hash"
@@ -57,10 +56,6 @@ class BuildResult:
     tag: str
     image_id: str
     built: bool  # False when the existing image was up to date
-
-
-def workload_tag(workload: str, variant: str) -> str:
-    return f"twintrace/{workload}:{variant}"
 
 
 def image_matrix() -> list[tuple[str, str]]:
@@ -319,7 +314,7 @@ def build_workload(
     context: str | None = None,
 ) -> BuildResult:
     """Build ``twintrace/<workload>:<variant>`` unless its inputs hash is already its label."""
-    tag = workload_tag(workload, variant)
+    tag = image_tag(workload, variant)
     dockerfile = workload_dockerfile(workload)
     inputs = workload_inputs_hash(workload, variant, base_id, context=context)
     current, image_id = _existing_hash(cli, tag)

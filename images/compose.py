@@ -24,8 +24,8 @@ from images.build import (
     image_matrix,
     workload_build_args,
     workload_dockerfile,
-    workload_tag,
 )
+from workloads.config import image_tag
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 
@@ -74,7 +74,7 @@ def render() -> str:
         parts.append(
             f"\n  {workload}-{variant}:\n"
             "    <<: *workload\n"
-            f"    image: {workload_tag(workload, variant)}\n"
+            f"    image: {image_tag(workload, variant)}\n"
             "    build:\n"
             "      context: .\n"
             f"      dockerfile: {workload_dockerfile(workload)}\n"

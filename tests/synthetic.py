@@ -186,3 +186,101 @@ def make_run(
         table = pa.Table.from_pandas(frame, schema=arrow_schema(columns), preserve_index=False)
         pq.write_table(table, run_dir / f"{name}.parquet")
     return run_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# A run of two containers, with known numbers for every analysis
+
+#: The roles of :func:`two_container_run`'s containers.
+TWO_ROLES = ("rank0", "rank1")
+#: Per role: dataset reads (count of 1 MiB reads by its loader worker) and their first time
+#: (s, then one every 0.1 s), the checkpoint bytes its main process writes at 8.5 s (+ index *
+#: 0.1), its CPU (% of one core) and rss (bytes), and its steps' load, compute and gap (s).
+TWO: dict[str, dict[str, Any]] = {
+    "rank0": {"reads": 10, "t_read": 1.0, "write": 4 * MIB, "cpu": 100.0, "rss": 2 * 2**30,
+              "load": 0.2, "compute": 0.7, "gap": 0.1},
+    "rank1": {"reads": 5, "t_read": 3.0, "write": 1 * MIB, "cpu": 50.0, "rss": 2**30,
+              "load": 0.1, "compute": 0.3, "gap": 0.1},
+}  # fmt: skip
+#: Steps per container, in one epoch starting at 1 s.
+TWO_STEPS = 5
+#: A block read of 8 MiB issued by rank0 at 2 s; a block write of 1 MiB at 9 s by no container
+#: (kernel writeback); host CPU samples (no container) of 40 %.
+TWO_BLOCK_READ = 8 * MIB
+TWO_WRITEBACK = MIB
+
+
+def two_container_events() -> pd.DataFrame:
+    """The events of :func:`two_container_run`: per container a main process (pid 100 + 100 i)
+    forking a loader worker (pid + 1) that opens and reads its files under /data."""
+    rows: list[dict[str, Any]] = []
+    for i, role in enumerate(TWO_ROLES):
+        spec, main = TWO[role], 100 + 100 * i
+        worker = main + 1
+        on = {"container": role}
+        rows.append({"t": 0.5, "kind": "fork", "pid": main, "ret": worker, "fd": -1, **on})
+        for k in range(spec["reads"]):
+            t, path = spec["t_read"] + k / 10, f"/data/{role}_{k}.npy"
+            rows.append({"t": t - 0.01, "kind": "openat", "pid": worker, "path": path, "ret": 3, **on,
+                         "comm": "pt_data_worker"})  # fmt: skip
+            rows.append({"t": t, "pid": worker, "path": path, "bytes": MIB, **on,
+                         "comm": "pt_data_worker"})  # fmt: skip
+        rows.append({"t": 8.5 + i / 10, "kind": "write", "pid": main, "bytes": spec["write"],
+                     "path": "/twintrace/out/ckpt.pt", **on})  # fmt: skip
+    rows.append({"t": 2.0, "kind": "block_read", "pid": 101, "fd": -1, "bytes": TWO_BLOCK_READ,
+                 "latency_ns": 10**6, "dev": "259:0", "container": "rank0"})  # fmt: skip
+    rows.append({"t": 9.0, "kind": "block_write", "pid": 0, "comm": "kworker/u8:1", "fd": -1,
+                 "bytes": TWO_WRITEBACK, "dev": "259:0", "in_container": False,
+                 "container": None})  # fmt: skip
+    return events_frame(rows)
+
+
+def two_container_samples() -> pd.DataFrame:
+    rows: list[tuple[Any, ...]] = []
+    for t in range(11):
+        for role in TWO_ROLES:
+            rows.append((t, "container_cpu", TWO[role]["cpu"], "percent", role))
+            rows.append((t, "container_mem_rss", TWO[role]["rss"], "bytes", role))
+        rows.append((t, "host_cpu_user", 40.0, "percent"))
+    return samples_frame(rows)
+
+
+def two_container_phases() -> pd.DataFrame:
+    """Per container one epoch from 1 s of :data:`TWO_STEPS` steps, each ``load_batch_mem``,
+    ``all_compute``, then ``step_end`` after the gap; the next step starts at that step_end.
+    Both containers log rank 0 (each is a job of its own): only the container tells their
+    steps apart. A ``checkpoint`` interval around each main process's write."""
+    rows: list[dict[str, Any]] = []
+    for i, role in enumerate(TWO_ROLES):
+        spec, t = TWO[role], 1.0
+        on = {"container": role, "rank": 0, "epoch": 0, "pid": 7}
+        rows.append({"key": "epoch", "t0": 1.0, "t1": 8.0, **on})
+        for step in range(TWO_STEPS):
+            load_end = t + spec["load"]
+            compute_end = load_end + spec["compute"]
+            step_end = compute_end + spec["gap"]
+            rows.append({"key": "load_batch_mem", "t0": t, "t1": load_end, "step": step, **on})
+            rows.append({"key": "all_compute", "t0": load_end, "t1": compute_end, "step": step, **on})  # fmt: skip
+            rows.append({"key": "step_end", "t0": step_end, "step": step, "value": 2, **on})
+            t = step_end
+        ckpt = 8.45 + i / 10
+        rows.append({"key": "checkpoint", "t0": ckpt, "t1": ckpt + 0.1, **on})
+    return phases_frame(rows)
+
+
+def two_container_run(
+    root: Path, run_id: str = "20261121-163005-unet3d-sleep-2c2c", **manifest_changes: Any
+) -> Path:
+    """A 10 s run of the containers :data:`TWO_ROLES` whose numbers are in :data:`TWO`, with
+    the dataset mounted read-only at /data."""
+    mounts = [{"source": "/srv/data", "target": "/data", "read_only": True}]
+    trace = {"sample_interval_s": 1.0, "memory_limit": None, "cpus": None, "mounts": mounts}
+    return make_run(
+        root,
+        run_id,
+        events=two_container_events(),
+        samples=two_container_samples(),
+        phases=two_container_phases(),
+        containers=TWO_ROLES,
+        **{"trace": trace, **manifest_changes},
+    )

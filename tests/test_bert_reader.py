@@ -1,8 +1,8 @@
-"""Tests of the BERT TFRecord encoder, reader, dataset check and torch dataset.
+"""Tests of the BERT TFRecord reader, dataset check and torch dataset.
 
-The encoder is checked against protobuf (``tfrecord.example_pb2``), the ``tfrecord`` package's
-writer (byte for byte where map order cannot differ) and reader; the reader against damaged
-files; BertBatches against a real DataLoader with two workers.
+Files are written with the ``tfrecord`` package's writer (the reference; the generator's encoder
+is checked against it in tests/test_datagen_bert.py); the reader is checked against damaged
+files, BertBatches against a real DataLoader with two workers.
 """
 
 from __future__ import annotations
@@ -11,208 +11,28 @@ import json
 import struct
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 import torch
-from tfrecord import example_pb2
-from tfrecord.reader import tfrecord_loader
 from tfrecord.writer import TFRecordWriter
 from torch.utils.data import DataLoader
 
 from core.errors import UserError
 from workloads.bert.dataset import BertBatches, interleave
 from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
-from workloads.bert.records import (
-    Encoded,
-    Padded,
-    _varint,
-    encode_examples,
-    encode_examples_buffer,
-    encode_varints,
-    iter_records,
-    masked_crc,
-    parse_example,
-)
+from workloads.bert.records import iter_records, mask_crc, masked_crc, parse_example
 from workloads.events import Emitter
 
 SEQ, PRED = 16, 4
 
 
-class Runs:
-    """An Encoded feature and the values it stands for (the encoder cannot tell them)."""
-
-    def __init__(self, rng: np.random.Generator, n: int) -> None:
-        corpus = rng.integers(0, 2**35, 300)
-        corpus[::5] = rng.integers(0, 128, 60)  # some one-byte values, some zeros
-        source, offsets = encode_varints(corpus)
-        begin = rng.integers(0, 200, (n, 2))
-        count = rng.integers(1, 40, (n, 2))
-        # A separator (the same run in every record), then two runs of the corpus.
-        starts = np.concatenate([np.full((n, 1), offsets[3]), offsets[begin]], axis=1)
-        ends = np.concatenate([np.full((n, 1), offsets[4]), offsets[begin + count]], axis=1)
-        zeros = rng.integers(0, 4, n)  # zero values after the runs (padding)
-        self.feature = Encoded(source, starts, ends - starts, zeros=zeros)
-        self.values = [
-            np.concatenate(
-                [corpus[3:4]]
-                + [corpus[b : b + c] for b, c in zip(bs, cs, strict=True)]
-                + [np.zeros(z, dtype=np.int64)]
-            )
-            for bs, cs, z in zip(begin, count, zeros, strict=True)
-        ]
-
-
-def reference_example(features: dict, i: int) -> example_pb2.Example:
-    """Record ``i`` built with protobuf, the slow reference."""
-    example = example_pb2.Example()
-    for name, array in features.items():
-        if isinstance(array, Runs):
-            row = array.values[i]
-        else:
-            row = (array.dense() if isinstance(array, Padded) else array)[i]
-        if row.dtype.kind == "f":
-            example.features.feature[name].float_list.value.extend(row.tolist())
-        else:
-            example.features.feature[name].int64_list.value.extend(row.tolist())
-    return example
-
-
-def split_frames(data: bytes) -> list[tuple[bytes, bytes, bytes]]:
-    """(length bytes, length CRC, payload) of each framed record, plus its data CRC check."""
-    frames, offset = [], 0
-    while offset < len(data):
-        (length,) = struct.unpack_from("<Q", data, offset)
-        header, crc = data[offset : offset + 8], data[offset + 8 : offset + 12]
-        payload = data[offset + 12 : offset + 12 + length]
-        assert data[offset + 12 + length : offset + 16 + length] == TFRecordWriter.masked_crc(
-            payload
-        )
-        frames.append((header, crc, payload))
-        offset += 16 + length
-    assert offset == len(data)
-    return frames
-
-
-def random_features(rng: np.random.Generator, n: int) -> dict:
-    counts = rng.integers(0, 9, n)
-    return {
-        "runs": Runs(rng, n),
-        "more_runs": Runs(rng, n),  # a second Encoded: its zeros are copied, not left in place
-        "small": rng.integers(0, 2, (n, 7)),  # one byte per value
-        "ids": rng.integers(0, 40_000, (n, 9)).astype(np.int32),  # 1-3 byte varints
-        "two_bytes": rng.integers(128, 16_384, (n, 3)),  # one width >1: fixed-size entry
-        "wide": rng.integers(0, 2**62, (n, 2)),  # up to 9-byte varints
-        "negative": rng.integers(-(2**40), 2**40, (n, 3)),  # 10-byte varints
-        "weights": rng.random((n, 5)).astype(np.float32),
-        "empty": np.zeros((n, 0), dtype=np.int64),
-        "padded": Padded(rng.integers(1, 70_000, int(counts.sum())), counts, 8),
-        "padded16": Padded(rng.integers(0, 65_536, int(counts.sum())).astype(np.uint16), counts, 8),
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# Encoder
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_encoder_matches_protobuf_record_by_record(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    features = random_features(rng, 40)
-    buffer, ends = encode_examples_buffer(
-        {k: v.feature if isinstance(v, Runs) else v for k, v in features.items()}
-    )
-    frames = split_frames(buffer.tobytes())
-    assert len(frames) == 40
-    assert ends.tolist() == np.cumsum([16 + len(p) for _, _, p in frames]).tolist()
-    for i, (header, crc, payload) in enumerate(frames):
-        reference = reference_example(features, i)
-        assert example_pb2.Example.FromString(payload) == reference
-        # Same size as protobuf's own encoding: canonical varints, empty lists left out.
-        assert len(payload) == reference.ByteSize()
-        assert struct.unpack("<Q", header)[0] == len(payload)
-        assert crc == TFRecordWriter.masked_crc(header)
-
-
-def test_single_feature_records_are_byte_identical_to_the_tfrecord_writer(
-    tmp_path: Path,
-) -> None:
-    # With one feature, map order cannot differ: the bytes must be exactly the writer's.
-    rng = np.random.default_rng(0)
-    for kind, array in (
-        ("int", rng.integers(0, 100_000, (6, 12))),
-        ("float", rng.random((6, 12)).astype(np.float32)),
-    ):
-        path = tmp_path / f"{kind}.tfrecord"
-        writer = TFRecordWriter(str(path))
-        for row in array:
-            writer.write({"x": (row.tolist(), kind)})
-        writer.close()
-        assert encode_examples({"x": array}) == path.read_bytes()
-
-
 def test_masked_crc_matches_the_tfrecord_package() -> None:
     for data in (b"", b"\x00" * 8, b"twintrace", bytes(range(256)) * 3):
         assert masked_crc(data).to_bytes(4, "little") == TFRecordWriter.masked_crc(data)
-
-
-def test_padded_stands_for_its_dense_array() -> None:
-    padded = Padded(np.array([5, 300, 7]), np.array([2, 0, 1]), 3)
-    assert padded.dense().tolist() == [[5, 300, 0], [0, 0, 0], [7, 0, 0]]
-    assert encode_examples({"a": padded}) == encode_examples({"a": padded.dense()})
-    with pytest.raises(ValueError, match="add up"):
-        Padded(np.array([1, 2]), np.array([1]), 3)
-    with pytest.raises(ValueError, match="between 0 and length"):
-        Padded(np.array([1, 2, 3, 4]), np.array([4]), 3)
-
-
-def test_encoded_runs_are_copied_as_varints() -> None:
-    # A corpus of values, pre-encoded; each record takes a constant run (the same separator
-    # in every record) and two variable runs of it. The result must equal the dense encoding.
-    rng = np.random.default_rng(9)
-    corpus = rng.integers(0, 3_000_000, 500)
-    source, offsets = encode_varints(corpus)
-    assert source.tobytes() == b"".join(_varint(int(v)) for v in corpus)
-    n = 30
-    first = rng.integers(0, 400, n)
-    count = rng.integers(1, 50, n)
-    second = rng.integers(0, 450, n)
-    starts = np.stack([np.full(n, offsets[7]), offsets[first], offsets[second]], axis=1)
-    ends = np.stack([np.full(n, offsets[8]), offsets[first + count], offsets[second + 50]], axis=1)
-    encoded = Encoded(source, starts, ends - starts)
-    dense = Padded(
-        np.concatenate(
-            [np.concatenate([[corpus[7]], corpus[f : f + c], corpus[s : s + 50]])
-             for f, c, s in zip(first, count, second, strict=True)]
-        ),
-        count + 51,
-        120,
-    )  # fmt: skip
-    other = rng.random((n, 3)).astype(np.float32)
-    ours = encode_examples({"x": encoded, "w": other})
-    for i, (_, _, payload) in enumerate(split_frames(ours)):
-        example = example_pb2.Example.FromString(payload)
-        assert (
-            list(example.features.feature["x"].int64_list.value)
-            == dense.dense()[i][: count[i] + 51].tolist()
-        )
-        assert np.array_equal(example.features.feature["w"].float_list.value, other[i])
-    with pytest.raises(ValueError, match="inside the source"):
-        Encoded(source, starts + source.size, ends - starts)
-
-
-def test_tfrecord_package_reads_our_files(tmp_path: Path) -> None:
-    rng = np.random.default_rng(3)
-    features = {
-        "ids": rng.integers(0, 30_522, (20, 10)),
-        "w": rng.random((20, 4)).astype(np.float32),
-    }
-    path = tmp_path / "part-00000-of-00001"
-    path.write_bytes(encode_examples(features))
-    rows = list(tfrecord_loader(str(path), None, {"ids": "int", "w": "float"}))
-    assert len(rows) == 20
-    for i, row in enumerate(rows):
-        assert row["ids"].tolist() == features["ids"][i].tolist()
-        assert np.array_equal(row["w"], features["w"][i])
+    crcs = np.array([crc32c.crc32c(bytes(range(i))) for i in range(256)], dtype=np.uint32)
+    assert mask_crc(crcs).dtype == np.uint32
+    assert mask_crc(crcs).tolist() == [mask_crc(int(c)) for c in crcs]
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,13 +54,26 @@ def bert_block(n: int, first_id: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+def write_records(path: Path, block: dict[str, np.ndarray]) -> None:
+    """The records of ``block`` (feature -> (records, values) array), with the tfrecord writer."""
+    writer = TFRecordWriter(str(path))
+    for i in range(len(next(iter(block.values())))):
+        writer.write(
+            {
+                name: (array[i].tolist(), "float" if array.dtype.kind == "f" else "int")
+                for name, array in block.items()
+            }
+        )
+    writer.close()
+
+
 def write_shards(directory: Path, counts: list[int], start: int = 0) -> list[Path]:
     """Shards part-*-of-N holding counts[i] records; input_ids[0] numbers records globally."""
     directory.mkdir(parents=True, exist_ok=True)
     paths, first = [], start
     for i, count in enumerate(counts):
         path = directory / f"part-{i:05d}-of-{len(counts):05d}"
-        path.write_bytes(encode_examples(bert_block(count, first)))
+        write_records(path, bert_block(count, first))
         paths.append(path)
         first += count
     return paths
@@ -297,7 +130,7 @@ def test_a_huge_corrupt_length_fails_fast_without_reading(tmp_path: Path) -> Non
 def test_parse_example_rejects_garbage_and_missing_features() -> None:
     with pytest.raises(UserError, match=r"shard 7 record 3 is not a tf.train.Example"):
         parse_example(b"\xff\xff\xff\xff", "shard 7 record 3")
-    data = encode_examples({"input_ids": np.ones((1, 4), dtype=np.int64)})[12:-4]
+    data = TFRecordWriter.serialize_tf_example({"input_ids": ([1, 1, 1, 1], "int")})
     with pytest.raises(UserError, match="lacks the feature.*input_mask"):
         parse_example(data, "r", list(FEATURES))
 
@@ -455,7 +288,7 @@ def test_records_of_another_shape_are_rejected(tmp_path: Path) -> None:
     other = bert_block(2, 100)
     other["input_ids"] = other["input_ids"][:, :8]
     path = tmp_path / "part-00001-of-00002"
-    path.write_bytes(encode_examples(other))
+    write_records(path, other)
     paths = sorted(tmp_path.glob("part-*"))
     with pytest.raises(UserError, match="input_ids holds 8 int64 values where the batch's first"):
         list(BertBatches(paths, 4, cycle_length=2, shuffle=False))

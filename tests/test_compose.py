@@ -21,10 +21,10 @@ from images.build import (
     image_matrix,
     workload_build_args,
     workload_dockerfile,
-    workload_tag,
 )
 from images.compose import COMPOSE_FILE, main, render
 from tests.conftest import IN_CI
+from workloads.config import image_tag
 
 VOLUMES = [
     "${DATA:-./data}:/data:ro",
@@ -46,7 +46,7 @@ def test_every_image_is_a_service_built_like_cli_build() -> None:
     assert services["base"]["image"] == BASE_TAG
     for workload, variant in image_matrix():
         service = services[f"{workload}-{variant}"]
-        assert service["image"] == workload_tag(workload, variant)
+        assert service["image"] == image_tag(workload, variant)
         assert service["build"] == {
             "context": ".",
             "dockerfile": workload_dockerfile(workload),

@@ -11,8 +11,11 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from core.rundir import PHASES_COLUMNS, empty_frame
 from tracing import ingest
 
 RAW = Path(__file__).parent / "data" / "raw"
@@ -123,9 +126,7 @@ def test_schema_and_summary() -> None:
     table, stats = ingest.build_events(RAW)
     assert table.schema.names == ingest.EVENTS_SCHEMA.names
     assert table.column("ts_ns").to_pandas().is_monotonic_increasing
-    import pandas as pd
-
-    summary = ingest.summarize(table, pd.DataFrame({"key": [], "rank": []}), stats)
+    summary = ingest.summarize(table, empty_frame(PHASES_COLUMNS), stats)
     assert summary["syscalls"]["openat"]["count"] == sum(
         1 for r in _lines("syscalls.txt") if r[1] == "openat"
     )
@@ -198,3 +199,53 @@ def test_a_closed_descriptor_number_reused_by_an_untraced_call_gets_no_path() ->
         "/data/a.jpg",
         "-",
     ]
+
+
+def _proc_rows(rows: list[tuple[int, str, int, int]]) -> pd.DataFrame:
+    """Process events (ts_ns, kind, pid, child) as parse_proc makes them."""
+    return pd.DataFrame(
+        {
+            "ts_ns": [r[0] for r in rows],
+            "kind": [r[1] for r in rows],
+            "pid": np.array([r[2] for r in rows], dtype=np.int32),
+            "ret": np.array([r[3] for r in rows], dtype=np.int64),
+        }
+    )
+
+
+def test_containers_are_attributed_by_following_forks_from_each_first_process() -> None:
+    # Container a starts at pid 10 and forks 11, which forks 12; container b starts at 20 and
+    # forks 21. Pid 99 belongs to neither; the fork of 12 is listed before its parent's fork
+    # but happens after it, so order by time matters.
+    proc = _proc_rows(
+        [(3, "fork", 11, 12), (1, "fork", 10, 11), (2, "fork", 20, 21), (4, "exec", 12, -1)]
+    )
+    assert ingest.container_owners(proc, {10: "a", 20: "b"}) == {
+        10: "a",
+        11: "a",
+        12: "a",
+        20: "b",
+        21: "b",
+    }
+    events = pd.DataFrame(
+        {
+            "pid": np.array([12, 21, 99, 10, 20], dtype=np.int32),
+            "in_container": [True] * 4 + [False],
+        }
+    )
+    roles = ingest.attribute_containers(events, proc, {10: "a", 20: "b"})
+    assert list(roles.fillna("-")) == ["a", "b", "-", "a", "-"]
+    # One container: every in-container event is its own, whatever the pid.
+    single = ingest.attribute_containers(events, proc, {10: "main"})
+    assert list(single.fillna("-")) == ["main"] * 4 + ["-"]
+
+
+def test_build_events_fills_the_container_column_from_the_roots() -> None:
+    table, _ = ingest.build_events(RAW)
+    df = table.to_pandas()
+    assert df["container"].isna().all()  # no manifest, no roots: unknown
+    leader = int(df.loc[df["kind"].astype(str) == "exec", "pid"].iloc[0])
+    table, _ = ingest.build_events(RAW, {leader: "main"})
+    df = table.to_pandas()
+    assert (df.loc[df["in_container"], "container"] == "main").all()
+    assert df.loc[~df["in_container"], "container"].isna().all()

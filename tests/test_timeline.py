@@ -46,6 +46,7 @@ from tests.synthetic import (  # noqa: F401
     manifest,
     phases_frame,
     samples_frame,
+    two_container_run,
 )
 
 
@@ -544,3 +545,57 @@ def test_two_million_events_are_merged_not_dropped(tmp_path: Path) -> None:
     bw = {t.name: t for t in traces_in_row(fig, lane_rows(fig, "syscall I/O")[0])}
     total_mib = float((bw["read"].y[:-1] * fig.layout.meta["bin_s"]).sum())
     assert total_mib == pytest.approx((~is_write).sum() * 4096 / MIB)
+
+
+# ---------------------------------------------------------------------------------------------
+# Several containers
+
+
+def test_two_containers_get_a_lane_group_each_on_one_axis(tmp_path: Path) -> None:
+    """tests/synthetic.py's two-container run: rank0's worker reads 10 x 1 MiB from 1.0 s,
+    rank1's 5 x 1 MiB from 3.0 s; CPU 100 % and 50 %; host CPU in both groups."""
+    run = load_run(two_container_run(tmp_path))
+    fig = timeline_figure([run], bin_s=1.0)
+    lanes = fig.layout.meta["lanes"]
+    assert subplot_rows(fig) == 2 * len(LANES)
+    assert [e["container"] for e in lanes] == ["rank0"] * 8 + ["rank1"] * 8
+    assert [e["lane"] for e in lanes] == list(LANES) * 2
+    titles = [a.text for a in fig.layout.annotations]
+    assert "container <b>rank0</b>" in titles[0] and run.run_id in titles[0]
+    assert any("container <b>rank1</b>" in t and "phases" in t for t in titles)
+    axes = list(fig.select_xaxes())
+    assert len(axes) == 16 and all(ax.matches == "x" for ax in axes[1:])
+
+    def traces(lane: str, group: int) -> dict[str, Any]:
+        return {t.name: t for t in traces_in_row(fig, lane_rows(fig, lane)[group])}
+
+    read0, read1 = traces("syscall I/O", 0)["read"], traces("syscall I/O", 1)["read"]
+    assert read0.y[:5].tolist() == [0.0, 10.0, 0.0, 0.0, 0.0]  # MiB/s
+    assert read1.y[:5].tolist() == [0.0, 0.0, 0.0, 5.0, 0.0]
+    assert traces("syscall I/O", 0)["write"].y[8] == pytest.approx(4.0)
+    assert traces("syscall I/O", 1)["write"].y[8] == pytest.approx(1.0)
+    # Block: rank0's own read, and the writeback of no container in both groups.
+    assert traces("block I/O", 0)["block read"].y[2] == pytest.approx(8.0)
+    assert traces("block I/O", 1)["block read"].y.sum() == 0.0
+    assert traces("block I/O", 1)["block write"].y[9] == pytest.approx(1.0)
+    cpu0, cpu1 = traces("CPU", 0), traces("CPU", 1)
+    assert set(cpu0["container (% of one core)"].y) == {100.0}
+    assert set(cpu1["container (% of one core)"].y) == {50.0}
+    assert set(cpu1["host user"].y) == {40.0}
+    assert traces("memory", 1)["rss (anon)"].y[0] == pytest.approx(1.0)  # GiB
+    procs = [list(yaxis(fig, row).ticktext) for row in lane_rows(fig, "processes")]
+    assert procs == [
+        ["main 100 python", "loader worker 101 pt_data_worker"],
+        ["main 200 python", "loader worker 201 pt_data_worker"],
+    ]
+    # Each container's steps: 1 s in rank0, 0.5 s in rank1.
+    steps = [t for t in fig.data if t.name == "steps"]
+    assert [len(s.base) for s in steps] == [5, 5]
+    assert steps[0].x.tolist() == pytest.approx([1.0] * 5)
+    assert steps[1].x.tolist() == pytest.approx([0.5] * 5)
+
+
+def test_one_container_has_no_container_groups(busy_run: Path) -> None:
+    fig = timeline_figure([load_run(busy_run)], bin_s=1.0)
+    assert {e["container"] for e in fig.layout.meta["lanes"]} == {None}
+    assert "container" not in fig.layout.annotations[0].text

@@ -126,8 +126,8 @@ def _docker() -> Check:
 
 
 def _base_image() -> Check:
-    from images.build import BASE_TAG
     from tracing.container import client
+    from workloads.config import BASE_TAG
 
     try:
         cli = client()

@@ -22,6 +22,10 @@ MASTER_PORT_ENV = "TWINTRACE_MASTER_PORT"
 DEFAULT_MASTER_PORT = 29500
 
 
+#: The image every workload image is built on (Python, torch and the readers' packages).
+BASE_TAG = "twintrace/base:latest"
+
+
 def image_tag(workload: str, variant: str) -> str:
     """The image of a workload variant: ``twintrace/<workload>:<variant>``."""
     return f"twintrace/{workload}:{variant}"
