@@ -40,6 +40,7 @@ from core.rundir import (  # noqa: E402
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,
+    SCHEMA_VERSION,
     arrow_schema,
     load_run,
 )
@@ -96,6 +97,7 @@ def make_run(root: Path, name: str, n: int, seed: int, speed: float, size_shift:
         "latency_ns": rng.integers(1_000, 200_000, n),
         "dev": pa.nulls(n, pa.string()),
         "in_container": np.ones(n, dtype=bool),
+        "container": _dict(np.zeros(n), ["main"]).cast(pa.string()),
     }
     pq.write_table(
         pa.table(columns, schema=arrow_schema(EVENTS_COLUMNS)), run_dir / "events.parquet"
@@ -113,6 +115,7 @@ def make_run(root: Path, name: str, n: int, seed: int, speed: float, size_shift:
             "metric": np.repeat(list(metrics), len(t)),
             "value": np.concatenate(list(metrics.values())),
             "unit": np.repeat(["percent", "bytes", "bytes"], len(t)),
+            "container": np.repeat(["main"], len(metrics) * len(t)),
         },
         schema=arrow_schema(SAMPLES_COLUMNS),
     )
@@ -143,12 +146,13 @@ def make_run(root: Path, name: str, n: int, seed: int, speed: float, size_shift:
                 [np.arange(len(ends)), np.arange(len(ends)), -np.ones(3)]
             ).astype(np.int32),
             "value": ["null"] * m,
+            "container": ["main"] * m,
         },
         schema=arrow_schema(PHASES_COLUMNS),
     )
     pq.write_table(phases, run_dir / "phases.parquet")
     manifest = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "twintrace_version": "0.1.0",
         "run_id": name,
         "status": "completed",
@@ -157,7 +161,9 @@ def make_run(root: Path, name: str, n: int, seed: int, speed: float, size_shift:
         "start_ns": START_NS,
         "end_ns": START_NS + duration_ns,
         "lost_events": 0,
-    }
+        "containers": [{"role": "main", "image": "bench", "command": [], "container_id": None,
+                        "cgroup_id": None, "main_pid": 1000, "exit_code": 0}],
+    }  # fmt: skip
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     return run_dir
 

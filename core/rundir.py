@@ -474,6 +474,11 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
     return load_json(Path(run_dir) / SUMMARY, "summary")
 
 
+def load_comparison(path: Path) -> dict[str, Any]:
+    """Read a ``comparison-*.json`` written by ``./cli.py compare`` and check its version."""
+    return load_json(Path(path), "comparison")
+
+
 def load_run(ref: str | Path, runs_root: Path = Path("runs")) -> Run:
     """Load the run that ``ref`` names (see :func:`resolve_run`); tables are read on first use.
 

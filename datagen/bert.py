@@ -50,7 +50,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -60,15 +59,8 @@ import numpy as np
 
 from core.errors import UserError
 from core.units import format_size
-from datagen.common import (
-    FileSink,
-    FileTask,
-    ProgressCallback,
-    check_size_bytes,
-    prepare_output_dir,
-    run_file_tasks,
-    write_manifest,
-)
+from datagen.common import FileSink, FileTask, ProgressCallback, check_seed, check_size_bytes
+from datagen.driver import Job, Written
 from workloads.bert.files import FEATURES, SHARD_FORMAT
 from workloads.bert.records import FOOTER_BYTES, HEADER_BYTES
 
@@ -474,8 +466,7 @@ def plan_bert_shards(
     short by at most the reserve (well under 1% of the size for more than a few shards).
     """
     params = params or BertGenParams()
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UserError(f"seed must be a whole number >= 0, got {seed!r}")
+    check_seed(seed)
     _check_size(size_bytes, params)
     mean, std = calibrate(seed, params)
     per_shard = params.records_per_file * mean
@@ -529,68 +520,53 @@ def generate_bert(
 ) -> dict[str, Any]:
     """Generate a BERT dataset of about ``size_bytes`` in ``out`` and return its manifest.
 
-    The shards are those of :func:`plan_bert_shards` (the total never exceeds ``size_bytes``),
-    written by ``workers`` processes (default: one per CPU) and reported through
-    ``progress(done_bytes, total_bytes)``. ``out`` must be empty unless ``force`` (see
-    :func:`datagen.common.prepare_output_dir`). The manifest is written last: if generation
-    fails or is interrupted, the exception propagates, no temporary or partial file is left, and
-    the directory has no ``manifest.json``, which marks it incomplete. ``fsync``: see
-    :func:`datagen.common.atomic_file`.
+    The shards are those of :func:`plan_bert_shards` (the total never exceeds ``size_bytes``):
+    the full ones in parallel, then the last one alone, filled with what they left.
+    The run (``out``, ``force``, ``workers``, ``progress``, ``fsync``, the manifest written
+    last, nothing partial left on failure) is :class:`datagen.driver.Job`'s.
     """
     params = params or BertGenParams()
-    # Validate everything before touching the directory: a bad request must not clear it.
-    plan = plan_bert_shards(size_bytes, seed, params)
-    if workers is not None and workers < 1:
-        raise UserError(f"workers must be at least 1, got {workers}")
-    out = prepare_output_dir(Path(out), force)
-    started = time.monotonic()
+    job = Job(GENERATOR, out, size_bytes, seed, workers, force, progress, fsync)
     rpf = params.records_per_file
-    full_hint = round(rpf * plan.mean_record_bytes)
-    last_hint = min(full_hint, size_bytes - (plan.shards - 1) * full_hint)
-    full_tasks = [
-        FileTask(shard_name(i, plan.shards), write_shard, (seed, i, rpf, None, params), full_hint)
-        for i in range(plan.shards - 1)
-    ]
 
-    def progress_full(done: int, total: int) -> None:
-        if progress is not None:
-            progress(done, total + last_hint)
+    def write(plan: BertPlan) -> Written:
+        full_hint = round(rpf * plan.mean_record_bytes)
+        last_hint = min(full_hint, size_bytes - (plan.shards - 1) * full_hint)
+        full_tasks = [
+            FileTask(
+                shard_name(i, plan.shards), write_shard, (seed, i, rpf, None, params), full_hint
+            )
+            for i in range(plan.shards - 1)
+        ]
 
-    files = run_file_tasks(out, full_tasks, workers=workers, progress=progress_full, fsync=fsync)
-    # The last shard gets what the full ones left; it is written alone, after them.
-    used = sum(f["bytes"] for f in files)
-    budget = size_bytes - used
-    last = plan.shards - 1
+        def progress_full(done: int, total: int) -> None:
+            if progress is not None:
+                progress(done, total + last_hint)
 
-    def progress_last(done: int, total: int) -> None:
-        if progress is not None:
-            progress(used + done, used + total)
+        files = job.run(full_tasks, progress=progress_full)
+        # The last shard gets what the full ones left; it is written alone, after them.
+        used = sum(f["bytes"] for f in files)
+        budget = size_bytes - used
+        last = plan.shards - 1
 
-    files += run_file_tasks(
-        out,
-        [FileTask(shard_name(last, plan.shards), write_shard, (seed, last, rpf, budget, params))],
-        workers=1,
-        progress=progress_last,
-        fsync=fsync,
-    )
-    if files[-1]["records"] == 0:
-        # The plan's reserve is many standard deviations wide: reaching this is a bug.
-        raise RuntimeError(
-            f"the full shards left {budget} bytes, too few for one record of the last shard"
+        def progress_last(done: int, total: int) -> None:
+            if progress is not None:
+                progress(used + done, used + total)
+
+        last_task = FileTask(
+            shard_name(last, plan.shards), write_shard, (seed, last, rpf, budget, params)
         )
-    records = sum(f["records"] for f in files)
-    return write_manifest(
-        out,
-        generator=GENERATOR,
-        seed=seed,
-        requested_bytes=size_bytes,
-        files=files,
-        params={
+        files += job.run([last_task], workers=1, progress=progress_last)
+        if files[-1]["records"] == 0:
+            # The plan's reserve is many standard deviations wide: reaching this is a bug.
+            raise RuntimeError(
+                f"the full shards left {budget} bytes, too few for one record of the last shard"
+            )
+        return files, {
             **dataclasses.asdict(params),
-            "records": records,
+            "records": sum(f["records"] for f in files),
             "shards": plan.shards,
             "content_version": CONTENT_VERSION,
-        },
-        duration_s=time.monotonic() - started,
-        fsync=fsync,
-    )
+        }
+
+    return job.generate(lambda: plan_bert_shards(size_bytes, seed, params), write)

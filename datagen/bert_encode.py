@@ -34,9 +34,9 @@ from workloads.bert.records import FOOTER_BYTES, HEADER_BYTES, LENGTH_BYTES, mas
 if TYPE_CHECKING:
     from datagen.bert import BertGenParams, Draws, TextPool
 
-# Map entries in the order encode_examples_buffer writes them for draw_records' features:
-# those of the same size in every record first (0/1 arrays and floats, in feature order), then
-# the Encoded input_ids, then the Padded ones (scattered varints).
+# The order of the Features map entries in every record (any order is valid protobuf; this one
+# keeps the bytes of the generator's first versions): those of the same size in every record
+# first (0/1 arrays and floats, in feature order), then input_ids, then the masked tokens.
 ENTRY_ORDER = (
     "input_mask",
     "segment_ids",
@@ -269,7 +269,7 @@ def _encode(
     for i in range(lengths.size):
         start, length, split, count, first = starts[i], lengths[i], a[i] + 2, k[i], firsts[i]
         example_len = framed[i] - HEADER_BYTES - FOOTER_BYTES
-        for j in range(8):
+        for j in range(LENGTH_BYTES):
             out[start + j] = (example_len >> (8 * j)) & 0xFF
         # The length's CRC (out[start + 8 : start + 12]) and the data's: see _put_crcs.
         out[start + HEADER_BYTES] = 0x0A  # Example.features
@@ -305,7 +305,8 @@ def _encode(
 def _put_crcs(out: np.ndarray, ends: np.ndarray) -> None:
     """Write every record's two masked CRCs (of its length, of its data), which _encode leaves.
 
-    Two calls of the ``crc32c`` package per record (hardware-accelerated), ~0.6 us each.
+    Two calls of the ``crc32c`` package per record (hardware-accelerated): ~0.5 ms for a
+    block of 1024 default records, masking included.
     """
     n = ends.size
     if n == 0:

@@ -523,7 +523,7 @@ def _shared_file_sizes(tasks: Sequence[FileTask]) -> dict[str, int]:
     return sizes
 
 
-def _create_sized(path: str, size: int) -> None:
+def _create_sized(path: str | os.PathLike[str], size: int) -> None:
     # ftruncate gives a sparse file, not allocated blocks: posix_fallocate would write zeros
     # itself on file systems without fallocate support, costing a full extra pass over the disk.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
@@ -533,17 +533,15 @@ def _create_sized(path: str, size: int) -> None:
         os.close(fd)
 
 
-def _finish_shared(tmp: str, path: Path, fsync: bool) -> None:
+def _finish_shared(tmp: str | os.PathLike[str], path: Path, fsync: bool) -> None:
     # Only here, with every part written by its worker: the file appears whole or not at all.
-    if fsync:
-        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    os.replace(tmp, path)
-    if fsync:
-        _fsync_dir(path.parent)
+    if not fsync:
+        os.replace(tmp, path)
+        return
+    # core's writer syncs the file and its directory: hand it the file under its own temporary
+    # name (one more rename, once per shared file).
+    with atomic_path(path, fsync=True) as durable:
+        os.replace(tmp, durable)
 
 
 def _file_records(names: list[str], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -596,7 +594,10 @@ def _sigint_deferred() -> Iterator[None]:
 
 
 def remove_temp_files(out: Path, names: Sequence[str]) -> None:
-    """Remove the temporary files that writing ``names`` (relative to ``out``) may have left."""
+    """Remove the temporary files that writing ``names`` (relative to ``out``) may have left.
+
+    Those are named by :func:`core.atomic.temp_path`: ``.NAME.PID.TOKEN.tmp`` next to ``NAME``.
+    """
     by_dir: dict[Path, set[str]] = {}
     for name in names:
         path = out / name
@@ -605,8 +606,10 @@ def remove_temp_files(out: Path, names: Sequence[str]) -> None:
         if not directory.is_dir():
             continue
         for entry in os.scandir(directory):
-            base, sep, pid = entry.name.rpartition(".tmp-")
-            if sep and pid.isdigit() and base.startswith(".") and base[1:] in files:
+            if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+                continue
+            parts = entry.name[1:-4].rsplit(".", 2)  # NAME, PID, TOKEN
+            if len(parts) == 3 and parts[1].isdigit() and parts[0] in files:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
 
@@ -659,18 +662,18 @@ def task_batches(tasks: Sequence[FileTask]) -> list[list[FileTask]]:
 
 
 def _run_tasks(
-    out: str, batch: list[FileTask], fsync: bool, shared_temp: str | None, scratch: bool = False
+    out: str, batch: list[FileTask], fsync: bool, shared_temp: Path | None, scratch: bool = False
 ) -> list[dict[str, Any]]:
     return [_run_task(out, task, fsync, shared_temp, scratch) for task in batch]
 
 
 def _run_task(
-    out: str, task: FileTask, fsync: bool, shared_temp: str | None, scratch: bool = False
+    out: str, task: FileTask, fsync: bool, shared_temp: Path | None, scratch: bool = False
 ) -> dict[str, Any]:
     if task.part is not None and shared_temp is not None:
         return _run_part(task, task.part, shared_temp)
-    # Its directory exists (run_file_tasks made it); plain strings, no pathlib: see temp_path.
-    # A scratch file is not part of the dataset: no progress, no early write-back.
+    # Its directory exists (run_file_tasks made it). A scratch file is not part of the
+    # dataset: no progress, no early write-back.
     path = os.path.join(out, task.name)
     with atomic_file(path, fsync=fsync and not scratch, writeback=not scratch) as f:
         on_bytes = None if scratch else _add_bytes
@@ -680,7 +683,7 @@ def _run_task(
     return {"name": task.name, "bytes": sink.bytes_written, **meta}
 
 
-def _run_part(task: FileTask, part: tuple[int, int], shared_temp: str) -> dict[str, Any]:
+def _run_part(task: FileTask, part: tuple[int, int], shared_temp: Path) -> dict[str, Any]:
     offset, length = part
     # No O_CREAT: the parent created and sized the file; if it is gone, the run was stopped.
     fd = os.open(shared_temp, os.O_WRONLY | os.O_CLOEXEC)
@@ -738,8 +741,7 @@ def write_manifest(
     entries = ",\n".join("    " + json.dumps(f) for f in files)
     if entries:
         text = text.replace('"files": []', '"files": [\n' + entries + "\n  ]", 1)
-    with atomic_file(Path(out) / MANIFEST_NAME, fsync=fsync) as f:
-        f.write((text + "\n").encode())
+    atomic_write_text(Path(out) / MANIFEST_NAME, text + "\n", fsync=fsync)
     return manifest
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -45,15 +44,8 @@ import numpy as np
 
 from core.errors import UserError
 from core.units import format_size
-from datagen.common import (
-    FileSink,
-    FileTask,
-    ProgressCallback,
-    check_size_bytes,
-    prepare_output_dir,
-    run_file_tasks,
-    write_manifest,
-)
+from datagen.common import FileSink, FileTask, ProgressCallback, check_size_bytes
+from datagen.driver import Job, Written
 from workloads.dlrm.files import (
     COUNTS_KEY,
     COUNTS_NAME,
@@ -359,35 +351,19 @@ def generate_dlrm(
     """Generate a DLRM dataset of about ``size_bytes`` in ``out`` and return its manifest.
 
     The split is that of :func:`plan_dlrm` (at most ``size_bytes``, short of it by less than
-    one record); the record files are written in parts by ``workers`` processes (default: one
-    per CPU), with progress reported through ``progress(done_bytes, total_bytes)``. ``out``
-    must be empty unless ``force`` (see :func:`datagen.common.prepare_output_dir`). The
-    manifest is written last: if generation fails or is interrupted, the exception propagates,
-    no temporary or partial file is left, and the directory has no ``manifest.json``.
-    ``fsync``: see :func:`datagen.common.atomic_file`.
+    one record); the record files are written in parts, by all the workers at once.
+    The run (``out``, ``force``, ``workers``, ``progress``, ``fsync``, the manifest written
+    last, nothing partial left on failure) is :class:`datagen.driver.Job`'s.
     """
     params = params or DLRMGenParams()
-    # Validate everything before touching the directory: a bad request must not clear it.
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UserError(f"seed must be a whole number >= 0, got {seed!r}")
-    plan = plan_dlrm(size_bytes, params)
-    if workers is not None and workers < 1:
-        raise UserError(f"workers must be at least 1, got {workers}")
-    out = prepare_output_dir(Path(out), force)
-    started = time.monotonic()
-    files = run_file_tasks(
-        out, dlrm_tasks(plan, seed, params), workers=workers, progress=progress, fsync=fsync
-    )
-    for entry in files:
-        if entry["name"] in (TRAIN_NAME, TEST_NAME):
-            entry["records"] = entry["bytes"] // RECORD_BYTES
-    return write_manifest(
-        out,
-        generator=GENERATOR,
-        seed=seed,
-        requested_bytes=size_bytes,
-        files=files,
-        params={
+    job = Job(GENERATOR, out, size_bytes, seed, workers, force, progress, fsync)
+
+    def write(plan: DLRMPlan) -> Written:
+        files = job.run(dlrm_tasks(plan, seed, params))
+        for entry in files:
+            if entry["name"] in (TRAIN_NAME, TEST_NAME):
+                entry["records"] = entry["bytes"] // RECORD_BYTES
+        return files, {
             **dataclasses.asdict(params),
             "train_records": plan.train_records,
             "test_records": plan.test_records,
@@ -395,7 +371,6 @@ def generate_dlrm(
             "parts": math.ceil(plan.train_records / params.part_records)
             + math.ceil(plan.test_records / params.part_records),
             "content_version": CONTENT_VERSION,
-        },
-        duration_s=time.monotonic() - started,
-        fsync=fsync,
-    )
+        }
+
+    return job.generate(lambda: plan_dlrm(size_bytes, params), write)

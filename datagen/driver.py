@@ -85,7 +85,9 @@ class Job:
             **options,
         )
 
-    def generate(self, plan: Callable[[], Plan], write: Callable[[Plan], Written]) -> dict[str, Any]:
+    def generate(
+        self, plan: Callable[[], Plan], write: Callable[[Plan], Written]
+    ) -> dict[str, Any]:
         """Plan, prepare ``out``, write, then write the manifest; return the manifest."""
         layout = plan()
         prepare_output_dir(self.out, self.force)

@@ -68,25 +68,17 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw
 
+from core.atomic import atomic_write_bytes
 from core.errors import UserError
 from core.units import format_size
-from datagen.common import (
-    FileSink,
-    FileTask,
-    ProgressCallback,
-    atomic_file,
-    check_size_bytes,
-    prepare_output_dir,
-    run_file_tasks,
-    write_manifest,
-)
+from datagen.common import FileSink, FileTask, ProgressCallback, check_seed, check_size_bytes
+from datagen.driver import Job, Written
 
 GENERATOR = "images"
 # Bump when the content written for a given (seed, params) changes.
@@ -260,8 +252,7 @@ def plan_images(size_bytes: int, seed: int = 0, params: ImageGenParams | None = 
     layout: whole groups of G consecutive images are taken while they fit.
     """
     params = params or ImageGenParams()
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UserError(f"seed must be a whole number >= 0, got {seed!r}")
+    check_seed(seed)
     check_size_bytes(size_bytes)
     floor = round(params.min_kb * 1000)
     mu, sigma = _lognormal_mu(params), params.size_sigma
@@ -648,8 +639,7 @@ def write_index(out: Path, plan: ImagePlan, split: str, fsync: bool) -> dict[str
         )
     name = f"{split}/index.csv"
     data = buf.getvalue().encode()
-    with atomic_file(out / name, fsync=fsync) as f:
-        f.write(data)
+    atomic_write_bytes(out / name, data, fsync=fsync)
     return {"name": name, "bytes": len(data), "rows": stop - first}
 
 
@@ -670,52 +660,37 @@ def generate_images(
     """Generate an image-classification dataset of about ``size_bytes`` in ``out``.
 
     The images are those of :func:`plan_images` (see there and the module docstring for the
-    layouts and the total). ``workers`` processes encode the pool of distinct images into a
-    temporary directory (removed at the end) and write each dataset file once its pool images
-    are ready, reported through ``progress(done_bytes, total_bytes)``; then (grouped layout) the
-    index files are written, then the manifest, last. ``out`` must be empty unless ``force`` (see
-    :func:`datagen.common.prepare_output_dir`); on failure or interruption the exception
-    propagates and ``out`` has no ``manifest.json``. ``fsync``: see
-    :func:`datagen.common.atomic_file`.
+    layouts and the total). The workers encode the pool of distinct images into a temporary
+    directory (removed at the end) and write each dataset file once its pool images are ready;
+    then (grouped layout) the index files are written. The run (``out``, ``force``,
+    ``workers``, ``progress``, ``fsync``, the manifest written last, nothing partial left on
+    failure) is :class:`datagen.driver.Job`'s.
     """
     params = params or ImageGenParams()
-    # Validate everything before touching the directory: a bad request must not clear it.
-    plan = plan_images(size_bytes, seed, params)
-    if workers is not None and workers < 1:
-        raise UserError(f"workers must be at least 1, got {workers}")
-    out = prepare_output_dir(Path(out), force)
-    started = time.monotonic()
-    if progress is not None:
-        # The first pool chunk is encoded before any dataset byte is written: show the total.
-        progress(0, plan.total_bytes)
-    pool_dir = Path(tempfile.mkdtemp(prefix="twintrace-image-pool-"))
-    try:
-        files = run_file_tasks(
-            out,
-            image_tasks(plan, seed, pool_dir),
-            workers=workers,
-            progress=progress,
-            fsync=fsync,
-            scratch=_pool_tasks(plan.caps, seed, params.quality),
-            scratch_dir=pool_dir,
-        )
-        pool_sizes = []
-        for chunk in sorted(pool_dir.glob("pool_*.bin")):
-            with open(chunk, "rb") as f:
-                pool_sizes += pool_chunk_sizes(f.read(4 * (1 + _POOL_CHUNK)))
-    finally:
-        shutil.rmtree(pool_dir, ignore_errors=True)
-    if plan.group_size:
-        files.append(write_index(out, plan, "train", fsync))
-        if plan.n_val:
-            files.append(write_index(out, plan, "val", fsync))
-    return write_manifest(
-        out,
-        generator=GENERATOR,
-        seed=seed,
-        requested_bytes=size_bytes,
-        files=files,
-        params={
+    job = Job(GENERATOR, out, size_bytes, seed, workers, force, progress, fsync)
+
+    def write(plan: ImagePlan) -> Written:
+        if progress is not None:
+            # The first pool chunk is encoded before any dataset byte is written: show the total.
+            progress(0, plan.total_bytes)
+        pool_dir = Path(tempfile.mkdtemp(prefix="twintrace-image-pool-"))
+        try:
+            files = job.run(
+                image_tasks(plan, seed, pool_dir),
+                scratch=_pool_tasks(plan.caps, seed, params.quality),
+                scratch_dir=pool_dir,
+            )
+            pool_sizes = []
+            for chunk in sorted(pool_dir.glob("pool_*.bin")):
+                with open(chunk, "rb") as f:
+                    pool_sizes += pool_chunk_sizes(f.read(4 * (1 + _POOL_CHUNK)))
+        finally:
+            shutil.rmtree(pool_dir, ignore_errors=True)
+        if plan.group_size:
+            files.append(write_index(job.out, plan, "train", fsync))
+            if plan.n_val:
+                files.append(write_index(job.out, plan, "val", fsync))
+        return files, {
             **dataclasses.asdict(params),
             "layout": "grouped" if plan.group_size else "folder",
             "images": plan.images,
@@ -727,7 +702,6 @@ def generate_images(
             "distinct_images": len(plan.caps),
             "mean_distinct_image_bytes": round(sum(pool_sizes) / len(pool_sizes), 1),
             "content_version": CONTENT_VERSION,
-        },
-        duration_s=time.monotonic() - started,
-        fsync=fsync,
-    )
+        }
+
+    return job.generate(lambda: plan_images(size_bytes, seed, params), write)

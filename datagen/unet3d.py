@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -45,15 +44,8 @@ import numpy as np
 
 from core.errors import UserError
 from core.units import format_size
-from datagen.common import (
-    FileSink,
-    FileTask,
-    ProgressCallback,
-    check_size_bytes,
-    prepare_output_dir,
-    run_file_tasks,
-    write_manifest,
-)
+from datagen.common import FileSink, FileTask, ProgressCallback, check_seed, check_size_bytes
+from datagen.driver import Job, Written
 
 GENERATOR = "unet3d"
 # Bump when the content written for a given (seed, params) changes: recorded in the manifest so
@@ -175,8 +167,7 @@ def plan_unet3d_cases(
     headers: 10.5 MB by default), which is then left unused.
     """
     params = params or UNet3DGenParams()
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UserError(f"seed must be a whole number >= 0, got {seed!r}")
+    check_seed(seed)
     _check_size(size_bytes, params)
     cases: list[tuple[int, int]] = []
     remaining = size_bytes
@@ -359,34 +350,19 @@ def generate_unet3d(
     """Generate a UNet3D dataset of about ``size_bytes`` in ``out`` and return its manifest.
 
     The cases are those of :func:`plan_unet3d_cases` (the total is at most ``size_bytes`` and
-    short of it by at most about one depth slice, see there), written by ``workers`` processes
-    (default: one per CPU) and reported through ``progress(done_bytes, total_bytes)``.
-    ``out`` must be empty unless ``force`` (see :func:`datagen.common.prepare_output_dir`). The
-    manifest is written last: if generation fails or is interrupted, the exception propagates,
-    no temporary or partial file is left, and the directory has no ``manifest.json``, which marks
-    it incomplete. ``fsync``: see :func:`datagen.common.atomic_file`.
+    short of it by at most about one depth slice, see there), one file task per array.
+    The run (``out``, ``force``, ``workers``, ``progress``, ``fsync``, the manifest written
+    last, nothing partial left on failure) is :class:`datagen.driver.Job`'s.
     """
     params = params or UNet3DGenParams()
-    # Validate everything before touching the directory: a bad request must not clear it.
-    cases = plan_unet3d_cases(size_bytes, seed, params)
-    if workers is not None and workers < 1:
-        raise UserError(f"workers must be at least 1, got {workers}")
-    out = prepare_output_dir(Path(out), force)
-    started = time.monotonic()
-    files = run_file_tasks(
-        out, unet3d_tasks(cases, seed), workers=workers, progress=progress, fsync=fsync
-    )
-    return write_manifest(
-        out,
-        generator=GENERATOR,
-        seed=seed,
-        requested_bytes=size_bytes,
-        files=files,
-        params={
+    job = Job(GENERATOR, out, size_bytes, seed, workers, force, progress, fsync)
+
+    def write(cases: list[tuple[int, int]]) -> Written:
+        files = job.run(unet3d_tasks(cases, seed))
+        return files, {
             **dataclasses.asdict(params),
             "cases": len(cases),
             "content_version": CONTENT_VERSION,
-        },
-        duration_s=time.monotonic() - started,
-        fsync=fsync,
-    )
+        }
+
+    return job.generate(lambda: plan_unet3d_cases(size_bytes, seed, params), write)

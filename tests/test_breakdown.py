@@ -31,7 +31,15 @@ from core.rundir import (
 )
 from tests import synthetic
 from tests.browser import dom, render, subplot_count
-from tests.synthetic import SEC, START_NS, events_frame, phases_frame
+from tests.synthetic import (
+    SEC,
+    START_NS,
+    TWO,
+    TWO_ROLES,
+    TWO_STEPS,
+    events_frame,
+    phases_frame,
+)
 
 COMPUTE_S = 0.3
 GAP_S = 0.01  # logging between the end of all_compute and step_end
@@ -281,3 +289,35 @@ def test_breakdown_html_renders_in_chromium(tmp_path: Path) -> None:
     png = tmp_path / "breakdown.png"
     render(out, png, width=1400, height=1200)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Several containers
+
+
+def test_two_containers_keep_their_steps_apart(tmp_path: Path) -> None:
+    """tests/synthetic.py's two-container run: both containers log rank 0; rank0's steps are
+    0.2 + 0.7 + 0.1 s, rank1's 0.1 + 0.3 + 0.1 s. Only the container tells them apart."""
+    run = load_run(synthetic.two_container_run(tmp_path))
+    steps = step_table(run)
+    assert steps.groupby("container").size().to_dict() == dict.fromkeys(TWO_ROLES, TWO_STEPS)
+    for role in TWO_ROLES:
+        mine = steps[steps["container"] == role]
+        spec = TWO[role]
+        # The first step runs from its load to the end of its compute (no step_end before it).
+        tiled = spec["load"] + spec["compute"] + spec["gap"]
+        first = spec["load"] + spec["compute"]
+        assert mine["step_s"].to_numpy() == pytest.approx([first] + [tiled] * (TWO_STEPS - 1))
+        assert mine["load_s"].to_numpy() == pytest.approx([spec["load"]] * TWO_STEPS)
+        assert mine["first_in_epoch"].tolist() == [True] + [False] * (TWO_STEPS - 1)
+    # AU pools the measured steps of both: (4 x 0.7 + 4 x 0.3) / (4 x 1.0 + 4 x 0.5).
+    assert accelerator_utilisation(run) == pytest.approx(4.0 / 6.0)
+    table = breakdown_table([run]).set_index("metric")
+    assert table.at["step_time", "n"] == 2 * (TWO_STEPS - 1)
+    assert table.at["step_time", "median"] == pytest.approx(0.75)
+    assert table.at["load_time", "q1"] == pytest.approx(0.1)
+    assert table.at["load_time", "q3"] == pytest.approx(0.2)
+    # Reads are a container's own: rank1's 5 MiB over its measured steps' 8 samples, read in
+    # the two steps that hold them at 1 µs per read: 1.6 M samples/s in both.
+    assert table.at["read_throughput", "n"] == 2
+    assert table.at["read_throughput", "median"] == pytest.approx(1.6e6)

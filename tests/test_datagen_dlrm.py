@@ -59,7 +59,8 @@ def data_files(directory: Path) -> set[str]:
 
 
 def temp_files(directory: Path) -> list[str]:
-    return [n for n in os.listdir(directory) if ".tmp-" in n]
+    """Temporary files (core.atomic.temp_path's names) left in ``directory``."""
+    return [n for n in os.listdir(directory) if n.startswith(".") and n.endswith(".tmp")]
 
 
 def records(path: Path) -> np.ndarray:

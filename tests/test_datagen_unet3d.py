@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.atomic import temp_path
 from core.errors import UserError
 from core.units import parse_size
 from datagen import common
@@ -49,7 +50,8 @@ def data_files(directory: Path) -> set[str]:
 
 
 def temp_files(directory: Path) -> list[str]:
-    return [n for n in os.listdir(directory) if ".tmp-" in n]
+    """Temporary files (core.atomic.temp_path's names) left in ``directory``."""
+    return [n for n in os.listdir(directory) if n.startswith(".") and n.endswith(".tmp")]
 
 
 @pytest.fixture(scope="module")
@@ -403,6 +405,21 @@ def test_atomic_file_leaves_nothing_on_error(tmp_path: Path) -> None:
     with atomic_file(target, fsync=True) as f:
         f.write(b"whole")
     assert target.read_bytes() == b"whole" and os.listdir(tmp_path) == ["f.bin"]
+    with pytest.raises(ValueError), atomic_file(target, fsync=True) as f:
+        f.write(b"half")
+        raise ValueError("boom")
+    assert target.read_bytes() == b"whole" and os.listdir(tmp_path) == ["f.bin"]
+
+
+def test_temp_files_of_a_dead_writer_are_removed(tmp_path: Path) -> None:
+    # What a killed worker leaves: core.atomic's temporary names next to the files it wrote.
+    (tmp_path / "sub").mkdir()
+    left = [temp_path(tmp_path / "a.npy"), temp_path(tmp_path / "sub" / "b.v1.bin")]
+    kept = [tmp_path / ".a.npy.notmine.tmp", temp_path(tmp_path / "other.npy"), tmp_path / "a.npy"]
+    for path in left + kept:
+        path.write_bytes(b"x")
+    common.remove_temp_files(tmp_path, ["a.npy", "sub/b.v1.bin"])
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(kept)
 
 
 def test_progress_reports_reach_the_total(tmp_path: Path) -> None:

@@ -31,13 +31,18 @@ from core.rundir import (
     load_run,
 )
 from tests.synthetic import (  # noqa: F401
+    MIB,
     SEC,
     START_NS,
+    TWO,
+    TWO_ROLES,
+    TWO_STEPS,
     events_frame,
     make_run,
     manifest,
     phases_frame,
     samples_frame,
+    two_container_run,
 )
 
 US = 1_000
@@ -331,3 +336,52 @@ def test_csv_round_trips_the_tables(tmp_path: Path, small_run: Path) -> None:
 def test_csv_unknown_table_is_a_user_error(tmp_path: Path, small_run: Path) -> None:
     with pytest.raises(UserError, match="unknown table 'event'"):
         export_csv(load_run(small_run), tmp_path, tables=["event"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Several containers
+
+
+def test_csv_carries_the_container(tmp_path: Path) -> None:
+    """Per-container read bytes in the exported CSV are what the two-container run wrote."""
+    run = load_run(two_container_run(tmp_path))
+    paths = export_csv(run, tmp_path / "csv")
+    events = pd.read_csv(paths[0])
+    assert list(events.columns) == list(EVENTS_COLUMNS)
+    reads = events[events["kind"] == "read"].groupby("container")["bytes"].sum().to_dict()
+    assert reads == {role: TWO[role]["reads"] * MIB for role in TWO_ROLES}
+    writeback = events[events["kind"] == "block_write"]
+    assert writeback["container"].isna().all()  # no container: an empty field
+    samples = pd.read_csv(paths[1])
+    cpu = samples[samples["metric"] == "container_cpu"].groupby("container")["value"].mean()
+    assert cpu.to_dict() == {role: TWO[role]["cpu"] for role in TWO_ROLES}
+    phases = pd.read_csv(paths[2])
+    per_container = 2 + 3 * TWO_STEPS  # epoch, checkpoint, and three rows per step
+    assert phases.groupby("container").size().to_dict() == dict.fromkeys(TWO_ROLES, per_container)
+
+
+def test_perfetto_has_a_process_group_per_container(tmp_path: Path) -> None:
+    trace = export_json(two_container_run(tmp_path), tmp_path / "t.json")
+    assert trace["metadata"]["containers"] == list(TWO_ROLES)
+    events = trace["traceEvents"]
+    meta = {(e["name"], e["pid"]): e["args"] for e in events if e["ph"] == "M" and e["tid"] == 0}
+    stride = export.CONTAINER_PID_STRIDE
+    for i, role in enumerate(TWO_ROLES):
+        assert meta[("process_name", APP_PID + i * stride)] == {"name": f"application · {role}"}
+        assert meta[("process_name", SAMPLES_PID + i * stride)] == {"name": f"samples · {role}"}
+        # The container's real processes: labelled, sorted after its pseudo-processes.
+        for pid in (100 + 100 * i, 101 + 100 * i):
+            assert meta[("process_labels", pid)] == {"labels": role}
+            assert meta[("process_sort_index", pid)] == {"sort_index": 3 * i - 1}
+        assert meta[("process_sort_index", APP_PID + i * stride)] == {"sort_index": 3 * i - 3}
+    assert meta[("process_name", SAMPLES_PID + 2 * stride)] == {"name": "samples · host"}
+    # Each container's counters and phases are on its own pseudo-processes.
+    cpu = [e for e in events if e["ph"] == "C" and e["name"] == "container_cpu (percent)"]
+    by_pid = {pid: {e["args"]["value"] for e in cpu if e["pid"] == pid} for pid in {e["pid"] for e in cpu}}  # fmt: skip
+    assert by_pid == {SAMPLES_PID: {100.0}, SAMPLES_PID + stride: {50.0}}
+    host = [e for e in events if e["ph"] == "C" and e["name"].startswith("host_cpu_user")]
+    assert len(host) == 11 and {e["pid"] for e in host} == {SAMPLES_PID + 2 * stride}
+    steps = Counter(e["pid"] for e in events if e.get("name") == "step_end")
+    assert steps == {APP_PID: 5, APP_PID + stride: 5}
+    reads = [e for e in events if e.get("cat") == "syscall" and e["name"] == "read"]
+    assert sum(e["args"]["bytes"] for e in reads if e["pid"] == 201) == 5 * MIB

@@ -131,7 +131,12 @@ def test_schema_and_summary() -> None:
         1 for r in _lines("syscalls.txt") if r[1] == "openat"
     )
     assert summary["processes"] == {"fork": 2, "exec": 2, "exit": 3}
-    assert summary["block"]["block_read"]["count"] > 0
+    block_reads = [r for r in _lines("block.txt") if "R" in r[1]]
+    assert summary["block"]["block_read"] == {
+        "count": len(block_reads),
+        "bytes": sum(int(r[4]) for r in block_reads),
+    }
+    assert len(block_reads) > 0 and summary["steps"] == 0
 
 
 @pytest.mark.parametrize("name", ["syscalls", "block", "cache", "proc"])

@@ -25,6 +25,7 @@ from analysis.compare_report import (
     report_lanes,
     write_comparison_report,
 )
+from analysis.series import Bins, binned_sum, filled_mean
 from analysis.similarity import (
     ASPECTS,
     N_SIZE_BUCKETS,
@@ -50,7 +51,6 @@ from analysis.similarity import (
     timing_similarity,
     volume_similarity,
 )
-from analysis.series import Bins, binned_sum, filled_mean
 from core.errors import UserError
 from core.rundir import (
     EVENTS_COLUMNS,
@@ -764,3 +764,65 @@ def test_report_html_is_self_contained(tmp_path: Path) -> None:
     assert f"Overall similarity {comparison.overall:.3f}" in text
     assert "read request sizes" in text and real.run_id in text and emulated.run_id in text
     assert [p.name for p in out.parent.iterdir()] == ["compare.html"]  # no temporary left
+
+
+# ---------------------------------------------------------------------------------------------
+# Several containers
+
+
+def test_two_container_run_is_compared_as_a_whole(tmp_path: Path) -> None:
+    """The two-container run of tests/synthetic.py: I/O of both containers together, CPU and
+    memory summed over them, steps pooled; against itself every score is 1."""
+    run = load_run(synthetic.two_container_run(tmp_path))
+    comparison = compare_runs(run, run)
+    assert comparison.overall == 1.0 and comparison.warnings == ()
+    aspects = comparison.to_dict()["aspects"]
+    read = aspects["read_bandwidth"]["details"]
+    assert read["read_bytes_real"] == 15 * MIB  # 10 MiB by rank0 + 5 MiB by rank1
+    assert aspects["write_bandwidth"]["details"]["write_bytes_real"] == 5 * MIB
+    # The block read rank0 issued counts; the writeback of no container does not.
+    block = aspects["block_io"]["details"]
+    assert block["block_read_bytes_real"] == 8 * MIB
+    assert block["block_write_not_container_bytes_real"] == MIB
+    assert aspects["cpu"]["details"]["mean_cpu_real"] == pytest.approx(150.0)
+    assert aspects["memory"]["details"]["mean_mem_rss_bytes_real"] == pytest.approx(3 * 2**30)
+    # Steps of 1 s (rank0) and 0.5 s (rank1), both logged as rank 0: pooled, not interleaved.
+    steps = aspects["step_time"]["details"]
+    assert steps["n_real"] == 10 and steps["median_s_real"] == pytest.approx(0.75)
+    # Each checkpoint counts the bytes its own container wrote.
+    ckpt = aspects["checkpoints"]["details"]
+    assert ckpt["count_real"] == 2 and ckpt["mean_write_bytes_real"] == pytest.approx(2.5 * MIB)
+    assert aspects["file_bytes"]["details"]["files_real"] == 15
+
+
+def test_one_container_of_each_run(tmp_path: Path) -> None:
+    run = load_run(synthetic.two_container_run(tmp_path))
+    details = compare_runs(run, run, containers=["rank1"]).to_dict()["aspects"]
+    assert details["read_bandwidth"]["details"]["read_bytes_real"] == 5 * MIB
+    assert details["cpu"]["details"]["mean_cpu_real"] == pytest.approx(50.0)
+    assert details["step_time"]["details"]["median_s_real"] == pytest.approx(0.5)
+    with pytest.raises(UserError, match="no container 'rank7'.*rank0, rank1"):
+        compare_runs(run, run, containers=["rank7"])
+
+
+def test_different_containers_are_warned_about(tmp_path: Path) -> None:
+    """The same rows in one container ``main``: I/O, CPU and memory sums agree (scores 1), and
+    the comparison warns that the runs' containers differ."""
+    two = load_run(synthetic.two_container_run(tmp_path / "a"))
+    merged = {name: getattr(two, name).assign(container="main") for name in ("events", "phases")}
+    samples = synthetic.two_container_samples()
+    totals = samples.groupby(["ts_ns", "metric", "unit"], as_index=False)["value"].sum()
+    host = totals["metric"].str.startswith("host_")
+    merged["samples"] = totals.assign(container=np.where(host, None, "main"))
+    one = load_run(
+        synthetic.make_run(
+            tmp_path / "b", "20261121-170000-unet3d-sleep-0c0c", trace=TRACE, **merged
+        )
+    )
+    comparison = compare_runs(two, one)
+    assert len(comparison.warnings) == 1
+    assert "different containers (real: rank0, rank1; emulated: main)" in comparison.warnings[0]
+    got = scores(comparison)
+    for name in ("read_bandwidth", "write_bandwidth", "read_sizes", "file_bytes", "cpu", "memory"):
+        assert got[name] == 1.0, name
+    assert scores(compare_runs(one, two)) == got  # symmetric

@@ -1,4 +1,5 @@
-"""Tests for the run-directory loader (core.rundir) and the timeline plot (analysis.timeline).
+"""Tests for the run-directory loader (core.rundir), the timeline plot (analysis.timeline) and
+the plain-text summary of ``./cli.py show`` (analysis.report).
 
 Run directories are built in tmp_path exactly as docs/run-format.md describes them: a
 manifest.json and three Parquet files whose columns and types are those of the document.
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.processes import classify_processes
+from analysis.report import run_summary_lines
 from analysis.series import Bins, binned_rate, default_bin_s
 from analysis.timeline import (
     LANES,
@@ -599,3 +601,16 @@ def test_one_container_has_no_container_groups(busy_run: Path) -> None:
     fig = timeline_figure([load_run(busy_run)], bin_s=1.0)
     assert {e["container"] for e in fig.layout.meta["lanes"]} == {None}
     assert "container" not in fig.layout.annotations[0].text
+
+
+def test_show_prints_counts_per_container(tmp_path: Path, busy_run: Path) -> None:
+    """``./cli.py show``'s lines (analysis.report): a line per container of a run of several,
+    with the counts and bytes the synthetic run wrote; nothing more for one container."""
+    lines = run_summary_lines(two_container_run(tmp_path / "two"))
+    assert lines[1:] == [
+        "  container rank0 · syscalls: openat 10, read 10 (10.0 MiB), write 1 (4.0 MiB); "
+        "block: block_read 1 (8.0 MiB); steps 5",
+        "  container rank1 · syscalls: openat 5, read 5 (5.0 MiB), write 1 (1.0 MiB); steps 5",
+        "  container (no container) · block: block_write 1 (1.0 MiB)",
+    ]
+    assert not any("container" in line for line in run_summary_lines(busy_run))

@@ -30,6 +30,7 @@ def image_tag(workload: str, variant: str) -> str:
     """The image of a workload variant: ``twintrace/<workload>:<variant>``."""
     return f"twintrace/{workload}:{variant}"
 
+
 T = TypeVar("T")
 
 

@@ -43,9 +43,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from core.errors import UserError
-from workloads.config import WorkloadConfig
+from workloads.config import DEFAULT_MASTER_PORT, MASTER_ADDR_ENV, MASTER_PORT_ENV, WorkloadConfig
 from workloads.events import Emitter
-from workloads.config import DEFAULT_MASTER_PORT, MASTER_ADDR_ENV, MASTER_PORT_ENV
 from workloads.profile import SleepProfile, default_profile, load_profile
 
 Marks = list[tuple[str, int, int]]
@@ -114,7 +113,6 @@ class Plan:
     profile: SleepProfile | None
     master_port: int = 0
     master_addr: str = "127.0.0.1"
-
 
 
 def sleep_profile(config: WorkloadConfig) -> SleepProfile | None:
