@@ -1,8 +1,11 @@
-"""Analysis of run directories: loaders (:mod:`core.rundir`) and plots (:mod:`analysis.timeline`).
+"""Analysis of run directories (:mod:`core.rundir`): plots, similarity, breakdowns, exports.
 
 Everything here is a pure function over DataFrames read from a run directory
 (``docs/run-format.md``); the CLI only resolves arguments and writes the results. Importing this
 package does not import plotly, so commands that only list or summarise runs stay fast.
+``docs/analysis.md`` lists the modules; :mod:`analysis.series` (time bins),
+:mod:`analysis.processes` (process classification) and :mod:`analysis.tables` (rows by kind,
+container and phase) are shared by the others.
 """
 
 from core.rundir import (

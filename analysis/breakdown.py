@@ -32,7 +32,10 @@ Definitions (docs/analysis.md explains them with the reasons):
   the mean sample size: bytes read over samples trained in the measured steps), over the time
   spent in those reads (their summed latency): how fast readers get samples while they read.
   Reads cannot be attributed to ranks, so with several ranks the slices are the lowest rank's
-  steps and count every reader's reads. Per-step values are summarised by median and quartiles.
+  steps and count every reader's reads; they can be attributed to containers, so each
+  container's steps count its own reads. Per-step values are summarised by median and quartiles.
+- **containers**: a step belongs to a (container, rank): the containers of a run may each
+  number their ranks from 0. Statistics and AU pool the steps of all containers.
 - **loader latencies**: durations of ``sample_load`` / ``batch_load`` events that end within
   the measured steps of their rank and epoch (so evaluation and first-step loads are out).
 

@@ -20,7 +20,7 @@ Example::
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +190,35 @@ def _pair(x_real: Any, y_real: Any, x_emu: Any, y_emu: Any, kind: str, **extra: 
     return traces
 
 
+def _cumulative(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Bin edges and each run's share of its bytes so far: the curves start at (0, 0)."""
+    x = np.arange(len(a) + 1) / len(a)
+    ya = np.concatenate([[0.0], np.cumsum(a) / a.sum()])
+    yb = np.concatenate([[0.0], np.cumsum(b) / b.sum()])
+    return x, ya, yb
+
+
+def _channel_traces(
+    channels: Mapping[str, tuple[Any, Any]],
+    curve: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]],
+) -> list[Any]:
+    """The two runs' lines of each channel both runs have, ``curve(a, b)`` -> (x, ya, yb);
+    with several channels, named after them and the second drawn thinner."""
+    traces: list[Any] = []
+    for i, (label, (a, b)) in enumerate(channels.items()):
+        if a is None or b is None:
+            continue
+        x, ya, yb = curve(a, b)
+        pair = _pair(x, ya, x, yb, "lines")
+        if len(channels) > 1:
+            for trace in pair:
+                trace.update(name=f"{trace.name} {label}", legendgroup=f"{trace.name} {label}")
+                if i > 0:
+                    trace.update(line_width=0.9, opacity=0.7)
+        traces += pair
+    return traces
+
+
 def _lane(aspect: AspectScore) -> list[Any]:
     """Traces of one lane, drawn from ``aspect.plot`` (none for skipped or one-sided aspects)."""
     plot = aspect.plot
@@ -197,37 +226,20 @@ def _lane(aspect: AspectScore) -> list[Any]:
     traces: list[Any] = []
     if kind == "cumulative":
         channels = plot["channels"]
-        for i, (label, (a, b)) in enumerate(channels.items()):
-            if a is None or b is None:
-                continue
-            x = np.arange(len(a) + 1) / len(a)  # bin edges: the curve starts at (0, 0)
-            ya = np.concatenate([[0.0], np.cumsum(a) / a.sum()])
-            yb = np.concatenate([[0.0], np.cumsum(b) / b.sum()])
-            pair = _pair(x, ya, x, yb, "lines")
-            if len(channels) > 1:
-                for trace in pair:
-                    trace.update(name=f"{trace.name} {label}", legendgroup=f"{trace.name} {label}")
-                    if i > 0:
-                        trace.update(line_width=0.9, opacity=0.7)
-            traces += pair
+        traces += _channel_traces(channels, _cumulative)
     elif kind == "series":
         scale = _LEVEL_UNITS.get(aspect.name, ("", 1.0))[1]
         channels = plot["channels"]
-        for i, (label, (a, b)) in enumerate(channels.items()):
-            if a is None or b is None:
-                continue
+        level = plot["level"]
+
+        def levels(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
             x = (np.arange(len(a)) + 0.5) / len(a)
-            if plot["level"]:
-                ya, yb = a * scale, b * scale
-            else:  # shapes: relative to each run's own mean, as the score ignores scale
-                ya, yb = a / max(a.mean(), 1e-300), b / max(b.mean(), 1e-300)
-            pair = _pair(x, ya, x, yb, "lines")
-            if len(channels) > 1:  # name the channels; draw the second one thinner
-                for trace in pair:
-                    trace.update(name=f"{trace.name} {label}", legendgroup=f"{trace.name} {label}")
-                    if i > 0:
-                        trace.update(line_width=0.9, opacity=0.7)
-            traces += pair
+            if level:
+                return x, a * scale, b * scale
+            # Shapes: relative to each run's own mean, as the score ignores scale.
+            return x, a / max(a.mean(), 1e-300), b / max(b.mean(), 1e-300)
+
+        traces += _channel_traces(channels, levels)
     elif kind == "histogram":
         traces += _pair(plot["x"], plot["real"], plot["x"], plot["emulated"], "bar")
     elif kind == "quantiles":

@@ -35,9 +35,10 @@ Events are written in groups (the order of the list above), each sorted by start
 format does not require an order (Perfetto sorts on import).
 
 Writing is vectorised and streamed: each group is turned into JSON text in chunks of rows with
-numpy (integers to decimal digits by array arithmetic, strings JSON-escaped once per distinct
-value, one boolean gather to join the pieces of every line) and each chunk's bytes are written
-at once, so memory stays bounded whatever the run's size (docs/analysis.md has timings).
+numpy (:mod:`analysis.jsontext`: integers to decimal digits by array arithmetic, strings
+JSON-escaped once per distinct value, one transposing copy to lay out the lines) and each
+chunk's bytes are written at once, so memory stays bounded whatever the run's size
+(docs/analysis.md has timings).
 
 :func:`export_csv` writes the three tables as CSV with the columns of docs/run-format.md.
 
@@ -59,9 +60,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from analysis.jsontext import Field, Texts, const, floats, ints, join, micros, row_bytes, texts_of
 from analysis.tables import (
     BLOCK_KINDS,
     PROCESS_KINDS,
@@ -88,132 +89,7 @@ CHUNK_BYTES = 32 << 20
 
 
 # ---------------------------------------------------------------------------------------------
-# Atomic output
-
-
-# ---------------------------------------------------------------------------------------------
-# Vectorised JSON text
-#
-# Every line of a chunk has the same width: a field (one JSON value, or a constant) is a byte
-# matrix ``width x rows`` holding each row's text right-aligned after spaces, which JSON allows
-# before any value. Fields are stacked in one column-major matrix (each row of it a contiguous copy)
-# and one transposing copy turns it into the chunk's lines, back to back. A boolean gather that
-# dropped the padding measured ten times slower; the padding costs about a fifth of the size.
-
-SPACE = ord(" ")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Field:
-    text: np.ndarray  # uint8, (width, rows), or (width, 1) for a constant
-
-    @property
-    def width(self) -> int:
-        return self.text.shape[0]
-
-
-def _const(text: str) -> _Field:
-    return _Field(np.frombuffer(text.encode(), dtype=np.uint8)[:, None])
-
-
-_POWERS = 10 ** np.arange(20, dtype=np.uint64)  # 10**19 is the largest that fits in uint64
-
-
-def _digits(magnitude: np.ndarray, negative: np.ndarray | None = None) -> _Field:
-    """Decimal text of ``magnitude`` (uint64), right-aligned, with ``-`` where ``negative``."""
-    n = len(magnitude)
-    if n == 0:
-        return _Field(np.full((1, 0), SPACE, dtype=np.uint8))
-    count = 1 + np.searchsorted(_POWERS[1:], magnitude, side="right")
-    length = count if negative is None else count + negative
-    width = int(length.max())
-    text = np.full((width, n), SPACE, dtype=np.uint8)
-    # 32-bit division is several times faster, and most values (pids, sizes) fit.
-    kind = np.uint32 if int(magnitude.max()) < 2**32 else np.uint64
-    rest = magnitude.astype(kind)
-    ten = kind(10)
-    for place in range(int(count.max())):  # units first, in the last row
-        digit = (rest % ten).astype(np.uint8) + np.uint8(48)
-        np.copyto(text[width - 1 - place], digit, where=place < count)
-        rest //= ten
-    if negative is not None and negative.any():
-        cols = np.flatnonzero(negative)
-        text[width - 1 - count[cols], cols] = ord("-")
-    return _Field(text)
-
-
-def _ints(values: np.ndarray) -> _Field:
-    """Integers as JSON numbers."""
-    values = np.asarray(values, dtype=np.int64)
-    # abs(INT64_MIN) wraps to itself, and its uint64 view is then the right magnitude, 2**63.
-    return _digits(np.abs(values).astype(np.uint64), values < 0)
-
-
-def _micros(ns: np.ndarray) -> list[_Field]:
-    """Nanoseconds as microseconds with three decimals, exact: ``-1500`` -> ``-1.500``."""
-    ns = np.asarray(ns, dtype=np.int64)
-    magnitude = np.abs(ns).astype(np.uint64)
-    whole = _digits(magnitude // np.uint64(1000), ns < 0)
-    frac = magnitude % np.uint64(1000)
-    text = np.empty((4, len(ns)), dtype=np.uint8)
-    text[0] = ord(".")
-    text[1] = 48 + (frac // np.uint64(100)).astype(np.uint8)
-    text[2] = 48 + (frac // np.uint64(10) % np.uint64(10)).astype(np.uint8)
-    text[3] = 48 + (frac % np.uint64(10)).astype(np.uint8)
-    return [whole, _Field(text)]
-
-
-class _Texts:
-    """JSON texts of a small set of values, indexed by code (-1: ``null``)."""
-
-    def __init__(self, texts: Sequence[str]) -> None:
-        encoded = [t.encode() for t in texts] + [b"null"]
-        self.width = max(len(t) for t in encoded)
-        # Column per value: a field is then this table's columns taken by code.
-        self.table = np.full((self.width, len(encoded)), SPACE, dtype=np.uint8)
-        for col, text in enumerate(encoded):  # once per distinct value, not per event
-            # Right-aligned like numbers: all padding then sits between a key's colon and its
-            # value, where pretty-printed JSON has its space.
-            self.table[self.width - len(text) :, col] = np.frombuffer(text, dtype=np.uint8)
-
-    @classmethod
-    def strings(cls, values: Sequence[Any]) -> _Texts:
-        """JSON string literals of ``values`` (exact escaping by :func:`json.dumps`)."""
-        return cls([json.dumps(str(v)) for v in values])
-
-    def field(self, codes: np.ndarray) -> _Field:
-        codes = np.where(codes < 0, self.table.shape[1] - 1, codes)
-        return _Field(np.take(self.table, codes, axis=1))
-
-
-def _factorize(values: pd.Series) -> tuple[np.ndarray, _Texts]:
-    """Codes (-1 for missing) and the JSON string texts of the distinct values."""
-    codes, uniques = pd.factorize(values, use_na_sentinel=True)
-    return np.asarray(codes, dtype=np.int64), _Texts.strings(list(uniques))
-
-
-def _floats(values: np.ndarray) -> _Field:
-    """Finite floats as JSON numbers: the shortest text that reads back as the same double."""
-    strings = pc.cast(pa.array(np.asarray(values, dtype=np.float64)), pa.string())
-    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32)[: len(strings) + 1]
-    data = np.frombuffer(strings.buffers()[2], dtype=np.uint8)
-    lengths = np.diff(offsets)
-    width = int(lengths.max()) if len(lengths) else 1
-    pad = width - lengths  # right-aligned, as numbers
-    inside = np.arange(width)[:, None] >= pad[None, :]
-    positions = offsets[:-1][None, :] + np.arange(width)[:, None] - pad[None, :]
-    positions = np.clip(positions, 0, len(data) - 1)
-    return _Field(np.where(inside, data[positions], SPACE).astype(np.uint8))
-
-
-def _join(fields: Sequence[_Field], rows: int) -> bytes:
-    """The rows' lines: the fields stacked, then transposed to row-major bytes."""
-    text = np.empty((sum(f.width for f in fields), rows), dtype=np.uint8)
-    at = 0
-    for field in fields:  # a few dozen fields, each a contiguous block copy
-        text[at : at + field.width] = field.text
-        at += field.width
-    return text.T.tobytes()
+# Chunked writing
 
 
 @dataclasses.dataclass
@@ -222,18 +98,14 @@ class _Group:
 
     name: str
     count: int
-    fields: Callable[[np.ndarray], list[_Field]]  # row positions (sorted order) -> fields
+    fields: Callable[[np.ndarray], list[Field]]  # row positions (sorted order) -> fields
     row_bytes: int  # about the length of a line, to size the chunks
 
     def write(self, handle: BinaryIO) -> None:
         step = max(1_000, CHUNK_BYTES // max(self.row_bytes, 1))
         for start in range(0, self.count, step):
             rows = np.arange(start, min(start + step, self.count))
-            handle.write(_join(self.fields(rows), len(rows)))
-
-
-def _row_bytes(fields: Sequence[_Field]) -> int:
-    return sum(f.width for f in fields)
+            handle.write(join(self.fields(rows), len(rows)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,11 +205,22 @@ def _column(events: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
     return events[name].to_numpy()[rows]
 
 
-def _kinds(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, _Texts]:
+def _kinds(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, Texts]:
     """Codes and JSON names of the rows' kinds, from the categorical's codes (no string work)."""
     kind = events["kind"].astype("category")
     codes = np.asarray(kind.cat.codes.to_numpy(), dtype=np.int64)[rows]
-    return codes, _Texts.strings(list(kind.cat.categories))
+    return codes, Texts.strings(list(kind.cat.categories))
+
+
+def _head(what: str, name: Field, pid: np.ndarray) -> list[Field]:
+    """The start of an event's line: its phase and category (``what``), name and process."""
+    return [const(f',\n{{{what},"name":'), name, const(',"pid":'), ints(pid)]
+
+
+def _times(tid: np.ndarray, ts: np.ndarray, dur: np.ndarray | None = None) -> list[Field]:
+    """An event's thread, start and (for complete events) duration, ns since the origin."""
+    fields = [const(',"tid":'), ints(tid), const(',"ts":'), *micros(ts)]
+    return fields if dur is None else [*fields, const(',"dur":'), *micros(dur)]
 
 
 def _syscall_group(events: pd.DataFrame, origin: int) -> _Group | None:
@@ -350,36 +233,28 @@ def _syscall_group(events: pd.DataFrame, origin: int) -> _Group | None:
     order = np.argsort(start, kind="stable")
     rows, start, duration = rows[order], start[order], duration[order]
     kind, kinds = _kinds(events, rows)
-    path, paths = _factorize(events["path"])
+    path, paths = texts_of(events["path"])
     cols = {c: _column(events, c, rows) for c in ("pid", "tid", "bytes", "fd", "offset", "ret")}
     path = path[rows]
 
-    def fields(at: np.ndarray) -> list[_Field]:
+    def fields(at: np.ndarray) -> list[Field]:
         return [
-            _const(',\n{"ph":"X","cat":"syscall","name":'),
-            kinds.field(kind[at]),
-            _const(',"pid":'),
-            _ints(cols["pid"][at]),
-            _const(',"tid":'),
-            _ints(cols["tid"][at]),
-            _const(',"ts":'),
-            *_micros(start[at]),
-            _const(',"dur":'),
-            *_micros(duration[at]),
-            _const(',"args":{"path":'),
+            *_head('"ph":"X","cat":"syscall"', kinds.field(kind[at]), cols["pid"][at]),
+            *_times(cols["tid"][at], start[at], duration[at]),
+            const(',"args":{"path":'),
             paths.field(path[at]),
-            _const(',"bytes":'),
-            _ints(cols["bytes"][at]),
-            _const(',"fd":'),
-            _ints(cols["fd"][at]),
-            _const(',"offset":'),
-            _ints(cols["offset"][at]),
-            _const(',"ret":'),
-            _ints(cols["ret"][at]),
-            _const("}}"),
+            const(',"bytes":'),
+            ints(cols["bytes"][at]),
+            const(',"fd":'),
+            ints(cols["fd"][at]),
+            const(',"offset":'),
+            ints(cols["offset"][at]),
+            const(',"ret":'),
+            ints(cols["ret"][at]),
+            const("}}"),
         ]
 
-    return _Group("syscall", len(rows), fields, _row_bytes(fields(np.arange(1))) + paths.width)
+    return _Group("syscall", len(rows), fields, row_bytes(fields(np.arange(1))) + paths.width)
 
 
 def _process_group(events: pd.DataFrame, origin: int) -> _Group | None:
@@ -390,27 +265,21 @@ def _process_group(events: pd.DataFrame, origin: int) -> _Group | None:
     order = np.argsort(ts, kind="stable")
     rows, ts = rows[order], ts[order]
     kind, kinds = _kinds(events, rows)
-    path, paths = _factorize(events["path"].iloc[rows])
+    path, paths = texts_of(events["path"].iloc[rows])
     cols = {c: _column(events, c, rows) for c in ("pid", "tid", "ret")}
 
-    def fields(at: np.ndarray) -> list[_Field]:
+    def fields(at: np.ndarray) -> list[Field]:
         return [
-            _const(',\n{"ph":"i","s":"t","cat":"process","name":'),
-            kinds.field(kind[at]),
-            _const(',"pid":'),
-            _ints(cols["pid"][at]),
-            _const(',"tid":'),
-            _ints(cols["tid"][at]),
-            _const(',"ts":'),
-            *_micros(ts[at]),
-            _const(',"args":{"path":'),
+            *_head('"ph":"i","s":"t","cat":"process"', kinds.field(kind[at]), cols["pid"][at]),
+            *_times(cols["tid"][at], ts[at]),
+            const(',"args":{"path":'),
             paths.field(path[at]),
-            _const(',"ret":'),
-            _ints(cols["ret"][at]),
-            _const("}}"),
+            const(',"ret":'),
+            ints(cols["ret"][at]),
+            const("}}"),
         ]
 
-    return _Group("process", len(rows), fields, _row_bytes(fields(np.arange(1))) + paths.width)
+    return _Group("process", len(rows), fields, row_bytes(fields(np.arange(1))) + paths.width)
 
 
 def _block_group(events: pd.DataFrame, origin: int) -> tuple[_Group | None, list[dict[str, Any]]]:
@@ -436,34 +305,26 @@ def _block_group(events: pd.DataFrame, origin: int) -> tuple[_Group | None, list
     rows, start, duration = rows[order], start[order], duration[order]
     pid, lane = BLOCK_PID_BASE + device[order], lane[order]
     kind, kinds = _kinds(events, rows)
-    flag = _Texts(["false", "true"])
+    flag = Texts(["false", "true"])
     inside = _column(events, "in_container", rows).astype(np.int64)
     cols = {c: _column(events, c, rows) for c in ("bytes", "offset", "pid")}
 
-    def fields(at: np.ndarray) -> list[_Field]:
+    def fields(at: np.ndarray) -> list[Field]:
         return [
-            _const(',\n{"ph":"X","cat":"block","name":'),
-            kinds.field(kind[at]),
-            _const(',"pid":'),
-            _ints(pid[at]),
-            _const(',"tid":'),
-            _ints(lane[at] + 1),
-            _const(',"ts":'),
-            *_micros(start[at]),
-            _const(',"dur":'),
-            *_micros(duration[at]),
-            _const(',"args":{"bytes":'),
-            _ints(cols["bytes"][at]),
-            _const(',"offset":'),
-            _ints(cols["offset"][at]),
-            _const(',"in_container":'),
+            *_head('"ph":"X","cat":"block"', kinds.field(kind[at]), pid[at]),
+            *_times(lane[at] + 1, start[at], duration[at]),
+            const(',"args":{"bytes":'),
+            ints(cols["bytes"][at]),
+            const(',"offset":'),
+            ints(cols["offset"][at]),
+            const(',"in_container":'),
             flag.field(inside[at]),
-            _const(',"issuer":'),
-            _ints(cols["pid"][at]),
-            _const("}}"),
+            const(',"issuer":'),
+            ints(cols["pid"][at]),
+            const("}}"),
         ]
 
-    return _Group("block", len(rows), fields, _row_bytes(fields(np.arange(1)))), meta
+    return _Group("block", len(rows), fields, row_bytes(fields(np.arange(1)))), meta
 
 
 def _phase_threads(
@@ -507,8 +368,8 @@ def _phase_groups(
     start = phases["ts_ns"].to_numpy(dtype=np.int64) - origin
     duration = (phases["end_ns"].to_numpy(dtype=np.int64) - origin - start).clip(min=0)
     is_point = phases["kind"].eq("point").to_numpy(dtype=bool, na_value=False)
-    key, keys = _factorize(phases["key"])
-    value, values = _factorize(phases["value"])
+    key, keys = texts_of(phases["key"])
+    value, values = texts_of(phases["value"])
     epoch = phases["epoch"].to_numpy(dtype=np.int64)
     step = phases["step"].to_numpy(dtype=np.int64)
     groups = []
@@ -518,29 +379,22 @@ def _phase_groups(
         if len(rows) == 0:
             continue
 
-        def fields(at: np.ndarray, rows: np.ndarray = rows, point: bool = point) -> list[_Field]:
+        def fields(at: np.ndarray, rows: np.ndarray = rows, point: bool = point) -> list[Field]:
             r = rows[at]
-            head = '{"ph":"i","s":"t"' if point else '{"ph":"X"'
+            what = '"ph":"i","s":"t"' if point else '"ph":"X"'
             return [
-                _const(f',\n{head},"cat":"application","name":'),
-                keys.field(key[r]),
-                _const(',"pid":'),
-                _ints(pid[r]),
-                _const(',"tid":'),
-                _ints(thread[r]),
-                _const(',"ts":'),
-                *_micros(start[r]),
-                *([] if point else [_const(',"dur":'), *_micros(duration[r])]),
-                _const(',"args":{"epoch":'),
-                _ints(epoch[r]),
-                _const(',"step":'),
-                _ints(step[r]),
-                _const(',"value":'),
+                *_head(f'{what},"cat":"application"', keys.field(key[r]), pid[r]),
+                *_times(thread[r], start[r], None if point else duration[r]),
+                const(',"args":{"epoch":'),
+                ints(epoch[r]),
+                const(',"step":'),
+                ints(step[r]),
+                const(',"value":'),
                 values.field(value[r]),
-                _const("}}"),
+                const("}}"),
             ]
 
-        width = _row_bytes(fields(np.arange(1))) + keys.width + values.width
+        width = row_bytes(fields(np.arange(1))) + keys.width + values.width
         groups.append(_Group("application", len(rows), fields, width))
     processes = [
         meta
@@ -565,21 +419,17 @@ def _counter_group(
     order = np.argsort(ts, kind="stable")
     rows, ts, value = rows[order], ts[order], value[rows[order]]
     label = samples["metric"].iloc[rows] + " (" + samples["unit"].iloc[rows].fillna("?") + ")"
-    name, names = _factorize(label)
+    name, names = texts_of(label)
     group = groups_of.codes(samples)[rows]
     pid = SAMPLES_PID + CONTAINER_PID_STRIDE * group
 
-    def fields(at: np.ndarray) -> list[_Field]:
+    def fields(at: np.ndarray) -> list[Field]:
         return [
-            _const(',\n{"ph":"C","cat":"samples","name":'),
-            names.field(name[at]),
-            _const(',"pid":'),
-            _ints(pid[at]),
-            _const(',"tid":0,"ts":'),
-            *_micros(ts[at]),
-            _const(',"args":{"value":'),
-            _floats(value[at]),
-            _const("}}"),
+            *_head('"ph":"C","cat":"samples"', names.field(name[at]), pid[at]),
+            *_times(np.zeros(len(at), dtype=np.int64), ts[at]),
+            const(',"args":{"value":'),
+            floats(value[at]),
+            const("}}"),
         ]
 
     processes = [
@@ -591,7 +441,7 @@ def _counter_group(
             groups_of.sort_index(g, 1),
         )
     ]
-    return _Group("counter", len(rows), fields, _row_bytes(fields(np.arange(1))) + 32), processes
+    return _Group("counter", len(rows), fields, row_bytes(fields(np.arange(1))) + 32), processes
 
 
 # ---------------------------------------------------------------------------------------------

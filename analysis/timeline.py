@@ -159,6 +159,30 @@ def _merged_segments(
     return k, s, e, f"merged within {_fmt_s(gap)}: {n:,} → {len(s):,}"
 
 
+def _segments_trace(
+    key: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    span_s: float,
+    name: str,
+    color: str,
+    width: float,
+    hover: str,
+) -> go.Scattergl:
+    """One WebGL trace drawing the intervals ``[start, end]`` at height ``key``, merged when
+    there are too many (:data:`MAX_SEGMENTS`; the trace's name then says so)."""
+    key, start, end, note = _merged_segments(key, start, end, span_s, MAX_SEGMENTS)
+    xs, ys = segment_arrays(start, end, key.astype(np.float64))
+    return go.Scattergl(
+        x=xs,
+        y=ys,
+        mode="lines",
+        name=f"{name} ({note})" if note else name,
+        line={"color": color, "width": width},
+        hovertemplate=hover,
+    )
+
+
 def _fmt_s(seconds: float) -> str:
     if seconds >= 1:
         return f"{seconds:.3g} s"
@@ -233,18 +257,8 @@ def _phase_lane(phases: pd.DataFrame, clock: _Clock) -> _Lane:
         categories.append(label)
         start = clock.seconds(rows["ts_ns"])
         end = clock.seconds(rows["end_ns"])
-        lane.add(
-            go.Bar(
-                base=start,
-                x=end - start,
-                y=[label] * len(rows),
-                orientation="h",
-                name=label,
-                marker={"color": PHASE_COLORS[key]},
-                customdata=np.column_stack([start, end]),
-                hovertemplate=hover,
-            )
-        )
+        data = np.column_stack([start, end])
+        lane.add(_bars(label, start, end, PHASE_COLORS[key], data, hover))
     steps = step_intervals(phases)
     if len(steps) > MAX_STEPS:
         lane.note = f"{len(steps):,} steps not drawn (more than {MAX_STEPS:,})"
@@ -253,20 +267,14 @@ def _phase_lane(phases: pd.DataFrame, clock: _Clock) -> _Lane:
         parity = (np.arange(len(steps)) % 2).astype(int)
         start = clock.seconds(steps["ts_ns"])
         end = clock.seconds(steps["end_ns"])
-        lane.add(
-            go.Bar(
-                base=start,
-                x=end - start,
-                y=["steps"] * len(steps),
-                orientation="h",
-                name="steps",
-                # Alternate shades so that back-to-back steps stay distinguishable.
-                marker={"color": np.array(STEP_COLORS)[parity].tolist()},
-                customdata=np.column_stack([start, end, steps["epoch"], steps["step"]]),
-                hovertemplate="epoch %{customdata[2]} step %{customdata[3]}: "
-                "%{customdata[0]:.3f} – %{customdata[1]:.3f} s<extra></extra>",
-            )
+        # Alternate shades so that back-to-back steps stay distinguishable.
+        colors = np.array(STEP_COLORS)[parity].tolist()
+        data = np.column_stack([start, end, steps["epoch"], steps["step"]])
+        hover = (
+            "epoch %{customdata[2]} step %{customdata[3]}: "
+            "%{customdata[0]:.3f} – %{customdata[1]:.3f} s<extra></extra>"
         )
+        lane.add(_bars("steps", start, end, colors, data, hover))
     if not categories:
         lane.empty_text = "no phases (no MLLOG intervals)"
     lane.yaxis = {
@@ -276,6 +284,22 @@ def _phase_lane(phases: pd.DataFrame, clock: _Clock) -> _Lane:
         "autorange": "reversed",
     }
     return lane
+
+
+def _bars(
+    label: str, start: np.ndarray, end: np.ndarray, color: Any, data: np.ndarray, hover: str
+) -> go.Bar:
+    """Horizontal bars from ``start`` to ``end`` (s) in the category ``label``."""
+    return go.Bar(
+        base=start,
+        x=end - start,
+        y=[label] * len(start),
+        orientation="h",
+        name=label,
+        marker={"color": color},
+        customdata=data,
+        hovertemplate=hover,
+    )
 
 
 def _accelerator_lane(phases: pd.DataFrame, samples: pd.DataFrame, clock: _Clock) -> _Lane:
@@ -317,21 +341,12 @@ def _accelerator_lane(phases: pd.DataFrame, samples: pd.DataFrame, clock: _Clock
     ranks = np.unique(rank)
     # Busy fraction of the run per rank: the accelerator utilisation (AU) of DLIO/MLPerf Storage.
     busy_s = np.bincount(rank, weights=end - start, minlength=int(ranks.max()) + 1)
-    key, start, end, note = _merged_segments(rank, start, end, clock.t1 - clock.t0, MAX_SEGMENTS)
-    xs, ys = segment_arrays(start, end, key.astype(np.float64))
     lane.height_px = int(np.clip(24 * len(ranks) + 40, 70, 300))
     width = float(np.clip(0.5 * (lane.height_px - 30) / len(ranks), 2, 12))
     label = "busy" if source == "accelerator_busy" else "all_compute (busy)"
-    lane.add(
-        go.Scattergl(
-            x=xs,
-            y=ys,
-            mode="lines",
-            name=f"{label} ({note})" if note else label,
-            line={"color": BUSY_COLOR, "width": width},
-            hovertemplate="%{x:.4f} s<extra>rank %{y}</extra>",
-        )
-    )
+    span = clock.t1 - clock.t0
+    hover = "%{x:.4f} s<extra>rank %{y}</extra>"
+    lane.add(_segments_trace(rank, start, end, span, label, BUSY_COLOR, width, hover))
     ticktext = [
         f"rank {r} ({100 * busy_s[r] / clock.duration_s:.0f}% busy)"
         if clock.duration_s > 0
@@ -397,21 +412,13 @@ def _process_lane(events: pd.DataFrame, clock: _Clock) -> _Lane:
     lane.height_px = int(np.clip(14 * n + 40, 110, 900))
     width = float(np.clip(0.6 * (lane.height_px - 30) / n, 1, 10))
     span = clock.t1 - clock.t0
+    hover = "%{x:.4f} s<extra>%{fullData.name}</extra>"
     for mask, name, color in ((is_read, "read", READ_COLOR), (~is_read, "write", WRITE_COLOR)):
-        if not mask.any():
-            continue
-        key, s, e, note = _merged_segments(row[mask], start[mask], end[mask], span, MAX_SEGMENTS)
-        xs, ys = segment_arrays(s, e, key.astype(np.float64))
-        lane.add(
-            go.Scattergl(
-                x=xs,
-                y=ys,
-                mode="lines",
-                name=f"{name} ({note})" if note else name,
-                line={"color": color, "width": width},
-                hovertemplate="%{x:.4f} s<extra>%{fullData.name}</extra>",
+        if mask.any():
+            trace = _segments_trace(
+                row[mask], start[mask], end[mask], span, name, color, width, hover
             )
-        )
+            lane.add(trace)
     ticktext = [
         f"{g} {p} {c}"
         for g, p, c in zip(procs["group"], procs["pid"], procs["comm"].fillna("?"), strict=True)

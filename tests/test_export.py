@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import export
+from analysis import export, jsontext
 from analysis.export import (
     APP_PID,
     BLOCK_PID_BASE,
@@ -257,20 +257,20 @@ def test_many_events_in_many_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def rows_text(fields: list[Any], rows: int) -> list[Any]:
     """Rows built from ``fields`` as JSON arrays, parsed."""
-    text = export._join([export._const("["), *fields, export._const("],")], rows).decode()
+    text = jsontext.join([jsontext.const("["), *fields, jsontext.const("],")], rows).decode()
     return json.loads("[" + text[:-1] + "]")
 
 
 def test_number_text_edge_cases() -> None:
     values = np.array([0, 7, 10, -1, -10, 99, 4_294_967_296, 2**63 - 1, -(2**63)], dtype=np.int64)
-    assert [row[0] for row in rows_text([export._ints(values)], len(values))] == values.tolist()
+    assert [row[0] for row in rows_text([jsontext.ints(values)], len(values))] == values.tolist()
     ns = np.array([0, 1, -1, 999, -1500, 1_234_567, -(10**15) - 1], dtype=np.int64)
-    text = export._join([*export._micros(ns), export._const("\n")], len(ns)).decode()
+    text = jsontext.join([*jsontext.micros(ns), jsontext.const("\n")], len(ns)).decode()
     assert [line.strip() for line in text.splitlines()] == [
         "0.000", "0.001", "-0.001", "0.999", "-1.500", "1234.567", "-1000000000000.001"
     ]  # fmt: skip
     floats = np.array([0.0, -2.5, 1e300, 0.1 + 0.2, 5e-324])
-    assert [row[0] for row in rows_text([export._floats(floats)], len(floats))] == floats.tolist()
+    assert [row[0] for row in rows_text([jsontext.floats(floats)], len(floats))] == floats.tolist()
 
 
 def test_pack_lanes_uses_the_fewest_lanes() -> None:

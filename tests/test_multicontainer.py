@@ -206,3 +206,57 @@ def test_ctrl_c_stops_every_container_of_a_compose_topology(
     assert [c["role"] for c in manifest["containers"]] == ["ping", "pong"]
     assert _left_behind(run_dir.name) == []
     assert bpftrace_running() == []
+
+
+def test_one_failing_container_fails_the_run_and_stops_the_others(images, runs_root: Path) -> None:
+    forever = ("python3", "-c", "import time\nwhile True: time.sleep(0.1)")
+    request = RunRequest(
+        label="fail",
+        runs_root=runs_root,
+        containers=(
+            ContainerSpec(role="waits", image=BASE, command=forever),
+            ContainerSpec(role="dies", image=BASE, command=("sh", "-c", "sleep 1; exit 3")),
+        ),
+    )
+    started = time.monotonic()
+    outcome = trace(request)
+    assert time.monotonic() - started < 60  # the waiting peer did not hold the run up
+    assert outcome.status == "failed" and "container dies exited with code 3" in outcome.error
+    manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
+    codes = {c["role"]: c["exit_code"] for c in manifest["containers"]}
+    assert codes == {"waits": None, "dies": 3} and manifest["exit_code"] == 3
+    assert _left_behind(outcome.run_dir.name) == []
+    assert bpftrace_running() == []
+
+
+def test_a_daemon_runs_until_the_others_are_done(images, runs_root: Path) -> None:
+    """A storage-server-like role: reachable by its role name on the run's private network,
+    stopped once the client is done; the run completes."""
+    server = ("python3", "-m", "http.server", "8000", "--bind", "0.0.0.0", "--directory", "/")
+    client_script = (
+        "import time, urllib.request\n"
+        "for _ in range(100):\n"
+        "    try:\n"
+        "        print(len(urllib.request.urlopen('http://server:8000/etc/hostname').read()))\n"
+        "        break\n"
+        "    except OSError:\n"
+        "        time.sleep(0.1)\n"
+        "else:\n"
+        "    raise SystemExit('server unreachable')\n"
+    )
+    request = RunRequest(
+        label="daemon",
+        runs_root=runs_root,
+        containers=(
+            ContainerSpec(role="server", image=BASE, command=server, daemon=True),
+            ContainerSpec(role="client", image=BASE, command=("python3", "-c", client_script)),
+        ),
+    )
+    run_dir = trace(request).check()
+    assert (run_dir / "raw" / "client" / "container.log").read_text().strip() == str(
+        len("server\n")
+    )
+    events = _events(run_dir)
+    served = events[(events["container"] == "server") & (events["path"] == "/etc/hostname")]
+    assert (served["kind"] == "openat").sum() >= 1
+    assert _left_behind(run_dir.name) == []

@@ -139,6 +139,25 @@ def _base_image() -> Check:
     return Check("base image", True, f"{BASE_TAG} present")
 
 
+def _compose() -> Check:
+    """docker-compose, for `./cli.py trace --compose` (topologies) and compose users."""
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        return Check(
+            "docker-compose",
+            False,
+            "not installed (needed by `trace --compose`)",
+            "run `make setup` as root (apt-get install docker-compose)",
+        )
+    try:
+        out = subprocess.run(
+            [exe, "version", "--short"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("docker-compose", False, f"{exe} does not run: {exc}", "reinstall it")
+    return Check("docker-compose", out.returncode == 0, out.stdout.strip() or out.stderr.strip())
+
+
 def _disk(path: Path) -> Callable[[], Check]:
     def check() -> Check:
         target = path if path.exists() else Path.cwd()
@@ -164,6 +183,7 @@ def doctor(runs_root: Path = Path("runs")) -> list[Check]:
         _cgroups,
         _docker,
         _base_image,
+        _compose,
         _disk(runs_root),
     ]
     results = []

@@ -16,11 +16,10 @@ from analysis.similarity.aspects.base import (
     JITTER,
     SHIFT,
     SPEED,
+    Aspect,
     Outcome,
-    SeriesPair,
     aspect,
-    channel_pairs,
-    lacking,
+    channels_outcome,
 )
 from analysis.similarity.measures import activity_similarity
 from analysis.similarity.profile import RunProfile
@@ -44,65 +43,52 @@ def activity_outcome(
     The evidence gives, per channel, the three terms, then each run's total bytes and mean
     MiB/s.
     """
-    present = channel_pairs(real, emulated, channels)
-    if not present:
-        return Outcome(None, {}, {}, f"neither run has {' or '.join(channels)} data")
-    details: dict[str, Any] = {}
-    scores = []
-    plot_channels: dict[str, SeriesPair] = {}
-    for label, (a, b) in present.items():
-        slug = label.replace(" ", "_")
-        if a is None or b is None:
-            scores.append(0.0)
-            details[f"{slug}_missing_in"] = lacking(a)
-        else:
-            key = channels[label]
-            ref_key = REFERENCES.get(key)
-            reference = (
-                max(real.totals[f"{ref_key}_bytes"], emulated.totals[f"{ref_key}_bytes"])
-                if ref_key
-                else 0.0
-            )
-            score, terms = activity_similarity(
-                a, b, real.totals[f"{key}_bytes"], emulated.totals[f"{key}_bytes"], reference
-            )
-            scores.append(score)
-            prefix = f"{slug}_" if len(channels) > 1 else ""
-            details.update({f"{prefix}{term}": value for term, value in terms.items()})
-        plot_channels[label] = (a, b)
+
+    def score_pair(label: str, a: np.ndarray, b: np.ndarray) -> tuple[float, dict[str, Any]]:
+        key = channels[label]
+        ref_key = REFERENCES.get(key)
+        reference = (
+            max(real.totals[f"{ref_key}_bytes"], emulated.totals[f"{ref_key}_bytes"])
+            if ref_key
+            else 0.0
+        )
+        score, terms = activity_similarity(
+            a, b, real.totals[f"{key}_bytes"], emulated.totals[f"{key}_bytes"], reference
+        )
+        prefix = f"{label.replace(' ', '_')}_" if len(channels) > 1 else ""
+        return score, {f"{prefix}{term}": value for term, value in terms.items()}
+
+    outcome = channels_outcome(real, emulated, channels, score_pair, {"kind": "cumulative"})
+    if outcome.skipped:
+        return outcome
     for key in channels.values():
         for who, profile in (("real", real), ("emulated", emulated)):
             total = profile.totals.get(f"{key}_bytes", 0.0)
-            details[f"{key}_bytes_{who}"] = total
-            details[f"{key}_mib_s_{who}"] = total / 2**20 / max(profile.duration_s, 1e-9)
-    plot = {"kind": "cumulative", "channels": plot_channels}
-    return Outcome(float(np.mean(scores)), details, plot)
+            outcome.details[f"{key}_bytes_{who}"] = total
+            outcome.details[f"{key}_mib_s_{who}"] = total / 2**20 / max(profile.duration_s, 1e-9)
+    return outcome
 
 
-@aspect(
-    "read_bandwidth",
-    "read bandwidth",
-    "syscall I/O",
-    ACTIVITY,
-    2.0,
-    (SHIFT, SPEED, JITTER),
-    ("when in the run bytes are read", "bytes read", "burstiness"),
-)
-def read_bandwidth(real: RunProfile, emulated: RunProfile) -> Outcome:
-    return activity_outcome(real, emulated, {"read": "read"})
+def _bandwidth(direction: str, done: str, weight: float) -> Aspect:
+    """The ``read_bandwidth`` or ``write_bandwidth`` aspect: syscall bytes per bin."""
+
+    @aspect(
+        f"{direction}_bandwidth",
+        f"{direction} bandwidth",
+        "syscall I/O",
+        ACTIVITY,
+        weight,
+        (SHIFT, SPEED, JITTER),
+        (f"when in the run bytes are {done}", f"bytes {done}", "burstiness"),
+    )
+    def bandwidth(real: RunProfile, emulated: RunProfile) -> Outcome:
+        return activity_outcome(real, emulated, {direction: direction})
+
+    return bandwidth
 
 
-@aspect(
-    "write_bandwidth",
-    "write bandwidth",
-    "syscall I/O",
-    ACTIVITY,
-    1.0,
-    (SHIFT, SPEED, JITTER),
-    ("when in the run bytes are written", "bytes written", "burstiness"),
-)
-def write_bandwidth(real: RunProfile, emulated: RunProfile) -> Outcome:
-    return activity_outcome(real, emulated, {"write": "write"})
+read_bandwidth = _bandwidth("read", "read", 2.0)
+write_bandwidth = _bandwidth("write", "written", 1.0)
 
 
 @aspect(

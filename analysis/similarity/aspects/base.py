@@ -100,7 +100,6 @@ def one_sided(
     appended to the details."""
     if has_real and has_emulated:
         return None
-    details: dict[str, Any]
     if not has_real and not has_emulated:
         return Outcome(None, {**(extra or {})}, {}, f"neither run has {what}")
     lacking = "real" if not has_real else "emulated"
@@ -109,8 +108,8 @@ def one_sided(
             None, {"missing_in": lacking}, {}, f"only one run has {what} (the {lacking} lacks it)"
         )
     present = "emulated" if lacking == "real" else "real"
-    details = {"missing_in": lacking, "note": f"only the {present} run has {what}"}
-    return Outcome(0.0, {**details, **(extra or {})}, {})
+    details = {"missing_in": lacking, "note": f"only the {present} run has {what}", **(extra or {})}
+    return Outcome(0.0, details, {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,19 +159,34 @@ def sample_details(a: np.ndarray, b: np.ndarray, unit_scale: float, unit: str) -
 
 
 SeriesPair = tuple[np.ndarray | None, np.ndarray | None]
+PairScorer = Callable[[str, np.ndarray, np.ndarray], tuple[float, dict[str, Any]]]
 
 
-def channel_pairs(
-    real: RunProfile, emulated: RunProfile, channels: Mapping[str, str]
-) -> dict[str, SeriesPair]:
-    """Label -> (real, emulated) profile series of ``channels`` (label -> series name), for the
-    channels either run has (a run lacking one has None)."""
+def channels_outcome(
+    real: RunProfile,
+    emulated: RunProfile,
+    channels: Mapping[str, str],
+    score_pair: PairScorer,
+    plot: Mapping[str, Any],
+) -> Outcome:
+    """The mean over ``channels`` (label -> profile series name) that either run has of
+    ``score_pair(label, real series, emulated series)`` -> (score, details); a channel only one
+    run has scores 0 (``<label>_missing_in`` names the other). Skipped when neither run has
+    any. The report draws the pairs as ``plot`` with ``channels``: label -> (real, emulated)."""
     pairs = {
         label: (real.series.get(key), emulated.series.get(key)) for label, key in channels.items()
     }
-    return {k: v for k, v in pairs.items() if v[0] is not None or v[1] is not None}
-
-
-def lacking(a: np.ndarray | None) -> str:
-    """Which run lacks a channel of a pair where one is None."""
-    return "real" if a is None else "emulated"
+    present = {k: v for k, v in pairs.items() if v[0] is not None or v[1] is not None}
+    if not present:
+        return Outcome(None, {}, {}, f"neither run has {' or '.join(channels)} data")
+    details: dict[str, Any] = {}
+    scores = []
+    for label, (a, b) in present.items():
+        if a is None or b is None:
+            scores.append(0.0)
+            details[f"{label.replace(' ', '_')}_missing_in"] = "real" if a is None else "emulated"
+        else:
+            score, more = score_pair(label, a, b)
+            scores.append(score)
+            details.update(more)
+    return Outcome(float(np.mean(scores)), details, {**plot, "channels": present})

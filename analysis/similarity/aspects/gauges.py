@@ -11,15 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.similarity.aspects.base import (
-    SHIFT,
-    SPEED,
-    Outcome,
-    SeriesPair,
-    aspect,
-    channel_pairs,
-    lacking,
-)
+from analysis.similarity.aspects.base import SHIFT, SPEED, Outcome, aspect, channels_outcome
 from analysis.similarity.measures import dtw_similarity
 from analysis.similarity.profile import RunProfile
 
@@ -35,30 +27,19 @@ def gauge_outcome(real: RunProfile, emulated: RunProfile, channels: Mapping[str,
     rss + page cache, the container's footprint), so a difference is judged as a fraction of
     the whole: 6 MiB more page cache in a 200 MiB container is a small difference, not, as
     against the channel's own maximum, a large one."""
-    present = channel_pairs(real, emulated, channels)
-    if not present:
-        return Outcome(None, {}, {}, f"neither run has {' or '.join(channels)} data")
     footprint = 0.0
     for profile in (real, emulated):
         parts = [profile.series[k] for k in channels.values() if k in profile.series]
         if parts:
             footprint = max(footprint, float(np.sum(parts, axis=0).max()))
-    details: dict[str, Any] = {}
-    scores = []
-    plot_channels: dict[str, SeriesPair] = {}
-    for label, (a, b) in present.items():
+
+    def score_pair(label: str, a: np.ndarray, b: np.ndarray) -> tuple[float, dict[str, Any]]:
+        score, distance = dtw_similarity(a, b, level=True, scale=footprint)
         slug = label.replace(" ", "_")
-        if a is None or b is None:
-            scores.append(0.0)
-            details[f"{slug}_missing_in"] = lacking(a)
-        else:
-            score, distance = dtw_similarity(a, b, level=True, scale=footprint)
-            scores.append(score)
-            details[f"{slug}_score"] = score
-            details[f"{slug}_dtw"] = distance
-        plot_channels[label] = (a, b)
-    plot = {"kind": "series", "level": True, "channels": plot_channels}
-    return Outcome(float(np.mean(scores)), details, plot)
+        return score, {f"{slug}_score": score, f"{slug}_dtw": distance}
+
+    plot = {"kind": "series", "level": True}
+    return channels_outcome(real, emulated, channels, score_pair, plot)
 
 
 def _with_means(

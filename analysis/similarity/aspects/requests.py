@@ -10,6 +10,7 @@ from analysis.similarity.aspects.base import (
     COUNT,
     SHIFT,
     SPEED,
+    Aspect,
     Outcome,
     aspect,
     one_sided,
@@ -61,30 +62,27 @@ def _bucket_label(k: int) -> str:
     return "0-1 B" if k == 0 else f"{low} B"
 
 
-@aspect(
-    "read_sizes",
-    "read request sizes",
-    "syscall I/O",
-    "JS",
-    2.0,
-    (SHIFT, SPEED, COUNT),
-    ("share of requests per power-of-two size",),
-)
-def read_sizes(real: RunProfile, emulated: RunProfile) -> Outcome:
-    return size_outcome(real.read_sizes, emulated.read_sizes, "reads")
+def _sizes(direction: str, weight: float) -> Aspect:
+    """The ``read_sizes`` or ``write_sizes`` aspect: histograms of successful requests."""
+
+    @aspect(
+        f"{direction}_sizes",
+        f"{direction} request sizes",
+        "syscall I/O",
+        "JS",
+        weight,
+        (SHIFT, SPEED, COUNT),
+        ("share of requests per power-of-two size",),
+    )
+    def sizes(real: RunProfile, emulated: RunProfile) -> Outcome:
+        name = f"{direction}_sizes"
+        return size_outcome(getattr(real, name), getattr(emulated, name), f"{direction}s")
+
+    return sizes
 
 
-@aspect(
-    "write_sizes",
-    "write request sizes",
-    "syscall I/O",
-    "JS",
-    1.0,
-    (SHIFT, SPEED, COUNT),
-    ("share of requests per power-of-two size",),
-)
-def write_sizes(real: RunProfile, emulated: RunProfile) -> Outcome:
-    return size_outcome(real.write_sizes, emulated.write_sizes, "writes")
+read_sizes = _sizes("read", 2.0)
+write_sizes = _sizes("write", 1.0)
 
 
 @aspect(
