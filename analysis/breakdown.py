@@ -234,10 +234,7 @@ def run_config(run: Run, steps: pd.DataFrame) -> tuple[int, int]:
 
 def dataset_prefixes(run: Run) -> tuple[str, ...]:
     """Container paths of the run's read-only mounts (the dataset), with a trailing ``/``."""
-    mounts = (run.manifest.get("trace") or {}).get("mounts") or []
-    return tuple(
-        str(m["target"]).rstrip("/") + "/" for m in mounts if m.get("read_only") and m.get("target")
-    )
+    return tuple(d.rstrip("/") + "/" for d in run.data_mounts)
 
 
 def _dataset_reads(run: Run) -> pd.DataFrame:

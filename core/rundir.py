@@ -106,6 +106,8 @@ MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
 RUN_SUBDIRS = ("raw", "ctl", "out")
 STATUSES = ("running", "completed", "failed", "interrupted")
+#: Container paths under which the tracer mounts its own files (never the data measured).
+TOOL_MOUNTS = "/twintrace/"
 
 _ARROW_TYPES: Mapping[str, pa.DataType] = {
     "int64": pa.int64(),
@@ -398,6 +400,20 @@ class Run:
         if config.get("variant"):
             return str(config["variant"])
         return _run_id_parts(self.run_id)[1]
+
+    @property
+    def data_mounts(self) -> tuple[str, ...]:
+        """Container paths (no trailing ``/``) of the read-only mounts of the run's containers:
+        the dataset, the storage being measured. The tool's own mounts under /twintrace/
+        (control files, a sleep profile) are not data."""
+        targets = {
+            str(m["target"]).rstrip("/") or "/"
+            for c in self.manifest.get("containers") or []
+            for m in c.get("mounts") or []
+            if isinstance(m, Mapping) and m.get("read_only") and m.get("target")
+        }
+        targets = {t for t in targets if not t.startswith(TOOL_MOUNTS)}
+        return tuple(sorted(targets))
 
     @property
     def containers(self) -> list[str]:

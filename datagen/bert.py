@@ -36,13 +36,12 @@ the mean record size measured on a calibration sample, keeping a reserve for sam
 Speed: records are drawn a block at a time with numpy (:func:`draw_arrays`); input_ids are runs
 of the pool's pre-encoded bytes, so a record's text costs two slices rather than per-token work
 (the pool, a quarter of the shard's tokens, is the only per-token work). A compiled kernel,
-:func:`datagen.bert_encode.encode_block`, writes a block's framed records, the bytes that
-:func:`workloads.bert.records.encode_examples_buffer` writes for :func:`draw_records`. One
-process draws and encodes ~500 MB/s (~2.5 ms to draw and ~2 ms to encode a block of 1024 default
-records; ~140 MB/s with the generic encoder, ~15 ms a block), measured with 40 blocks of one
-shard on a 2-vCPU 2.5 GHz Xeon VM. Importing numba and loading the compiled kernel costs ~1 s,
-paid once per run by the writers' fork server (:data:`WORKER_PRELOAD`), never by the CLI or the
-planning; the first run on a machine compiles it instead (~8 s) and caches it.
+:func:`datagen.bert_encode.encode_block`, writes a block's framed records. One process draws
+and encodes ~1.8 GB/s (~0.5 ms to draw and ~1 ms to encode a block of 1024 default records,
+CRCs included), measured on a 2-vCPU AMD EPYC VM. Importing numba and loading the compiled
+kernel costs ~1 s, paid once per run by the writers' fork server (:data:`WORKER_PRELOAD`),
+never by the CLI or the planning (which sizes records with :func:`record_sizes`, in numpy); the
+first run on a machine compiles it instead (~8 s) and caches it.
 """
 
 from __future__ import annotations
@@ -316,18 +315,22 @@ def framed_bytes(packed: dict[str, np.ndarray | int]) -> np.ndarray:
 
 
 def record_sizes(draws: Draws, params: BertGenParams) -> np.ndarray:
-    """Bytes of each drawn record as :func:`datagen.bert_encode.encode_block` frames it."""
+    """Bytes of each drawn record as :func:`datagen.bert_encode.encode_block` frames it.
+
+    For planning, which must not load the kernel: the kernel sizes records in its own compiled
+    pass (this one costs ~0.3 ms a block, a fifth of a writer's time for it);
+    tests/test_datagen_bert.py checks that the two agree.
+    """
     s, p = params.seq_length, params.max_predictions
     firsts = np.cumsum(draws.k) - draws.k  # every record has k >= 1 masked tokens
+    padding = p - draws.k
     return framed_bytes(
         {
             "input_ids": draws.runs[:, :, 1].sum(axis=1) + s - draws.lengths,
             "input_mask": s,
             "segment_ids": s,
-            "masked_lm_positions": np.add.reduceat(varint_sizes(draws.positions), firsts)
-            + p
-            - draws.k,
-            "masked_lm_ids": np.add.reduceat(varint_sizes(draws.masked_ids), firsts) + p - draws.k,
+            "masked_lm_positions": np.add.reduceat(varint_sizes(draws.positions), firsts) + padding,
+            "masked_lm_ids": np.add.reduceat(varint_sizes(draws.masked_ids), firsts) + padding,
             "masked_lm_weights": 4 * p,
             "next_sentence_labels": 1,
         }

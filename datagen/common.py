@@ -133,10 +133,10 @@ def atomic_file(
 ) -> Iterator[BinaryIO]:
     """Open a binary file that appears as ``path`` only if the ``with`` block completes.
 
-    :func:`core.atomic.atomic_path` for a dataset's files: the file is written under
+    :func:`core.atomic.atomic_path` made for a dataset's many files: written under
     :func:`core.atomic.temp_path` in the same directory (which must exist: the writers make
-    every directory once, not per file), renamed on success, removed on any exception
-    (KeyboardInterrupt included). ``fsync`` is off by default: every file of a synthetic dataset
+    every directory once, not a mkdir per file), renamed on success, removed on any exception
+    (KeyboardInterrupt included), with early write-back. ``fsync`` is off by default: every file of a synthetic dataset
     can be regenerated from its seed, and an fsync per file makes each writer wait for the disk
     between files instead of letting the kernel write back in the background, which costs
     throughput. Without it a *power failure* (not a crash or Ctrl-C) can leave renamed files

@@ -116,12 +116,16 @@ def in_containers(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     return merged.reset_index(drop=True).astype({"container": "string"})
 
 
-def container_entry(role: str, workload: str, index: int = 0) -> dict[str, Any]:
+def container_entry(
+    role: str, workload: str, index: int = 0, mounts: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
     """One entry of the manifest's ``containers`` list."""
     return {
         "role": role,
         "image": f"twintrace/{workload}:latest",
+        "image_id": "sha256:" + "1" * 64,
         "command": ["python", "-m", f"workloads.{workload}"],
+        "mounts": list(mounts),
         "container_id": f"{index:x}" * 64,
         "cgroup_id": 1234 + index,
         "main_pid": 100 + 1000 * index,
@@ -129,9 +133,14 @@ def container_entry(role: str, workload: str, index: int = 0) -> dict[str, Any]:
     }
 
 
-def manifest(run_id: str, containers: Sequence[str] = ("main",), **changes: Any) -> dict[str, Any]:
+def manifest(
+    run_id: str,
+    containers: Sequence[str] = ("main",),
+    mounts: Sequence[dict[str, Any]] = (),
+    **changes: Any,
+) -> dict[str, Any]:
     """A complete manifest of the current schema (docs/run-format.md), 10 s long, listing a
-    container per role of ``containers``."""
+    container per role of ``containers``, each with ``mounts``."""
     workload, variant = run_id.split("-")[2:4]
     data: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -140,10 +149,9 @@ def manifest(run_id: str, containers: Sequence[str] = ("main",), **changes: Any)
         "status": "completed",
         "error": None,
         "git_revision": "0" * 40,
-        "image": {"tag": f"twintrace/{workload}:latest", "id": "sha256:" + "1" * 64},
-        "command": ["python", "-m", f"workloads.{workload}"],
         "config": {"workload": workload, "variant": variant, "epochs": 1, "batch_size": 2},
-        "trace": {"sample_interval_s": 1.0, "memory_limit": None, "cpus": None, "mounts": []},
+        "source": None,
+        "trace": {"enabled": True, "sample_interval_s": 1.0, "timeout_s": None, "network": "none"},
         "host": {"hostname": "test", "kernel": "6.8.0", "cpus": 2},
         "started_at": "2026-11-21T16:30:05Z",
         "ended_at": "2026-11-21T16:30:15Z",
@@ -151,7 +159,7 @@ def manifest(run_id: str, containers: Sequence[str] = ("main",), **changes: Any)
         "end_ns": START_NS + 10 * SEC,
         "exit_code": 0,
         "lost_events": 0,
-        "containers": [container_entry(r, workload, i) for i, r in enumerate(containers)],
+        "containers": [container_entry(r, workload, i, mounts) for i, r in enumerate(containers)],
     }
     data.update(changes)
     return data
@@ -274,7 +282,6 @@ def two_container_run(
     """A 10 s run of the containers :data:`TWO_ROLES` whose numbers are in :data:`TWO`, with
     the dataset mounted read-only at /data."""
     mounts = [{"source": "/srv/data", "target": "/data", "read_only": True}]
-    trace = {"sample_interval_s": 1.0, "memory_limit": None, "cpus": None, "mounts": mounts}
     return make_run(
         root,
         run_id,
@@ -282,5 +289,6 @@ def two_container_run(
         samples=two_container_samples(),
         phases=two_container_phases(),
         containers=TWO_ROLES,
-        **{"trace": trace, **manifest_changes},
+        mounts=mounts,
+        **manifest_changes,
     )

@@ -69,12 +69,10 @@ def make_run(
         events=events,
         phases=phases,
         config=base | (config or {}),
-        trace={
-            "mounts": [
-                {"source": "/srv/data", "target": "/data", "read_only": True},
-                {"source": "/srv/out", "target": "/twintrace/out", "read_only": False},
-            ]
-        },
+        mounts=[
+            {"source": "/srv/data", "target": "/data", "read_only": True},
+            {"source": "/srv/out", "target": "/twintrace/out", "read_only": False},
+        ],
         end_ns=START_NS + 100 * SEC,
     )
 

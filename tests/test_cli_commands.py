@@ -71,12 +71,8 @@ def training_run(root: Path, run_id: str, batch: int = 2) -> Path:
         samples=synthetic.samples_frame(samples),
         phases=synthetic.phases_frame(phases),
         config={"workload": workload, "variant": variant, "batch_size": batch, "accelerators": 1},
-        trace={
-            "sample_interval_s": 0.1,
-            "memory_limit": None,
-            "cpus": None,
-            "mounts": [{"source": "/srv/data", "target": "/data", "read_only": True}],
-        },
+        trace={"enabled": True, "sample_interval_s": 0.1, "timeout_s": None, "network": "none"},
+        mounts=[{"source": "/srv/data", "target": "/data", "read_only": True}],
     )
 
 

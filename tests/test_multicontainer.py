@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.rundir import load_run
 from tests.conftest import REPO, bpftrace_running
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.request import ContainerSpec, RunRequest, workload_request
@@ -149,6 +150,7 @@ def test_rank_containers_read_disjoint_shards(
             assert size <= read <= size + 16384, (role, path)
     if len(cases) % 2 == 0:
         assert not set(shards["rank0"]) & set(shards["rank1"])
+    assert load_run(run_dir).data_mounts == ("/data",)  # not the config, not the profile
     phases = pd.read_parquet(run_dir / "phases.parquet")
     steps = phases[phases["key"] == "step_end"].groupby("container").size()
     assert dict(steps) == {"rank0": -(-len(cases) // 2), "rank1": -(-len(cases) // 2)}

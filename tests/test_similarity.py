@@ -70,12 +70,8 @@ KIB = 2**10
 
 
 # 100 ms samples and the dataset mounted read-only at /data (the file aspects' scope).
-TRACE = {
-    "sample_interval_s": 0.1,
-    "memory_limit": None,
-    "cpus": None,
-    "mounts": [{"source": "/srv/ds", "target": "/data", "read_only": True}],
-}
+TRACE = {"enabled": True, "sample_interval_s": 0.1, "timeout_s": None, "network": "none"}
+MOUNTS = [{"source": "/srv/ds", "target": "/data", "read_only": True}]
 
 
 def make_run(
@@ -88,7 +84,12 @@ def make_run(
 ) -> Path:
     """A run directory (:func:`tests.synthetic.make_run`) with this module's trace settings."""
     return synthetic.make_run(
-        root, run_id, events, samples, phases, **{"trace": TRACE, **manifest_changes}
+        root,
+        run_id,
+        events,
+        samples,
+        phases,
+        **{"trace": TRACE, "mounts": MOUNTS, **manifest_changes},
     )
 
 
@@ -816,7 +817,11 @@ def test_different_containers_are_warned_about(tmp_path: Path) -> None:
     merged["samples"] = totals.assign(container=np.where(host, None, "main"))
     one = load_run(
         synthetic.make_run(
-            tmp_path / "b", "20261121-170000-unet3d-sleep-0c0c", trace=TRACE, **merged
+            tmp_path / "b",
+            "20261121-170000-unet3d-sleep-0c0c",
+            trace=TRACE,
+            mounts=MOUNTS,
+            **merged,
         )
     )
     comparison = compare_runs(two, one)

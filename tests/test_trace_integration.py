@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.rundir import load_run
 from tests.conftest import REPO, bpftrace_running
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.request import image_request, workload_request
@@ -90,6 +91,7 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(
     cpu = samples[samples["metric"] == "container_cpu"]
     assert set(cpu["container"]) == {"main"}
     assert samples.loc[samples["metric"] == "host_cpu_user", "container"].isna().all()
+    assert load_run(run_dir).data_mounts == ("/data",)
     # A single-container run has no network at all.
     assert manifest["trace"]["network"] == "none"
 

@@ -129,12 +129,13 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     for spec in request.containers:
         for sub in (raw, ctl, out):
             (sub / spec.role).mkdir()
-        mounts = list(spec.mounts)
-        if spec.config is not None:
-            spec.config.save(ctl / spec.role / "config.json")
-            mounts.append(container.BindMount(ctl / spec.role, container.CTL_MOUNT, True))
+        mounts = list(spec.mounts)  # recorded: what the container reads and writes
         if spec.out:
             mounts.append(container.BindMount(out / spec.role, container.OUT_MOUNT, False))
+        control = []  # not recorded: the tracer's own files (config), not the storage measured
+        if spec.config is not None:
+            spec.config.save(ctl / spec.role / "config.json")
+            control.append(container.BindMount(ctl / spec.role, container.CTL_MOUNT, True))
         manifest["containers"].append(
             {
                 "role": spec.role,
@@ -157,7 +158,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
             }
         )
         members.append(
-            _Member(dataclasses.replace(spec, mounts=tuple(mounts)), None, ctl / spec.role)
+            _Member(dataclasses.replace(spec, mounts=(*mounts, *control)), None, ctl / spec.role)
         )
     rundir.write_manifest(run_dir, manifest)
     progress(f"run directory {run_dir}")

@@ -66,9 +66,13 @@ class Task(abc.ABC):
     def build_model(self, seed: int) -> nn.Module:
         """The configured network, initialised from ``seed`` (identical on every rank)."""
 
-    @abc.abstractmethod
+    #: The workload's own options; every workload's carry ``optimizer`` and ``learning_rate``.
+    options: Any
+
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        """The optimizer over ``params`` (the possibly DDP-wrapped model's parameters)."""
+        """The optimizer over ``params`` (the possibly DDP-wrapped model's parameters): the
+        options' ``optimizer`` at their ``learning_rate``."""
+        return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
 
     @abc.abstractmethod
     def train_loader(

@@ -175,17 +175,8 @@ def reads_in_flight(end_ns: np.ndarray, latency_ns: np.ndarray, weights: np.ndar
 
 
 def data_mounts(run: Run) -> tuple[str, ...]:
-    """Container paths of the run's read-only mounts (the dataset), from ``manifest.trace``."""
-    mounts = (run.manifest.get("trace") or {}).get("mounts") or []
-    return tuple(
-        sorted(
-            {
-                str(m["target"]).rstrip("/") or "/"
-                for m in mounts
-                if isinstance(m, Mapping) and m.get("read_only") and m.get("target")
-            }
-        )
-    )
+    """Container paths of the run's read-only mounts (the dataset): :attr:`Run.data_mounts`."""
+    return run.data_mounts
 
 
 def in_scope(paths: pd.Index, scope: Sequence[str]) -> np.ndarray:

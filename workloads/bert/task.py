@@ -24,7 +24,7 @@ from workloads.bert.model import BertConfig, BertPretraining, mlm_accuracy, pret
 from workloads.bert.options import BertOptions
 from workloads.config import WorkloadConfig
 from workloads.events import Emitter
-from workloads.training import Loader, Task, make_optimizer
+from workloads.training import Loader, Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +69,6 @@ class BertTask(Task):
     def build_model(self, seed: int) -> nn.Module:
         torch.manual_seed(seed)
         return BertPretraining(self.model_config)
-
-    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
 
     def _loader(
         self,

@@ -21,7 +21,7 @@ from workloads.dlrm.files import DLRMData, load_dataset
 from workloads.dlrm.model import DLRM, DLRMConfig
 from workloads.dlrm.options import DLRMOptions, parse_layers
 from workloads.events import Emitter
-from workloads.training import Loader, Task, make_optimizer, sharded_loader
+from workloads.training import Loader, Task, sharded_loader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +54,6 @@ class DLRMTask(Task):
     def build_model(self, seed: int) -> nn.Module:
         torch.manual_seed(seed)
         return DLRM(self.model_config, self.data.counts)
-
-    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
 
     def _dataset(self, path: Path, records: int, batch_size: int, emitter: Emitter) -> DLRMBatches:
         # With the counts, a corrupt index or label is an error naming the file and offset

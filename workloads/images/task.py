@@ -22,7 +22,7 @@ from workloads.images.dataset import GroupedImageDataset, ImageFolderDataset, co
 from workloads.images.files import ImageData, load_image_data
 from workloads.images.models import build_image_model
 from workloads.images.options import ImageOptions
-from workloads.training import Loader, Task, make_optimizer, sharded_loader
+from workloads.training import Loader, Task, sharded_loader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +46,6 @@ class ImageTask(Task):
     def build_model(self, seed: int) -> nn.Module:
         torch.manual_seed(seed)
         return build_image_model(self.model_name, len(self.data.classes), width=self.options.width)
-
-    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
 
     def _loader(
         self,

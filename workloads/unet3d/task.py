@@ -19,7 +19,7 @@ from torch import nn
 from core.errors import UserError
 from workloads.config import WorkloadConfig
 from workloads.events import Emitter
-from workloads.training import Loader, Task, make_optimizer, sharded_loader
+from workloads.training import Loader, Task, sharded_loader
 from workloads.unet3d.dataset import Case, UNet3DDataset, list_cases
 from workloads.unet3d.model import UNet3D, dice_ce_loss, dice_score
 from workloads.unet3d.options import UNet3DOptions
@@ -64,9 +64,6 @@ class UNet3DTask(Task):
 
     def build_model(self, seed: int) -> nn.Module:
         return build_model(self.options, seed)
-
-    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        return make_optimizer(params, self.options.optimizer, self.options.learning_rate)
 
     def _loader(
         self,
