@@ -22,8 +22,19 @@ File format (JSON), every key optional except ``workload``, ``accelerator``, ``s
       "batch": "per_accelerator",                 # or "global": b is the batch of all ranks
       "table": [{"g": 1, "b": 2048, "mean": 0.0106, "std": 0.001, "n": 40}, ...],
       "fit": {"mean_r2": 0.9996, "std_r2": 0.93, "warnings": [...]},
-      "measured": {"command": ..., "device": ..., "versions": {...}}
+      "measured": {"command": ..., "device": ..., "versions": {...}},
+      "split": {"forward": 0.27, "backward": 0.73, "optimizer": 0.0},
+      "memory": {"capacity_bytes": 42949672960, "persistent_bytes": 734003200,
+                 "peak_bytes": {"g": 0, "b": 4194304, "const": 883000000}},
+      "model_transfer_s": 0.054
     }
+
+``split`` divides each step's compute time into the phases a real step has (forward,
+backward, optimizer; fractions summing to 1), so an emulated run logs the same phases as an
+``instrumented`` one. ``memory`` describes the emulated card: its capacity, the memory kept
+between steps and the peak of a step (linear in the per-accelerator batch); a configuration
+whose peak exceeds the capacity fails at the first step like a real out-of-memory.
+``model_transfer_s``: copying the model to the card once, before the first step.
 
 ``table`` holds measured (accelerators, batch) points of the compute time: a step whose
 configuration is in the table draws from that point's Normal(mean, std), any other from the
@@ -103,6 +114,43 @@ class TablePoint:
 
 
 @dataclasses.dataclass(frozen=True)
+class Split:
+    """Fractions of a step's compute time: forward, backward, optimizer (summing to 1)."""
+
+    forward: float
+    backward: float
+    optimizer: float = 0.0
+
+    def __post_init__(self) -> None:
+        parts = (self.forward, self.backward, self.optimizer)
+        if min(parts) < 0 or abs(sum(parts) - 1.0) > 1e-6:
+            raise UserError(
+                f"sleep profile split {dataclasses.asdict(self)} is invalid: fractions must not "
+                "be negative and must sum to 1"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """The emulated card's memory (bytes): capacity, kept between steps, peak of a step."""
+
+    capacity_bytes: int
+    persistent_bytes: float = 0.0
+    peak_bytes: Linear = Linear()
+
+    def __post_init__(self) -> None:
+        if self.capacity_bytes <= 0 or self.persistent_bytes < 0:
+            raise UserError(
+                f"sleep profile memory {dataclasses.asdict(self)} is invalid: capacity must be "
+                "positive and persistent memory not negative"
+            )
+
+    def peak(self, accelerators: int, batch: int) -> float:
+        """Peak bytes of one training step of ``batch`` samples on one card."""
+        return max(self.persistent_bytes, self.peak_bytes(accelerators, batch))
+
+
+@dataclasses.dataclass(frozen=True)
 class SleepProfile:
     """Per-step compute (and optional host-to-device and eval) times for the sleep variant.
 
@@ -121,6 +169,9 @@ class SleepProfile:
     table: tuple[TablePoint, ...] = ()
     fit: dict[str, Any] | None = None
     measured: dict[str, Any] | None = None
+    split: Split | None = None
+    memory: Memory | None = None
+    model_transfer_s: float = 0.0
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -132,6 +183,8 @@ class SleepProfile:
             )
         if self.checkpoint_bytes is not None and self.checkpoint_bytes < 0:
             raise UserError(f"checkpoint_bytes must not be negative, got {self.checkpoint_bytes}")
+        if self.model_transfer_s < 0:
+            raise UserError(f"model_transfer_s must not be negative, got {self.model_transfer_s}")
         if self.batch not in BATCH_BASES:
             raise UserError(
                 f"sleep profile batch must be one of {', '.join(BATCH_BASES)}, got {self.batch!r}"
@@ -208,6 +261,23 @@ class SleepProfile:
         for name in ("fit", "measured"):
             if data.get(name) is not None and not isinstance(data[name], dict):
                 raise UserError(f"{where}: {name} must be a JSON object, got {data[name]!r}")
+        if data.get("split") is not None:
+            values["split"] = Split(**_numbers(data["split"], f"{where}: split", Split))
+        if data.get("memory") is not None:
+            memory = _table(
+                data["memory"], f"{where}: memory", {f.name for f in dataclasses.fields(Memory)}
+            )
+            if "capacity_bytes" not in memory:
+                raise UserError(f"{where}: memory: missing capacity_bytes")
+            values["memory"] = Memory(
+                capacity_bytes=int(_number(memory["capacity_bytes"], f"{where}: memory")),
+                persistent_bytes=float(
+                    _number(memory.get("persistent_bytes", 0.0), f"{where}: memory")
+                ),
+                peak_bytes=_linear(memory.get("peak_bytes", {}), f"{where}: memory.peak_bytes"),
+            )
+        transfer = data.get("model_transfer_s", 0.0)
+        values["model_transfer_s"] = float(_number(transfer, f"{where}: model_transfer_s"))
         return cls(
             **values,
             checkpoint_bytes=ckpt,
@@ -248,6 +318,17 @@ def _point(data: Any, where: str) -> TablePoint:
         std=float(data.get("std", 0.0)),
         n=int(data.get("n", 0)),
     )
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserError(f"{where}: expected a number, got {value!r}")
+    return value
+
+
+def _numbers(data: Any, where: str, cls: type) -> dict[str, float]:
+    data = _table(data, where, {f.name for f in dataclasses.fields(cls)})
+    return {name: float(_number(value, f"{where}.{name}")) for name, value in data.items()}
 
 
 def _normal(data: Any, where: str) -> Normal:
