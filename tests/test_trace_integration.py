@@ -255,8 +255,8 @@ def test_memory_limit_units_mean_the_same_to_us_and_to_docker(
     """`--memory-limit` is parsed once (MB = 10^6, GiB = 2^30) and docker gets bytes: the
     container's own cgroup shows the limit (the kernel rounds it down to whole pages)."""
     show = (
-        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
-        " || cat /sys/fs/cgroup/memory.max"
+        "(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
+        " || cat /sys/fs/cgroup/memory.max); ulimit -l"
     )
     done = subprocess.run(
         [sys.executable, str(REPO / "cli.py"), "trace", "--image", BASE, "--memory-limit", given]
@@ -268,9 +268,27 @@ def test_memory_limit_units_mean_the_same_to_us_and_to_docker(
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     run_dir = Path(done.stdout.strip().splitlines()[-1])
-    seen = int((run_dir / "raw" / "main" / "container.log").read_text().split()[0])
+    output = (run_dir / "raw" / "main" / "container.log").read_text().split()
+    seen = int(output[0])
     assert expected - 4096 < seen <= expected
+    # Emulated host-to-device copies lock host memory: the tracer asks docker for an unlimited
+    # RLIMIT_MEMLOCK, and where the daemon's own limit forbids it (it cannot be raised without
+    # CAP_SYS_RESOURCE, as on the build machines), it runs with the daemon's and says so.
+    entry = _manifest(run_dir)["containers"][0]
+    if entry["memlock_unlimited"]:
+        assert output[1] == "unlimited"
+    else:
+        assert int(output[1]) * 1024 == _daemon_memlock_bytes()
     manifest = _manifest(run_dir)
     assert manifest["containers"][0]["memory_limit_bytes"] == expected
     # The container's output also reached the terminal (stderr), as `docker run` shows it.
     assert str(seen) in done.stderr
+
+
+def _daemon_memlock_bytes() -> int:
+    """The Docker daemon's hard RLIMIT_MEMLOCK (what its containers get at most)."""
+    pid = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
+    for line in Path(f"/proc/{pid[0]}/limits").read_text().splitlines():
+        if line.startswith("Max locked memory"):
+            return int(line.split()[4])
+    raise AssertionError("no locked-memory limit for dockerd")

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 import docker
 import docker.errors
-from docker.types import EndpointConfig, Mount
+from docker.types import EndpointConfig, Mount, Ulimit
 
 from core.errors import UserError
 
@@ -155,6 +155,9 @@ def start_held(
         kwargs["nano_cpus"] = int(cpus * 1e9)
     if working_dir:
         kwargs["working_dir"] = working_dir
+    # Emulated host-to-device copies lock the batch in host memory (mlock), as pinned staging
+    # buffers are; docker's default RLIMIT_MEMLOCK (8 MiB) is less than a batch.
+    kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1)]
     if network is None:
         kwargs["network_mode"] = "none"
     else:
@@ -162,12 +165,14 @@ def start_held(
         kwargs["hostname"] = role
         # Reachable by role too (rank0, storage, ...), not only by the run-specific name.
         kwargs["networking_config"] = {network: EndpointConfig(cli.api._version, aliases=[role])}
-    try:
-        container = cli.containers.run(
+    name = container_name(run_id, role)
+
+    def run() -> docker.models.containers.Container:
+        return cli.containers.run(
             image,
             command=list(command),
             entrypoint=["/bin/sh", "-c", BARRIER_SCRIPT, "twintrace-barrier"],
-            name=container_name(run_id, role),
+            name=name,
             mounts=[m.to_docker() for m in all_mounts],
             labels={RUN_LABEL: run_id, ROLE_LABEL: role, OWNER_LABEL: str(os.getpid())},
             environment=environment or {},
@@ -175,11 +180,38 @@ def start_held(
             shm_size=int(shm_bytes),
             **kwargs,
         )
+
+    try:
+        try:
+            container = run()
+        except docker.errors.APIError as exc:
+            if "rlimit" not in str(exc):
+                raise
+            # The daemon's own locked-memory limit is lower than asked (it cannot be raised
+            # without CAP_SYS_RESOURCE): run with its default; the emulation says what it
+            # could lock (workloads.training.PinnedStaging).
+            _remove_named(cli, name)
+            kwargs.pop("ulimits")
+            container = run()
     except docker.errors.ImageNotFound:
         raise UserError(f"image {image} is not built: run `./cli.py build`") from None
     except docker.errors.APIError as exc:
         raise UserError(f"docker could not start {image}: {exc.explanation or exc}") from None
     return container
+
+
+def memlock_raised(container: docker.models.containers.Container) -> bool:
+    """Whether the container runs with an unlimited RLIMIT_MEMLOCK (see :func:`start_held`)."""
+    container.reload()
+    limits = container.attrs.get("HostConfig", {}).get("Ulimits") or []
+    return any(u.get("Name") == "memlock" and u.get("Hard") == -1 for u in limits)
+
+
+def _remove_named(cli: docker.DockerClient, name: str) -> None:
+    try:
+        cli.containers.get(name).remove(force=True)
+    except docker.errors.NotFound:
+        pass
 
 
 def main_pid(container: docker.models.containers.Container, timeout: float = 30.0) -> int:

@@ -247,7 +247,10 @@ def _start_all(
             prefix=f"[{spec.role}] " if len(members) > 1 else "",
         )
         manifest["containers"][i].update(
-            container_id=m.ctr.id, cgroup_id=m.cgroups.v2_id, main_pid=m.main_pid
+            container_id=m.ctr.id,
+            cgroup_id=m.cgroups.v2_id,
+            main_pid=m.main_pid,
+            memlock_unlimited=container.memlock_raised(m.ctr),
         )
 
 

@@ -9,7 +9,8 @@ the same shape and the same events:
   runs in the calling process; G > 1 starts G rank processes (torch.multiprocessing, forkserver),
   each with its own loaders (``config.workers`` DataLoader workers) over its 1/G share of the
   data. ``original``/``instrumented`` synchronise gradients with DistributedDataParallel (gloo
-  on CPU, nccl on CUDA); ``sleep`` ranks run independently, without a process group.
+  on CPU, nccl on CUDA); ``sleep`` ranks meet in a gloo all-reduce at the end of every step.
+  With ``config.rank`` set (one container per rank) the process runs that rank only.
 - Epochs are numbered from 1, steps within an epoch from 0; ``max_steps`` > 0 ends an epoch
   after that many steps. With ``eval_every`` > 0 and evaluation data, the task's eval loader
   runs after every ``eval_every``-th epoch. Every ``checkpoint_every``-th epoch rank 0 writes
@@ -20,14 +21,19 @@ the same shape and the same events:
   ``loss_tensor_calc``, ``model_backward_pass``, ``model_optim_step``, ``cum_loss_fn_calc``,
   ``all_compute`` and whatever the task's datasets log from the loader workers
   (``sample_load``/``sample_preproc`` or ``batch_load``/``batch_preproc``); ``sleep`` logs the
-  same data-side events plus ``load_batch_gpu`` and ``accelerator_busy``.
+  same data-side events plus those of :class:`SleepCompute` (``load_batch_gpu``, the forward,
+  backward and optimizer phases when its profile splits the compute, ``accelerator_busy``,
+  ``sync_wait`` with several ranks).
 """
 
 from __future__ import annotations
 
 import abc
+import ctypes
 import dataclasses
+import mmap
 import os
+import resource
 import socket
 import sys
 import time
@@ -222,7 +228,9 @@ def _rank_main(rank: int, plan: Plan, emitter: Emitter) -> None:
     # containers see every host core); DataLoader workers set themselves to one thread each.
     torch.set_num_threads(max(1, available_cpus() // world))
     device = resolve_device(config, rank)
-    distributed = world > 1 and plan.profile is None
+    # Emulated ranks join a process group too: every step ends with a collective, as DDP's
+    # gradient all-reduce, so the fastest rank waits for the slowest.
+    distributed = world > 1
     if distributed:
         os.environ["MASTER_ADDR"] = plan.master_addr
         os.environ["MASTER_PORT"] = str(plan.master_port)
@@ -253,7 +261,9 @@ def _make_compute(
         rank == 0 and config.checkpoint_every > 0 and plan.profile.checkpoint_bytes is None
     )
     model = plan.task.build_model(config.seed) if needs_model else None
-    return SleepCompute(plan.task, plan.profile, config.accelerators, config.seed, rank, model)
+    return SleepCompute(
+        plan.task, plan.profile, config.accelerators, config.seed, rank, model, distributed
+    )
 
 
 class ModelCompute:
@@ -346,7 +356,19 @@ class ModelCompute:
 
 
 class SleepCompute:
-    """Emulated computation: sleeps drawn from a :class:`SleepProfile`; the model never runs.
+    """Emulated computation driven by a :class:`SleepProfile`; the model never runs.
+
+    Per training step, in the order and under the names of a real (instrumented) step:
+
+    - ``load_batch_gpu``: the batch is copied into page-locked host memory
+      (:class:`PinnedStaging`), as a real loader's pinned staging buffers hold it, and the step
+      waits out the rest of the profile's host-to-device time;
+    - before the first step, ``model_transfer``: the profile's model copy time; and the card's
+      memory is checked: a peak above its capacity fails like a real out-of-memory;
+    - ``model_forward_pass``, ``model_backward_pass``, ``model_optim_step``: the compute time,
+      split as the profile says (one ``accelerator_busy`` interval spans them all);
+    - with several ranks, ``sync_wait``: a real all-reduce through torch.distributed (gloo), so
+      every rank waits for the slowest, as DDP's gradient all-reduce makes it.
 
     ``model`` is only kept to write realistic checkpoints (``torch.save`` of its untrained
     state_dict) when the profile does not set ``checkpoint_bytes``.
@@ -360,30 +382,72 @@ class SleepCompute:
         seed: int,
         rank: int,
         model: nn.Module | None,
+        distributed: bool = False,
     ) -> None:
         self.task = task
         self.profile = profile
         self.accelerators = accelerators
         self.rng = np.random.default_rng([seed, rank])
         self.model = model
+        self.distributed = distributed
+        self.staging = PinnedStaging()
         self._eval_batches = 0
+        self._first = True
 
     def _batch(self, batch: Any) -> int:
         return self.profile.profile_batch(self.task.batch_samples(batch), self.accelerators)
 
+    def _first_step(self, b: int, marks: Marks) -> None:
+        """Model transfer and the memory check, once, before the first step."""
+        memory = self.profile.memory
+        if memory is not None:
+            need = memory.peak(self.accelerators, b)
+            if need > memory.capacity_bytes:
+                raise UserError(
+                    f"out of memory on the emulated {self.profile.accelerator}: a training step "
+                    f"of batch {b} needs {need / 2**30:.2f} GiB, the card has "
+                    f"{memory.capacity_bytes / 2**30:.2f} GiB "
+                    f"({memory.persistent_bytes / 2**30:.2f} GiB kept between steps): use a "
+                    "smaller batch size or a card with more memory"
+                )
+        if self.profile.model_transfer_s > 0:
+            t0 = time.monotonic_ns()
+            time.sleep(self.profile.model_transfer_s)
+            marks.append(("model_transfer", t0, time.monotonic_ns()))
+
     def train_step(self, batch: Any, marks: Marks) -> None:
-        """Sleep for the profile's host-to-device time, then its compute time."""
+        """Stage the batch and wait the host-to-device time, then the compute time."""
         b = self._batch(batch)
+        if self._first:
+            self._first = False
+            self._first_step(b, marks)
         t0 = time.monotonic_ns()
         h2d = self.profile.sample_h2d(self.rng, self.accelerators, b)
-        if h2d > 0:
-            time.sleep(h2d)
+        self.staging.stage(batch)
+        _sleep_until(t0 + int(h2d * 1e9))
         t1 = time.monotonic_ns()
+        marks.append(("load_batch_gpu", t0, t1))
         compute = self.profile.sample(self.rng, self.accelerators, b)
+        split = self.profile.split
+        parts: list[tuple[str, float]] = []
+        if split is not None:
+            parts = [("model_forward_pass", split.forward), ("model_backward_pass", split.backward)]
+            if split.optimizer > 0:
+                parts.append(("model_optim_step", split.optimizer))
+        end = t1 + int(compute * 1e9)
+        start = t1
+        for key, share in parts:
+            stop = min(end, start + int(compute * share * 1e9))
+            _sleep_until(stop)
+            marks.append((key, start, stop))
+            start = stop
+        _sleep_until(end)
         t2 = time.monotonic_ns()
-        time.sleep(compute)
-        t3 = time.monotonic_ns()
-        marks += [("load_batch_gpu", t0, t1), ("accelerator_busy", t2, t3)]
+        marks.append(("accelerator_busy", t1, t2))
+        if self.distributed:
+            # A real collective: the ranks meet here, and the fastest waits for the slowest.
+            dist.all_reduce(torch.zeros(1))
+            marks.append(("sync_wait", t2, time.monotonic_ns()))
 
     def eval_batch(self, batch: Any) -> None:
         """Sleep for the profile's evaluation time of one batch (0 unless it has one)."""
@@ -411,6 +475,107 @@ class SleepCompute:
             for offset in range(0, size, chunk):
                 f.write(rng.bytes(min(chunk, size - offset)))
         return size
+
+
+def _sleep_until(deadline_ns: int) -> None:
+    """Sleep until CLOCK_MONOTONIC reaches ``deadline_ns`` (no-op when it has passed): the
+    emulated phases end when the profile says, whatever the work done before took."""
+    remaining = deadline_ns - time.monotonic_ns()
+    if remaining > 0:
+        time.sleep(remaining / 1e9)
+
+
+class PinnedStaging:
+    """Page-locked host memory holding a batch, as pinned-memory staging buffers hold it
+    before a real host-to-device copy (torch cannot pin without an accelerator backend).
+
+    The buffer grows to the largest batch seen and stays locked (``mlock``), so the host's
+    memory pressure is real; each step copies the batch's tensors into it. Where
+    RLIMIT_MEMLOCK is lower than a batch (docker's default is 8 MiB, and a daemon without
+    CAP_SYS_RESOURCE cannot grant more), as much as the limit allows is locked and the rest is
+    resident but unlocked: one warning on stderr says so, and how to raise the limit, and
+    :attr:`locked` / :attr:`size` record it.
+    """
+
+    def __init__(self, warn: Callable[[str], None] | None = None) -> None:
+        self.buffer: mmap.mmap | None = None
+        self.size = 0  # bytes of the buffer
+        self.locked = 0  # bytes of it locked in memory
+        self.warn = warn or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._warned = False
+
+    @staticmethod
+    def tensors(batch: Any) -> list[torch.Tensor]:
+        """The tensors of a batch (nested tuples, lists and dicts)."""
+        if isinstance(batch, torch.Tensor):
+            return [batch]
+        if isinstance(batch, dict):
+            batch = list(batch.values())
+        if isinstance(batch, list | tuple):
+            return [t for item in batch for t in PinnedStaging.tensors(item)]
+        return []
+
+    def stage(self, batch: Any) -> int:
+        """Copy the batch into the staging buffer; returns its bytes."""
+        tensors = [t.detach().contiguous() for t in self.tensors(batch)]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        if nbytes == 0:
+            return 0
+        if nbytes > self.size:
+            self._grow(nbytes)
+        assert self.buffer is not None
+        view = np.frombuffer(self.buffer, dtype=np.uint8)
+        offset = 0
+        for t in tensors:
+            data = t.reshape(-1).view(torch.uint8).numpy()
+            view[offset : offset + data.size] = data
+            offset += data.size
+        del view  # the mmap cannot be closed while a numpy view of it exists
+        return nbytes
+
+    def _grow(self, nbytes: int) -> None:
+        self.close()
+        buffer = mmap.mmap(-1, nbytes)
+        anchor = ctypes.c_char.from_buffer(buffer)
+        address = ctypes.addressof(anchor)
+        del anchor  # an exported pointer would keep the mmap from being closed
+        libc = ctypes.CDLL(None, use_errno=True)
+        locked = nbytes
+        if libc.mlock(ctypes.c_void_p(address), ctypes.c_size_t(nbytes)) != 0:
+            err = ctypes.get_errno()
+            soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+            if soft != hard:
+                resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
+            page = mmap.PAGESIZE
+            locked = max(0, min(nbytes, hard - _locked_bytes()) // page * page)
+            if locked and libc.mlock(ctypes.c_void_p(address), ctypes.c_size_t(locked)) != 0:
+                locked = 0
+            if not self._warned:
+                self._warned = True
+                self.warn(
+                    f"twintrace: locked {locked} of the {nbytes} bytes of the emulated "
+                    f"host-to-device staging buffer ({os.strerror(err)}; RLIMIT_MEMLOCK is "
+                    f"{hard} bytes); the rest is resident but not locked. To lock it all, "
+                    "raise the limit: `docker run --ulimit memlock=-1` (./cli.py trace asks for "
+                    "it; the Docker daemon must itself run with `ulimit -l unlimited`)"
+                )
+        self.buffer, self.size, self.locked = buffer, nbytes, locked
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()  # unmapping unlocks the pages
+            self.buffer, self.size, self.locked = None, 0, 0
+
+
+def _locked_bytes() -> int:
+    """Bytes this process has locked in memory now (VmLck)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmLck:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 class _Loop:

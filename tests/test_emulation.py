@@ -1,0 +1,138 @@
+"""The emulated accelerator (SleepCompute): pinned host memory for the host-to-device copy, the
+card's memory capacity, the compute split into a real step's phases, and ranks that wait for
+the slowest at every step. Runs the real data pipeline on a tiny UNet3D dataset."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from core.errors import UserError
+from tests.test_workloads_unet3d import keys, make_dataset, run_variant, sleep_profile
+from workloads.training import PinnedStaging
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("emulation") / "data")
+
+
+def _locked_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmLck:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmLck in /proc/self/status")
+
+
+def test_staging_copies_the_batch_into_locked_memory() -> None:
+    x = torch.arange(3 * 1024 * 1024, dtype=torch.float32).reshape(3, 1024, 1024)  # 12 MiB
+    y = torch.tensor([1, 2, 3], dtype=torch.int64)
+    before = _locked_kib()
+    staging = PinnedStaging()
+    try:
+        nbytes = staging.stage({"x": x, "y": [y]})
+        assert nbytes == x.numel() * 4 + 3 * 8
+        assert _locked_kib() - before >= nbytes // 1024  # the host really holds it locked
+        held = np.frombuffer(staging.buffer, dtype=np.uint8, count=nbytes)
+        assert held[: x.numel() * 4].tobytes() == x.numpy().tobytes()
+        assert held[x.numel() * 4 :].tobytes() == y.numpy().tobytes()
+        del held  # a view of the buffer would keep it from being unmapped
+        assert staging.stage(y) == 24 and staging.size == nbytes  # reused, not regrown
+        assert staging.locked == nbytes  # root here: CAP_IPC_LOCK locks it all
+    finally:
+        staging.close()
+    assert _locked_kib() == before
+
+
+def test_a_memlock_limit_below_the_batch_locks_what_it_can_and_says_so() -> None:
+    script = textwrap.dedent(
+        """
+        import os, resource, torch
+        from workloads.training import PinnedStaging, _locked_bytes
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536))
+        if os.getuid() == 0:  # root may lock beyond the limit (CAP_IPC_LOCK): drop it
+            os.setgid(65534)
+            os.setuid(65534)
+        staging = PinnedStaging()
+        print(staging.stage(torch.ones(1 << 20)), staging.size, staging.locked, _locked_bytes())
+        staging.stage(torch.ones(1 << 20))  # warned once only
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["4194304", "4194304", "65536", "65536"]
+    warning = done.stderr.strip()
+    assert warning.count("\n") == 0 and warning.count("twintrace: locked") == 1
+    assert "locked 65536 of the 4194304 bytes" in warning and "RLIMIT_MEMLOCK is 65536" in warning
+    assert "--ulimit memlock=-1" in warning
+
+
+def test_a_batch_that_does_not_fit_the_card_fails_at_the_first_step(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    memory = {
+        "capacity_bytes": 16 * 2**30,
+        "persistent_bytes": 2 * 2**30,
+        "peak_bytes": {"b": 9 * 2**30, "const": 2 * 2**30},
+    }
+    profile = sleep_profile(tmp_path, memory=memory)
+    with pytest.raises(UserError) as info:
+        run_variant(tmp_path, data_dir, "sleep", profile=str(profile))
+    message = str(info.value)
+    assert "out of memory on the emulated test" in message
+    assert "batch 2 needs 20.00 GiB, the card has 16.00 GiB (2.00 GiB kept" in message
+    # batch 1 fits (11 GiB): the same profile trains
+    frame = run_variant(tmp_path / "b1", data_dir, "sleep", profile=str(profile), batch_size=1)
+    assert len(keys(frame, "step_end")) == 6
+
+
+def test_compute_is_split_into_the_phases_of_a_real_step(tmp_path: Path, data_dir: Path) -> None:
+    profile = sleep_profile(
+        tmp_path,
+        split={"forward": 0.2, "backward": 0.6, "optimizer": 0.2},
+        model_transfer_s=0.03,
+        h2d={"mean": {"const": 0.01}, "std": {}},
+    )
+    frame = run_variant(tmp_path, data_dir, "sleep", profile=str(profile))
+    busy = keys(frame, "accelerator_busy").set_index("step")
+    for key, share in (
+        ("model_forward_pass", 0.2),
+        ("model_backward_pass", 0.6),
+        ("model_optim_step", 0.2),
+    ):
+        part = keys(frame, key).set_index("step")
+        assert len(part) == 3
+        assert ((part.duration_ns / 1e9 - 0.05 * share).abs() < 0.004).all(), key
+        assert (part.ts_ns >= busy.ts_ns).all() and (part.end_ns <= busy.end_ns).all()
+    assert ((busy.duration_ns / 1e9 - 0.05).abs() < 0.004).all()  # the phases add up
+    transfer = keys(frame, "model_transfer")
+    assert len(transfer) == 1 and transfer.duration_ns.iloc[0] >= 30_000_000
+    assert (keys(frame, "load_batch_gpu").duration_ns >= 10_000_000).all()
+
+
+def test_ranks_wait_for_the_slowest_at_every_step(tmp_path: Path, data_dir: Path) -> None:
+    # Compute drawn with a 20 ms spread, differently on each rank: without the collective the
+    # ranks would drift apart step after step.
+    profile = sleep_profile(tmp_path, compute={"mean": {"const": 0.05}, "std": {"const": 0.02}})
+    frame = run_variant(tmp_path, data_dir, "sleep", profile=str(profile), accelerators=2)
+    ends = keys(frame, "step_end").pivot_table(index="step", columns="rank", values="ts_ns")
+    assert list(ends.columns) == [0, 1] and len(ends) == 2
+    gaps_ms = (ends[0] - ends[1]).abs() / 1e6
+    print(f"step-end gaps between the two ranks: {gaps_ms.round(2).tolist()} ms")
+    assert (gaps_ms < 10).all()
+    waits = keys(frame, "sync_wait")
+    assert len(waits) == 4 and set(waits["rank"]) == {0, 1}
