@@ -18,7 +18,6 @@ forward, loss, backward, optimizer step and the loss read-back.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import platform
 import sys
 import time
@@ -107,8 +106,7 @@ def measure(
         seed=settings.seed,
         options=options or {},
     )
-    module, _, name = spec.task.partition(":")
-    task = getattr(importlib.import_module(module), name).create(config, Path(data_dir))
+    task = spec.task_of(config, Path(data_dir))
     device = resolve_device(config, 0)
     with Emitter("/dev/null") as emitter:
         loader = task.train_loader(config, 0, device, emitter)

@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from core.errors import UserError
-from tests.test_workloads_unet3d import keys, make_dataset, run_variant, sleep_profile
+from tests.test_workloads_unet3d import (
+    OPTIONS,
+    keys,
+    make_dataset,
+    run_variant,
+    sleep_profile,
+)
 from workloads.training import PinnedStaging
 
 pytestmark = pytest.mark.integration
@@ -136,3 +142,40 @@ def test_ranks_wait_for_the_slowest_at_every_step(tmp_path: Path, data_dir: Path
     assert (gaps_ms < 10).all()
     waits = keys(frame, "sync_wait")
     assert len(waits) == 4 and set(waits["rank"]) == {0, 1}
+
+
+def test_the_all_reduce_model_and_its_time_after_the_meeting(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    from workloads.profile import Collective
+    from workloads.registry import get_workload
+    from workloads.training import parameter_count
+    from workloads.unet3d.model import UNet3D  # noqa: F401  (the task builds it)
+
+    ring = Collective(bandwidth_bytes_per_s=1e8)
+    assert ring.seconds(1, 10**9) == 0.0
+    assert ring.seconds(2, 2 * 10**6) == pytest.approx(0.02)  # 2 (G-1)/G x S / B
+    assert ring.seconds(4, 4 * 10**6) == pytest.approx(2 * 3 / 4 * 0.04)
+    assert Collective(interconnect="nvlink-a100").seconds(8, 3 * 10**9) == pytest.approx(
+        2 * 7 / 8 * 3e9 / 300e9
+    )
+    with pytest.raises(UserError, match="unknown interconnect 'ib'"):
+        Collective(interconnect="ib")
+    # Gradient bytes by default: 4 per parameter of the real model, counted on the meta device.
+    from workloads.config import WorkloadConfig
+
+    config = WorkloadConfig(workload="unet3d", variant="sleep", options=dict(OPTIONS))
+    task = get_workload("unet3d").task_of(config, data_dir)
+    real = sum(p.numel() for p in task.build_model(0).parameters())
+    assert parameter_count(task) == real > 0
+
+    profile = sleep_profile(
+        tmp_path, collective={"bandwidth_bytes_per_s": 1e8, "gradient_bytes": 2 * 10**6}
+    )
+    frame = run_variant(tmp_path, data_dir, "sleep", profile=str(profile), accelerators=2)
+    reduce = keys(frame, "all_reduce")
+    assert len(reduce) == 4
+    assert ((reduce.duration_ns / 1e9 - 0.02).abs() < 0.003).all()
+    waits = keys(frame, "sync_wait").set_index(["rank", "step"]).sort_index()
+    after = reduce.set_index(["rank", "step"]).sort_index()
+    assert (after.ts_ns >= waits.end_ns).all()  # the modelled time follows the meeting

@@ -35,6 +35,8 @@ backward, optimizer; fractions summing to 1), so an emulated run logs the same p
 between steps and the peak of a step (linear in the per-accelerator batch); a configuration
 whose peak exceeds the capacity fails at the first step like a real out-of-memory.
 ``model_transfer_s``: copying the model to the card once, before the first step.
+``collective``: the data-parallel all-reduce of each step with several accelerators
+(:class:`Collective`: a ring all-reduce over an interconnect; PCIe 3.0 x16 by default).
 
 ``table`` holds measured (accelerators, batch) points of the compute time: a step whose
 configuration is in the table draws from that point's Normal(mean, std), any other from the
@@ -150,6 +152,54 @@ class Memory:
         return max(self.persistent_bytes, self.peak_bytes(accelerators, batch))
 
 
+#: Interconnects of the all-reduce model: one-direction bandwidth per GPU, bytes/s. Vendor
+#: specification peaks (real collectives reach less; measure and override with a profile's
+#: ``collective.bandwidth_bytes_per_s``): PCIe 3.0/4.0 x16 per direction (PCI-SIG: 8/16 GT/s
+#: x 16 lanes, 128b/130b); NVLink totals halved per direction (NVIDIA datasheets: V100 SXM2
+#: 300 GB/s, A100 SXM4 600 GB/s, H100 SXM5 900 GB/s).
+INTERCONNECTS: dict[str, float] = {
+    "pcie3": 15.75e9,
+    "pcie4": 31.5e9,
+    "nvlink-v100": 150e9,
+    "nvlink-a100": 300e9,
+    "nvlink-h100": 450e9,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """The data-parallel gradient all-reduce of one step, as the ring algorithm's cost model
+    (Patarasuk & Yuan 2009; the model behind NCCL's "bus bandwidth"):
+    ``2 (G-1)/G x gradient_bytes / bandwidth + 2 (G-1) x latency_s``.
+
+    ``gradient_bytes`` None: 4 bytes per parameter of the workload's model (counted without
+    allocating it). ``interconnect`` names a bandwidth of :data:`INTERCONNECTS`;
+    ``bandwidth_bytes_per_s`` overrides it. ``latency_s`` (per ring step) defaults to 0: not
+    modelled unless measured."""
+
+    interconnect: str = "pcie3"
+    bandwidth_bytes_per_s: float | None = None
+    latency_s: float = 0.0
+    gradient_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bytes_per_s is None and self.interconnect not in INTERCONNECTS:
+            raise UserError(
+                f"unknown interconnect {self.interconnect!r}: choose one of "
+                f"{', '.join(INTERCONNECTS)} or give bandwidth_bytes_per_s"
+            )
+        if (self.bandwidth_bytes_per_s or 1) <= 0 or self.latency_s < 0:
+            raise UserError("collective bandwidth must be positive and latency not negative")
+
+    def seconds(self, accelerators: int, gradient_bytes: int) -> float:
+        """Modelled all-reduce time of one step (0 for one accelerator)."""
+        g = accelerators
+        if g < 2:
+            return 0.0
+        bandwidth = self.bandwidth_bytes_per_s or INTERCONNECTS[self.interconnect]
+        return 2 * (g - 1) / g * gradient_bytes / bandwidth + 2 * (g - 1) * self.latency_s
+
+
 @dataclasses.dataclass(frozen=True)
 class SleepProfile:
     """Per-step compute (and optional host-to-device and eval) times for the sleep variant.
@@ -172,6 +222,7 @@ class SleepProfile:
     split: Split | None = None
     memory: Memory | None = None
     model_transfer_s: float = 0.0
+    collective: Collective = Collective()
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -276,6 +327,16 @@ class SleepProfile:
                 ),
                 peak_bytes=_linear(memory.get("peak_bytes", {}), f"{where}: memory.peak_bytes"),
             )
+        if data.get("collective") is not None:
+            collective = _table(
+                data["collective"],
+                f"{where}: collective",
+                {f.name for f in dataclasses.fields(Collective)},
+            )
+            for name, value in collective.items():
+                if name != "interconnect" and value is not None:
+                    _number(value, f"{where}: collective.{name}")
+            values["collective"] = Collective(**collective)
         transfer = data.get("model_transfer_s", 0.0)
         values["model_transfer_s"] = float(_number(transfer, f"{where}: model_transfer_s"))
         return cls(

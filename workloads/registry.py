@@ -68,14 +68,18 @@ class WorkloadSpec:
             config.pop(key)
         return {**config, "options": dataclasses.asdict(self.options_type())}
 
+    def task_of(self, config: WorkloadConfig, data_dir: Path) -> Any:
+        """The workload's :class:`workloads.training.Task` for ``config`` over ``data_dir``
+        (imports torch and the task's module)."""
+        module, _, name = self.task.partition(":")
+        task_type = getattr(importlib.import_module(module), name)
+        return task_type.create(config, Path(data_dir))
+
     def run(self, config: WorkloadConfig, data_dir: Path, out_dir: Path, emitter: Emitter) -> None:
         """Train (imports torch and the workload's task)."""
         from workloads import training
 
-        module, _, name = self.task.partition(":")
-        task_type = getattr(importlib.import_module(module), name)
-        task = task_type.create(config, Path(data_dir))
-        training.run(config, task, out_dir, emitter)
+        training.run(config, self.task_of(config, data_dir), out_dir, emitter)
 
 
 _IMAGE_DESCRIPTION = (

@@ -23,7 +23,7 @@ the same shape and the same events:
   (``sample_load``/``sample_preproc`` or ``batch_load``/``batch_preproc``); ``sleep`` logs the
   same data-side events plus those of :class:`SleepCompute` (``load_batch_gpu``, the forward,
   backward and optimizer phases when its profile splits the compute, ``accelerator_busy``,
-  ``sync_wait`` with several ranks).
+  ``sync_wait`` and ``all_reduce`` with several ranks).
 """
 
 from __future__ import annotations
@@ -368,7 +368,9 @@ class SleepCompute:
     - ``model_forward_pass``, ``model_backward_pass``, ``model_optim_step``: the compute time,
       split as the profile says (one ``accelerator_busy`` interval spans them all);
     - with several ranks, ``sync_wait``: a real all-reduce through torch.distributed (gloo), so
-      every rank waits for the slowest, as DDP's gradient all-reduce makes it.
+      every rank waits for the slowest, as DDP's gradient all-reduce makes it; then
+      ``all_reduce``: the modelled time of the gradient all-reduce itself
+      (:class:`workloads.profile.Collective`).
 
     ``model`` is only kept to write realistic checkpoints (``torch.save`` of its untrained
     state_dict) when the profile does not set ``checkpoint_bytes``.
@@ -393,6 +395,10 @@ class SleepCompute:
         self.staging = PinnedStaging()
         self._eval_batches = 0
         self._first = True
+        self.gradient_bytes = 0
+        if distributed:
+            given = profile.collective.gradient_bytes
+            self.gradient_bytes = given if given is not None else 4 * parameter_count(task)
 
     def _batch(self, batch: Any) -> int:
         return self.profile.profile_batch(self.task.batch_samples(batch), self.accelerators)
@@ -445,9 +451,14 @@ class SleepCompute:
         t2 = time.monotonic_ns()
         marks.append(("accelerator_busy", t1, t2))
         if self.distributed:
-            # A real collective: the ranks meet here, and the fastest waits for the slowest.
+            # A real collective: the ranks meet here, and the fastest waits for the slowest;
+            # then the modelled time of the gradient all-reduce itself.
             dist.all_reduce(torch.zeros(1))
-            marks.append(("sync_wait", t2, time.monotonic_ns()))
+            t3 = time.monotonic_ns()
+            marks.append(("sync_wait", t2, t3))
+            seconds = self.profile.collective.seconds(self.accelerators, self.gradient_bytes)
+            _sleep_until(t3 + int(seconds * 1e9))
+            marks.append(("all_reduce", t3, time.monotonic_ns()))
 
     def eval_batch(self, batch: Any) -> None:
         """Sleep for the profile's evaluation time of one batch (0 unless it has one)."""
@@ -475,6 +486,13 @@ class SleepCompute:
             for offset in range(0, size, chunk):
                 f.write(rng.bytes(min(chunk, size - offset)))
         return size
+
+
+def parameter_count(task: Task) -> int:
+    """Parameters of the task's model, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = task.build_model(0)
+    return sum(p.numel() for p in model.parameters())
 
 
 def _sleep_until(deadline_ns: int) -> None:
