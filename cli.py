@@ -345,6 +345,22 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     help="Sleep profile JSON (sleep variant).",
 )
 @click.option(
+    "--accelerator",
+    "emulated",
+    metavar="NAME",
+    default=None,
+    help="Sleep variant: emulate this accelerator (a100, v100, p100, rtx6000, k80, m40, h100, "
+    "cpu) with its profile from the profile database at the run's batch size (./cli.py "
+    "profiles). Default: the workload's shipped profile.",
+)
+@click.option(
+    "--profile-model",
+    metavar="MODEL",
+    default=None,
+    help="With --accelerator on an image workload: the model whose profile to emulate (any "
+    "image model of ./cli.py profiles; default: the workload's own).",
+)
+@click.option(
     "--set",
     "sets",
     multiple=True,
@@ -419,6 +435,8 @@ def trace(
     eval_every: int | None,
     checkpoint_every: int | None,
     profile_path: Path | None,
+    emulated: str | None,
+    profile_model: str | None,
     sets: tuple[str, ...],
     rank_containers: bool,
     image: str | None,
@@ -439,6 +457,7 @@ def trace(
     \b
     Examples:
       ./cli.py trace --workload unet3d --variant sleep --data data/unet3d --epochs 1
+      ./cli.py trace --workload resnet50 --variant sleep --data data/img --accelerator a100 --batch-size 64
       ./cli.py trace --workload unet3d --variant original --data data/unet3d --accelerators 2 --rank-containers
       ./cli.py trace --image twintrace/base:latest --mount /srv/data:/data -- python3 -c "print(1)"
       ./cli.py trace --compose topology.yml --service client --service server
@@ -455,6 +474,8 @@ def trace(
         raise UserError("--service is for --compose runs")
     if command and image is None:
         raise UserError("a command after `--` is only for --image runs")
+    if (emulated or profile_model) and workload is None:
+        raise UserError("--accelerator and --profile-model are for --workload runs")
     run = RunOptions(
         limits=Limits.parse(memory_limit, cpus),
         sample_interval=sample_interval,
@@ -481,6 +502,8 @@ def trace(
             settings={k: v for k, v in given.items() if v is not None},
             options=_parse_sets(sets),
             profile=profile_path,
+            accelerator=emulated,
+            profile_model=profile_model,
             rank_containers=rank_containers,
             mounts=extra_mounts,
             run=run,
@@ -719,6 +742,60 @@ def export(run: str, fmt: str, out_path: Path | None, runs_root: Path) -> None:
             paths = export_csv(loaded, out_path or loaded.path / "csv")
     for path in paths:
         click.echo(str(path))
+
+
+@cli.command("profiles")
+@click.option("--accelerator", default=None, help="Only this accelerator (a100, v100, ...).")
+@click.option(
+    "--workload", default=None, help="Only this workload or model (resnet50, vgg16, ...)."
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON: the accelerators, the sources and one record per accelerator, model and "
+    "source.",
+)
+@user_errors
+def list_profiles(accelerator: str | None, workload: str | None, as_json: bool) -> None:
+    """List what the profile database covers (docs/profiles.md): accelerators, models, batch
+    ranges and sources; `trace --accelerator` picks from it.
+
+    Example: ./cli.py profiles --accelerator a100 --workload resnet50
+    """
+    from workloads.profiledb import default_database
+
+    db = default_database()
+    data = db.describe_coverage(accelerator, workload)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    table = Table("accelerator", "memory", "source", "models (batch sizes)", show_lines=True)
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in data["coverage"]:
+        groups.setdefault((r["accelerator"], r["source_id"]), []).append(r)
+    for (acc, source), items in groups.items():
+        spans: dict[str, list[str]] = {}
+        for r in items:
+            span = (
+                f"{r['batch_min']}-{r['batch_max']}"
+                if r["batch_sizes"] > 1
+                else f"{r['batch_min']}"
+            )
+            spans.setdefault(f"{span} ({r['kind']})", []).append(r["model"])
+        memory = items[0]["capacity_bytes"] if items[0]["memory"] else None
+        table.add_row(
+            f"[bold]{acc}[/]\n{items[0]['accelerator_name']}",
+            format_size(memory) if memory else "not emulated",
+            source + ("" if all(r["default"] for r in items) else "\n(not the default)"),
+            "\n".join(f"{span}: {', '.join(models)}" for span, models in spans.items()),
+        )
+    Console(width=max(120, Console().width)).print(table)
+    err_console.print(
+        "Where sources overlap, a lookup takes one with a row at the batch size, else the "
+        f"first of {', '.join(data['default_order'])} (docs/profiles.md).",
+        highlight=False,
+    )
 
 
 @cli.group()

@@ -24,6 +24,7 @@ to produce from them (docs/experiments.md documents the format)::
 
     [settings]                         # fixed WorkloadConfig settings for every run
     epochs = 1
+    accelerator = "v100"               # optional: the sleep runs emulate this accelerator
 
     [workloads.unet3d]                 # per workload: its dataset, options, settings, and
     dataset = "unet3d"                 # optionally its own batch_size list (replaces the grid's)
@@ -33,6 +34,11 @@ to produce from them (docs/experiments.md documents the format)::
     timelines = true                   # one timeline per configuration, variants stacked
     breakdown = true                   # one breakdown plot per workload (instrumented/sleep)
     compare = true                     # original vs sleep, per configuration and repetition
+
+``accelerator`` (in ``[settings]`` or ``[workloads.<name>]``, with ``profile_model`` for an
+image workload) gives the sleep runs the profile database's profile of that accelerator at
+their batch size (``./cli.py trace --accelerator``); original and instrumented runs compute for
+real and ignore it. Without it, sleep runs use the workload's shipped profile.
 
 Runs go to ``<out>/<name>/runs`` and outputs to ``<out>/<name>/``. The state of every run is
 kept in ``<out>/<name>/state.json`` (written atomically after each run): a run whose state
@@ -59,6 +65,8 @@ from workloads.registry import WORKLOADS
 
 GRID_KEYS = ("workload", "variant", "batch_size", "accelerators", "workers", "memory_limit")
 SETTINGS_KEYS = ("epochs", "max_steps", "seed", "eval_every", "checkpoint_every")
+#: Settings of the sleep runs' emulated accelerator (profile database), not WorkloadConfig's.
+EMULATION_KEYS = ("accelerator", "profile_model")
 PRODUCE_KEYS = ("timelines", "breakdown", "compare")
 
 
@@ -83,13 +91,15 @@ class RunSpec:
     workers: int
     memory_limit: str
     repetition: int
+    emulated: str = ""  # sleep runs: the emulated accelerator (and model), "" for the default
 
     @property
     def key(self) -> str:
         """A stable name for the state file and the outputs."""
         mem = f"-mem{self.memory_limit}" if self.memory_limit else ""
+        emulated = f"-{self.emulated}" if self.emulated else ""
         return (
-            f"{self.workload}-{self.variant}-b{self.batch_size}-g{self.accelerators}"
+            f"{self.workload}-{self.variant}{emulated}-b{self.batch_size}-g{self.accelerators}"
             f"-w{self.workers}{mem}-r{self.repetition}"
         )
 
@@ -184,11 +194,15 @@ def load_experiment(path: Path) -> Experiment:
     repetitions = grid.get("repetitions", 1)
     if not isinstance(repetitions, int) or repetitions < 1:
         raise UserError(f"{path}: grid.repetitions must be a whole number >= 1")
-    settings = _table(data.get("settings", {}), f"{path}: [settings]", SETTINGS_KEYS)
+    settings = _table(
+        data.get("settings", {}), f"{path}: [settings]", (*SETTINGS_KEYS, *EMULATION_KEYS)
+    )
     workloads = _table(data.get("workloads", {}), f"{path}: [workloads]", tuple(WORKLOADS))
     for w, table in workloads.items():
         _table(
-            table, f"{path}: [workloads.{w}]", ("dataset", "options", "batch_size", *SETTINGS_KEYS)
+            table,
+            f"{path}: [workloads.{w}]",
+            ("dataset", "options", "batch_size", *SETTINGS_KEYS, *EMULATION_KEYS),
         )
     produce = _table(data.get("produce", {}), f"{path}: [produce]", PRODUCE_KEYS)
     runs = []
@@ -207,6 +221,7 @@ def load_experiment(path: Path) -> Experiment:
                 spec, batch_size=WORKLOADS[spec.workload].config("original").batch_size
             )
         runs.append(spec)
+    runs = [_emulated(spec, settings, workloads, path) for spec in runs]
     experiment = Experiment(
         name=name,
         description=head.get("description", ""),
@@ -223,6 +238,44 @@ def load_experiment(path: Path) -> Experiment:
     if len({r.key for r in runs}) != len(runs):
         raise UserError(f"{path}: the grid lists the same run twice (duplicate values on an axis)")
     return experiment
+
+
+def emulation(
+    workload: str, settings: Mapping[str, Any], workloads: Mapping[str, Mapping[str, Any]]
+) -> tuple[str | None, str | None]:
+    """(accelerator, profile_model) of a workload's sleep runs: its own table's, else
+    ``[settings]``'s; None where neither sets one."""
+    own = workloads.get(workload, {})
+    values = []
+    for key in EMULATION_KEYS:
+        value = own.get(key, settings.get(key))
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"{key} of {workload} must be a string, got {value!r}")
+        values.append(value or None)
+    return values[0], values[1]
+
+
+def _emulated(
+    spec: RunSpec,
+    settings: Mapping[str, Any],
+    workloads: Mapping[str, Mapping[str, Any]],
+    path: Path,
+) -> RunSpec:
+    """A sleep run's spec with its emulated accelerator, checked against the profile database
+    (so a typo fails before any run starts)."""
+    from workloads.profiledb import sleep_profile_for
+
+    accelerator, model = emulation(spec.workload, settings, workloads)
+    if spec.variant != "sleep" or (accelerator is None and model is None):
+        return spec
+    if accelerator is None:
+        raise UserError(f"{path}: profile_model of {spec.workload} needs an accelerator too")
+    try:
+        sleep_profile_for(spec.workload, accelerator, spec.batch_size, spec.accelerators, model)
+    except UserError as exc:
+        raise UserError(f"{path}: {spec.key}: {exc}") from None
+    name = accelerator if model is None else f"{accelerator}-{model}"
+    return dataclasses.replace(spec, emulated=name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,10 +383,14 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
         log(f"[{i}/{total}] {spec.key}")
         per_workload = experiment.workloads.get(spec.workload, {})
         settings = {
-            **experiment.settings,
-            **{k: v for k, v in per_workload.items() if k in SETTINGS_KEYS},
+            k: v for k, v in {**experiment.settings, **per_workload}.items() if k in SETTINGS_KEYS
         }
         data = datasets[experiment.dataset_for(spec.workload).name]
+        accelerator, model = (
+            emulation(spec.workload, experiment.settings, experiment.workloads)
+            if spec.emulated
+            else (None, None)
+        )
         started = time.monotonic()
         run_dir: Path | None = None
         try:
@@ -350,6 +407,8 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
                         **settings,
                     },
                     options=dict(per_workload.get("options", {})),
+                    accelerator=accelerator,
+                    profile_model=model,
                     run=RunOptions(limits=Limits.parse(spec.memory_limit or None, None)),
                 )
             )

@@ -18,10 +18,13 @@ bytes.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from core.atomic import atomic_write_text
 from core.errors import UserError
 from core.units import parse_size
 from tracing.container import CTL_MOUNT, DATA_MOUNT, OUT_MOUNT, BindMount
@@ -33,8 +36,14 @@ from workloads.config import (
     image_tag,
 )
 
+if TYPE_CHECKING:
+    from workloads.profile import SleepProfile
+
 #: Where a sleep profile given with ``--profile`` is mounted in a workload container.
 PROFILE_MOUNT = "/twintrace/profile"
+#: Where profiles made from the profile database (``--accelerator``) are kept, under the runs
+#: root (no run directory: ``./cli.py runs`` lists only directories with a manifest).
+PROFILES_SUBDIR = ".profiles"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +153,8 @@ def workload_request(
     settings: Mapping[str, Any] | None = None,
     options: Mapping[str, str] | None = None,
     profile: Path | None = None,
+    accelerator: str | None = None,
+    profile_model: str | None = None,
     rank_containers: bool = False,
     mounts: Sequence[BindMount] = (),
     run: RunOptions = RunOptions(),
@@ -152,9 +163,14 @@ def workload_request(
 
     ``settings`` are WorkloadConfig fields (epochs, batch_size, workers, accelerators, ...);
     ``options`` the workload's own ``--set KEY=VALUE`` options (validated here, before anything
-    starts); ``profile`` a sleep profile file. ``rank_containers``: ``accelerators`` = G
-    containers, each running one data-parallel rank over its shard, joined by torch.distributed
-    (gloo) over the run's private network.
+    starts); ``profile`` a sleep profile file. ``accelerator`` (``a100``, ``v100``, ...; sleep
+    variant only, not with ``profile``) takes the profile from the profile database instead
+    (:func:`accelerator_profile`), for ``profile_model`` (an image workload can emulate any
+    image model; default: the workload's own) at the run's batch size and accelerator count;
+    it is written under ``runs_root/.profiles/`` (named by its content) and mounted as
+    ``profile`` is. Neither: the workload's shipped default profile. ``rank_containers``:
+    ``accelerators`` = G containers, each running one data-parallel rank over its shard, joined
+    by torch.distributed (gloo) over the run's private network.
     """
     from workloads.profile import load_profile
     from workloads.registry import WORKLOADS
@@ -164,6 +180,13 @@ def workload_request(
             f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}"
         )
     spec = WORKLOADS[workload]
+    settings = dict(settings or {})
+    emulated = None
+    if accelerator is not None or profile_model is not None:
+        # Before the data checks: a wrong accelerator or model fails without touching the data.
+        emulated = accelerator_profile(
+            spec.config(variant, **settings), accelerator, profile_model, profile
+        )
     if data_dir is None:
         raise UserError(
             f"--data is required: generate a dataset with "
@@ -171,7 +194,6 @@ def workload_request(
         )
     data_dir = Path(data_dir).resolve()
     spec.check_data(data_dir)
-    settings = dict(settings or {})
     options = dict(options or {})
     spec.parse_options(options)  # names and types checked before anything starts
     extra = list(mounts)
@@ -179,6 +201,9 @@ def workload_request(
         if variant != "sleep":
             raise UserError("--profile is only used by the sleep variant")
         load_profile(profile)
+    elif emulated is not None:
+        profile = write_profile(emulated, Path(runs_root))
+    if profile is not None:
         extra.append(BindMount(Path(profile).resolve(), f"{PROFILE_MOUNT}/profile.json", True))
         settings["profile"] = f"{PROFILE_MOUNT}/profile.json"
     config = spec.config(variant, options=options, **settings)
@@ -208,6 +233,57 @@ def workload_request(
         config=config,
         run=run,
     )
+
+
+def accelerator_profile(
+    config: WorkloadConfig,
+    accelerator: str | None,
+    profile_model: str | None = None,
+    profile: Path | None = None,
+) -> SleepProfile:
+    """The sleep profile ``--accelerator`` asks for: the profile database's entry for the
+    config's workload (or ``profile_model``) on ``accelerator`` at its batch size, for its
+    number of accelerators. UserErrors for the combinations that make no sense."""
+    from workloads.profiledb import sleep_profile_for
+
+    if accelerator is None:
+        raise UserError(
+            "--profile-model picks the model whose profile --accelerator looks up: give "
+            "--accelerator too (./cli.py profiles lists what is covered)"
+        )
+    if config.variant != "sleep":
+        raise UserError(
+            f"--accelerator picks the emulated accelerator of the sleep variant; the "
+            f"{config.variant} variant runs the real computation: use --variant sleep"
+        )
+    if profile is not None:
+        raise UserError(
+            "--accelerator and --profile both choose the sleep profile: give one of them"
+        )
+    return sleep_profile_for(
+        config.workload,
+        accelerator,
+        config.batch_size,
+        accelerators=config.accelerators,
+        model=profile_model,
+    )
+
+
+def write_profile(profile: SleepProfile, runs_root: Path) -> Path:
+    """Write ``profile`` under ``runs_root/.profiles/``, named by its content (the same profile
+    is written once, and a run's manifest names a file that never changes); return the path."""
+    text = json.dumps(profile.to_dict(), indent=2, sort_keys=True) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    name = f"{profile.workload}-{_slug(profile.accelerator)}-{digest}.json"
+    path = Path(runs_root) / PROFILES_SUBDIR / name
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, text)
+    return path
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:40]
 
 
 def image_request(
@@ -247,10 +323,13 @@ __all__ = [
     "CTL_MOUNT",
     "OUT_MOUNT",
     "PROFILE_MOUNT",
+    "PROFILES_SUBDIR",
     "ContainerSpec",
     "Limits",
     "RunOptions",
     "RunRequest",
+    "accelerator_profile",
     "image_request",
     "workload_request",
+    "write_profile",
 ]

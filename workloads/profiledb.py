@@ -1,0 +1,860 @@
+"""The profile database: measured compute times keyed by (accelerator, model, batch size).
+
+Host side only (``./cli.py profiles``; :mod:`tracing.request` turns ``--accelerator`` into a
+sleep profile file mounted into the run). It is kept out of the workload images
+(``.dockerignore``) with its data; its only third-party import is numpy (no pandas).
+
+The tables and their sources are listed in ``workloads/profiles/profiledb.toml``:
+
+- ``gpemu``: GPEmu's measurements of 36 torchvision models on 6 GPUs, batch 1-256: forward and
+  backward time, host-to-device copy per batch, peak and persistent memory, model transfer
+  (``gpemu-profiles.csv.gz``, ``gpemu-model-transfer.csv``);
+- ``mlperf-storage``: MLPerf Storage's per-step compute times (UNet3D batch 7, ResNet-50 batch
+  400, on A100 and H100);
+- ``discs-vldb``: the published V100 fits of UNet3D, BERT and DLRM (the shipped default
+  profiles ``unet3d.json``, ``bert.json``, ``dlrm.json``), used as fits in (g, b);
+- ``measured-cpu``: profiles measured on the build machine's CPU (``alexnet.json``);
+- ``osre-2023``: the OSRE 2023 emulator's ResNet-18 batch-64 points (V100, P100).
+
+Lookup rules (``lookup(accelerator, model, batch)``), the same for every column of a table:
+
+- a measured batch size: that row (``exact``);
+- between two measured sizes: linear interpolation between the two nearest (``interpolated``);
+- beyond them: from the nearest measured end ``e`` along the local slope at ``e``
+  (``extrapolated``), clipped at 0; persistent memory is held at its value at ``e``;
+- the *local slope* at a batch ``x``: the least-squares slope of the measured sizes within a
+  factor of 2 of ``x`` (``x/2 .. 2x``); when fewer than two lie there, the line through the two
+  measured sizes nearest ``x``; a table of one batch size scales proportionally (the line
+  through the origin), as MLPerf Storage's and the OSRE emulator's single points are used;
+- a published fit (``discs-vldb``) is evaluated as it is (``fit``).
+
+When several tables cover one (accelerator, model), the lookup takes a table with a row at the
+requested batch, else the first of ``default_order``; ``source=`` picks one.
+:meth:`ProfileEntry.to_sleep_profile` turns an entry into a :class:`SleepProfile` (the
+looked-up point in its ``table``, linear models along the local slope for other batch sizes).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import gzip
+import io
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.errors import UserError
+from workloads.profile import (
+    PROFILES_DIR,
+    Collective,
+    Linear,
+    Memory,
+    Normal,
+    SleepProfile,
+    Split,
+    TablePoint,
+    load_profile,
+)
+
+SCHEMA_VERSION = 1
+DATABASE = PROFILES_DIR / "profiledb.toml"
+GPEMU_COLUMNS = (
+    "gpu",
+    "model",
+    "batch_size",
+    "forward_s",
+    "backward_s",
+    "h2d_s",
+    "peak_memory_mb",
+    "persistent_memory_mb",
+)
+#: GPEmu's "MB" are MiB: AlexNet's 700.2 persistent = 3 x 61.1 M parameters x 4 bytes.
+MB = 2**20
+METHODS = ("exact", "interpolated", "fit", "extrapolated")  # preference when tables compete
+
+#: The zoo's image workloads: their sleep variant emulates any image model (the data pipeline
+#: is the same; only the profile differs). Checked against the registry by the tests.
+IMAGE_WORKLOADS = frozenset({"resnet18", "resnet50", "alexnet"})
+#: Models that are a workload of their own and only emulate that workload.
+NON_IMAGE_MODELS = frozenset({"unet3d", "bert", "dlrm"})
+
+#: The columns of a table, in order. ``compute_s`` is forward + backward (+ optimizer) where the
+#: parts are known; persistent memory does not grow with the batch (held beyond the table).
+COLUMNS = (
+    "compute_s",
+    "compute_std_s",
+    "forward_s",
+    "backward_s",
+    "h2d_s",
+    "peak_bytes",
+    "persistent_bytes",
+)
+_HELD = np.array([c == "persistent_bytes" for c in COLUMNS])
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    """A card: its short name (``a100``), full name, the names the sources use, its memory."""
+
+    key: str
+    name: str
+    names: tuple[str, ...] = ()
+    capacity_bytes: int | None = None
+    capacity_source: str = ""
+    interconnect: str | None = None
+
+    def matches(self, text: str) -> bool:
+        wanted = _norm(text)
+        return any(_norm(n) == wanted for n in (self.key, self.name, *self.names))
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One source of numbers: its id, a title, a short citation (``cite``, repeated in each
+    profile made from it) and the full citation (``text``)."""
+
+    id: str
+    title: str
+    kind: str
+    text: str
+    cite: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Table:
+    """One source's numbers for one model on one accelerator.
+
+    ``batch``: the measured batch sizes, ascending; ``values``: one row per batch size, one
+    column per :data:`COLUMNS` entry (NaN where the source has no such number). ``fit``: a
+    published fit used instead (``batch`` then holds the range it was fitted on).
+    ``measured_max``: GPEmu's largest measured batch where its table continues past it by
+    regression (see :func:`_linear_tail_start`), else None.
+    """
+
+    source: Source
+    accelerator: str
+    card: str
+    model: str
+    batch: np.ndarray
+    values: np.ndarray
+    model_transfer_s: float | None = None
+    measured_max: int | None = None
+    fit: SleepProfile | None = None
+    origin: str = ""
+
+    @property
+    def batch_range(self) -> tuple[int, int]:
+        return int(self.batch[0]), int(self.batch[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileEntry:
+    """What the database says for one (accelerator, model, batch): times in seconds, memory
+    in bytes, None where the source has no such number.
+
+    ``method``: ``exact``, ``interpolated``, ``extrapolated`` or ``fit``; ``rows``: the
+    measured batch sizes the numbers come from (exact: the batch; interpolated: the two rows;
+    extrapolated: the end row, then the first and last row of its slope; fit: the fitted
+    range); ``slopes``: d(value)/d(batch) at this batch (the local slope of the module doc),
+    used for the profile's linear models; ``notes``: caveats, repeated in :meth:`describe`.
+    """
+
+    accelerator: str
+    accelerator_name: str
+    model: str
+    batch: int
+    source_id: str
+    source: str
+    method: str
+    rows: tuple[int, ...]
+    compute_s: float
+    compute_std_s: float = 0.0
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    h2d_s: float | None = None
+    model_transfer_s: float | None = None
+    peak_bytes: float | None = None
+    persistent_bytes: float | None = None
+    capacity_bytes: int | None = None
+    capacity_source: str = ""
+    interconnect: str | None = None
+    slopes: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    accelerators: int = 1
+    fit: SleepProfile | None = dataclasses.field(default=None, repr=False)
+
+    def describe(self) -> str:
+        """One line: source, card, model, batch, method and the rows used."""
+        if self.method == "exact":
+            how = f"the row of batch {self.batch}"
+        elif self.method == "interpolated":
+            how = f"interpolated linearly between the rows of batch {self.rows[0]} and {self.rows[-1]}"
+        elif self.method == "fit":
+            how = f"the published fit at {self.accelerators} accelerator(s)"
+        elif len(set(self.rows)) == 1:
+            how = f"scaled proportionally from the only measured batch size, {self.rows[0]}"
+        else:
+            how = (
+                f"extrapolated from the row of batch {self.rows[0]} along the least-squares "
+                f"slope of the rows of batch {self.rows[1]}-{self.rows[-1]}"
+            )
+        text = f"{self.source}. {self.accelerator_name}, {self.model}, batch {self.batch}: {how}"
+        return "; ".join([text, *self.notes])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the fit as its profile's source)."""
+        data = dataclasses.asdict(self)
+        data["fit"] = self.fit.source if self.fit is not None else None
+        data["slopes"] = dict(self.slopes)
+        data["description"] = self.describe()
+        return data
+
+    def to_sleep_profile(
+        self, workload: str, accelerators: int | None = None, batch: int | None = None
+    ) -> SleepProfile:
+        """The sleep profile of ``workload`` on this entry's accelerator at this batch.
+
+        A ``table`` point at (``accelerators``, batch) holds the looked-up compute time
+        (forward + backward (+ optimizer)); other batch sizes follow the line through it along
+        the local slope. ``h2d`` is the looked-up copy time (constant), ``split`` the
+        forward/backward/optimizer fractions where the source separates them, ``memory`` the
+        card's capacity with the persistent memory and the peak (along its local slope) where
+        the source has them, ``model_transfer_s`` where it has one, the ``collective``
+        interconnect of the card's form factor. A published fit is returned as it is (it is
+        a model in (g, b) already). ``batch`` defaults to the entry's.
+        """
+        check_workload_model(workload, self.model)
+        g = self.accelerators if accelerators is None else accelerators
+        if batch is not None and batch != self.batch:
+            raise UserError(
+                f"this profile entry was looked up for batch {self.batch}, not {batch}: "
+                "look the batch size up again"
+            )
+        if g < 1:
+            raise UserError(f"accelerators must be at least 1, got {g}")
+        record = {
+            "method": f"profile database lookup: {self.method}",
+            "database": "workloads/profiles/profiledb.toml",
+            "source_id": self.source_id,
+            "accelerator": self.accelerator,
+            "model": self.model,
+            "batch": self.batch,
+            "rows": list(self.rows),
+        }
+        if self.fit is not None:
+            return dataclasses.replace(
+                self.fit,
+                workload=workload,
+                source=f"{self.fit.source} [profile database: {self.source_id}, {self.method}]",
+                fit={**(self.fit.fit or {}), **record},
+            )
+        b = self.batch
+        slope = self.slopes.get("compute_s", 0.0)
+        std = max(0.0, self.compute_std_s)
+        compute = Normal(
+            mean=Linear(b=slope, const=self.compute_s - slope * b), std=Linear(const=std)
+        )
+        h2d = Normal(mean=Linear(const=self.h2d_s)) if self.h2d_s else Normal()
+        split = None
+        if self.forward_s is not None and self.backward_s is not None:
+            optimizer = self.optimizer_s or 0.0
+            total = self.forward_s + self.backward_s + optimizer
+            if total > 0:
+                forward, optimizer = self.forward_s / total, optimizer / total
+                split = Split(forward, 1.0 - forward - optimizer, optimizer)
+        memory = None
+        if self.capacity_bytes is not None and self.peak_bytes is not None:
+            peak_slope = self.slopes.get("peak_bytes", 0.0)
+            memory = Memory(
+                capacity_bytes=self.capacity_bytes,
+                persistent_bytes=max(0.0, self.persistent_bytes or 0.0),
+                peak_bytes=Linear(b=peak_slope, const=self.peak_bytes - peak_slope * b),
+            )
+        return SleepProfile(
+            workload=workload,
+            accelerator=self.accelerator_name,
+            source=f"profile database ({self.method}): {self.describe()}",
+            compute=compute,
+            h2d=h2d,
+            table=(TablePoint(g=g, b=b, mean=self.compute_s, std=std),),
+            fit=record,
+            split=split,
+            memory=memory,
+            model_transfer_s=self.model_transfer_s or 0.0,
+            collective=Collective(interconnect=self.interconnect)
+            if self.interconnect
+            else Collective(),
+        )
+
+
+def check_workload_model(workload: str, model: str) -> None:
+    """A workload's sleep variant emulates its own model; an image workload any image model."""
+    if model == workload or (workload in IMAGE_WORKLOADS and model not in NON_IMAGE_MODELS):
+        return
+    if workload in IMAGE_WORKLOADS:
+        raise UserError(
+            f"the {workload} workload reads images: it can emulate an image model, not {model}"
+        )
+    raise UserError(
+        f"the {workload} workload emulates only its own model ({workload}), not {model}; "
+        "other models are for the image workloads (resnet18, resnet50, alexnet)"
+    )
+
+
+class ProfileDatabase:
+    """Every table of ``profiledb.toml``, indexed by (accelerator, model)."""
+
+    def __init__(
+        self,
+        accelerators: Mapping[str, Accelerator],
+        sources: Mapping[str, Source],
+        tables: Iterable[Table],
+        default_order: tuple[str, ...],
+    ) -> None:
+        self.accelerators = dict(accelerators)
+        self.sources = dict(sources)
+        self.default_order = default_order
+        self.tables: dict[tuple[str, str], list[Table]] = {}
+        for table in tables:
+            self.tables.setdefault((table.accelerator, table.model), []).append(table)
+        rank = {s: i for i, s in enumerate(default_order)}
+        for tables_of in self.tables.values():
+            tables_of.sort(key=lambda t: rank.get(t.source.id, len(rank)))
+
+    # -- names -------------------------------------------------------------------------------
+
+    def accelerator(self, name: str) -> Accelerator:
+        """The accelerator a short name (``a100``) or a full name names; a UserError lists them."""
+        for acc in self.accelerators.values():
+            if acc.matches(name):
+                return acc
+        known = ", ".join(f"{a.key} ({a.name})" for a in self.accelerators.values())
+        raise UserError(f"unknown accelerator {name!r}: choose one of {known}")
+
+    def models(self, accelerator: str | None = None) -> list[str]:
+        """Models covered (on one accelerator, given its key)."""
+        return sorted({m for a, m in self.tables if accelerator in (None, a)})
+
+    def accelerators_for(self, model: str) -> list[str]:
+        return [a for a in self.accelerators if (a, model) in self.tables]
+
+    # -- lookup ------------------------------------------------------------------------------
+
+    def lookup(
+        self,
+        accelerator: str,
+        model: str,
+        batch: int,
+        *,
+        accelerators: int = 1,
+        source: str | None = None,
+    ) -> ProfileEntry:
+        """The entry for ``model`` (or a workload's name) on ``accelerator`` at per-accelerator
+        batch ``batch`` (see the module doc for the rules); a request the database does not
+        cover is a UserError saying what it covers."""
+        acc = self.accelerator(accelerator)
+        model = model.strip().lower()
+        if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
+            raise UserError(f"batch size must be a whole number of at least 1, got {batch!r}")
+        if accelerators < 1:
+            raise UserError(f"accelerators must be at least 1, got {accelerators}")
+        candidates = self.tables.get((acc.key, model), [])
+        if not candidates:
+            raise UserError(self._uncovered(acc, model))
+        if source is not None:
+            if source not in self.sources:
+                raise UserError(
+                    f"unknown profile source {source!r}: choose one of {', '.join(self.sources)}"
+                )
+            chosen = [t for t in candidates if t.source.id == source]
+            if not chosen:
+                have = ", ".join(t.source.id for t in candidates)
+                raise UserError(
+                    f"source {source} has no {model} on {acc.key}: {model} on {acc.key} comes "
+                    f"from {have}"
+                )
+            candidates = chosen
+        entries = [self._entry(acc, t, int(batch), accelerators) for t in candidates]
+        # A row at the batch beats an interpolation, which beats an extrapolation; then order.
+        return min(entries, key=lambda e: METHODS.index(e.method))
+
+    def _uncovered(self, acc: Accelerator, model: str) -> str:
+        here = self.models(acc.key)
+        elsewhere = self.accelerators_for(model)
+        where = (
+            f"{model} is covered on {', '.join(elsewhere)}"
+            if elsewhere
+            else f"{model} is in no table (models: {', '.join(self.models())})"
+        )
+        return (
+            f"the profile database has no {model} on {acc.key} ({acc.name}): {where}; "
+            f"{acc.key} covers {', '.join(here) or 'nothing'} (./cli.py profiles lists it all)"
+        )
+
+    def _entry(self, acc: Accelerator, table: Table, batch: int, g: int) -> ProfileEntry:
+        common = {
+            "accelerator": acc.key,
+            "accelerator_name": table.card,
+            "model": table.model,
+            "batch": batch,
+            "source_id": table.source.id,
+            "source": f"{table.source.cite}: {table.origin}",
+            "capacity_bytes": acc.capacity_bytes,
+            "capacity_source": acc.capacity_source,
+            "interconnect": acc.interconnect,
+            "accelerators": g,
+        }
+        if table.fit is not None:
+            fit = table.fit
+            b = fit.profile_batch(batch, g)
+            mean, std = fit.compute_params(g, b)
+            h2d, _ = fit.h2d.params(g, b)
+            low, high = table.batch_range
+            notes = (
+                ()
+                if low <= b <= high
+                else (
+                    f"outside the fitted batch range {low}-{high}"
+                    + (" (global batch)" if fit.batch == "global" else ""),
+                )
+            )
+            return ProfileEntry(
+                **common,
+                method="fit",
+                rows=table.batch_range,
+                compute_s=max(0.0, mean),
+                compute_std_s=std,
+                h2d_s=h2d,
+                slopes={"compute_s": fit.compute.mean.b},
+                notes=notes,
+                fit=fit,
+            )
+        values, slopes, method, rows = estimate(table.batch, table.values, batch)
+        named = dict(zip(COLUMNS, values.tolist(), strict=True))
+        notes = []
+        if table.measured_max is not None and batch > table.measured_max:
+            notes.append(
+                f"GPEmu measured this model on this card up to batch {table.measured_max}; "
+                "its rows beyond continue the curve by regression"
+            )
+        if named["persistent_bytes"] < 0:
+            notes.append(
+                "the table's persistent memory is negative here (a regression row): taken as 0"
+            )
+        if named["forward_s"] == named["forward_s"]:  # not NaN
+            notes.append("optimizer step not in the data: compute = forward + backward")
+
+        def known(name: str) -> float | None:
+            value = named[name]
+            return None if value != value else float(value)
+
+        return ProfileEntry(
+            **common,
+            method=method,
+            rows=rows,
+            compute_s=float(named["compute_s"]),
+            compute_std_s=known("compute_std_s") or 0.0,
+            forward_s=known("forward_s"),
+            backward_s=known("backward_s"),
+            h2d_s=known("h2d_s"),
+            model_transfer_s=table.model_transfer_s,
+            peak_bytes=known("peak_bytes"),
+            persistent_bytes=known("persistent_bytes"),
+            slopes={c: float(s) for c, s in zip(COLUMNS, slopes, strict=True) if s == s},
+            notes=tuple(notes),
+        )
+
+    # -- coverage ----------------------------------------------------------------------------
+
+    def describe_coverage(
+        self, accelerator: str | None = None, model: str | None = None
+    ) -> dict[str, Any]:
+        """:meth:`coverage` with the accelerators and sources it names and the default order
+        (what ``./cli.py profiles --json`` prints)."""
+        rows = self.coverage(accelerator, model)
+        accs = {r["accelerator"] for r in rows}
+        sources = {r["source_id"] for r in rows}
+        return {
+            "default_order": list(self.default_order),
+            "accelerators": [
+                dataclasses.asdict(a) for a in self.accelerators.values() if a.key in accs
+            ],
+            "sources": [dataclasses.asdict(s) for s in self.sources.values() if s.id in sources],
+            "coverage": rows,
+        }
+
+    def coverage(
+        self, accelerator: str | None = None, model: str | None = None
+    ) -> list[dict[str, Any]]:
+        """One record per (accelerator, model, source): the card as the source names it, its
+        capacity and whether the table has memory figures (else no memory is emulated), the
+        batch range and number of measured sizes, kind (``table`` or ``fit``), whether it is
+        the first choice for the pair, the source. Filters as ``lookup`` names them."""
+        key = self.accelerator(accelerator).key if accelerator is not None else None
+        wanted = model.strip().lower() if model is not None else None
+        if wanted is not None and not any(m == wanted for _, m in self.tables):
+            raise UserError(
+                f"the profile database has no {wanted}: it covers {', '.join(self.models())}"
+            )
+        rows = []
+        for acc in self.accelerators.values():
+            if key not in (None, acc.key):
+                continue
+            for m in self.models(acc.key):
+                if wanted not in (None, m):
+                    continue
+                for i, table in enumerate(self.tables[(acc.key, m)]):
+                    low, high = table.batch_range
+                    rows.append(
+                        {
+                            "accelerator": acc.key,
+                            "accelerator_name": table.card,
+                            "capacity_bytes": acc.capacity_bytes,
+                            "memory": bool(np.isfinite(table.values[:, 5]).any()),
+                            "model": m,
+                            "source_id": table.source.id,
+                            "kind": "fit" if table.fit is not None else "table",
+                            "batch_min": low,
+                            "batch_max": high,
+                            "batch_sizes": len(table.batch),
+                            "measured_max": table.measured_max,
+                            "default": i == 0,
+                            "cite": table.source.cite,
+                        }
+                    )
+        return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Interpolation
+
+
+def _slope_rows(sizes: np.ndarray, x: float) -> np.ndarray:
+    """Which measured sizes give the local slope at batch ``x``: those within a factor of 2
+    of ``x``, else the two nearest ``x`` (a table of at least two sizes)."""
+    mask = (sizes >= x / 2) & (sizes <= 2 * x)
+    if mask.sum() < 2:
+        mask = np.zeros(len(sizes), dtype=bool)
+        mask[np.argsort(np.abs(sizes - x), kind="stable")[:2]] = True
+    return mask
+
+
+def local_slope(sizes: np.ndarray, values: np.ndarray, x: float) -> np.ndarray:
+    """d(values)/d(batch) near batch ``x`` for every column (the module doc's rule): the
+    least-squares slope over :func:`_slope_rows`; proportional for a table of one size."""
+    if len(sizes) == 1:
+        return values[0] / sizes[0]
+    mask = _slope_rows(sizes, x)
+    xs = sizes[mask].astype(float)
+    ys = values[mask]
+    xc = xs - xs.mean()
+    return (xc @ (ys - ys.mean(axis=0))) / (xc @ xc)
+
+
+def _window(sizes: np.ndarray, x: float) -> tuple[int, int]:
+    """The smallest and largest measured size the local slope at ``x`` uses."""
+    used = sizes if len(sizes) == 1 else sizes[_slope_rows(sizes, x)]
+    return int(used.min()), int(used.max())
+
+
+def estimate(
+    sizes: np.ndarray, values: np.ndarray, batch: int
+) -> tuple[np.ndarray, np.ndarray, str, tuple[int, ...]]:
+    """(values at ``batch``, local slopes there, method, rows used) from a table's measured
+    ``sizes`` (ascending) and ``values`` (one row per size, one column per quantity)."""
+    i = int(np.searchsorted(sizes, batch))
+    if i < len(sizes) and sizes[i] == batch:
+        return values[i], local_slope(sizes, values, batch), "exact", (batch,)
+    if 0 < i < len(sizes):
+        lo, hi = int(sizes[i - 1]), int(sizes[i])
+        w = (batch - lo) / (hi - lo)
+        value = (1 - w) * values[i - 1] + w * values[i]
+        return value, local_slope(sizes, values, batch), "interpolated", (lo, hi)
+    end = 0 if i == 0 else len(sizes) - 1
+    e = int(sizes[end])
+    slope = local_slope(sizes, values, e)
+    value = np.where(_HELD, values[end], np.maximum(0.0, values[end] + slope * (batch - e)))
+    return value, np.where(_HELD, 0.0, slope), "extrapolated", (e, *_window(sizes, e))
+
+
+def _linear_tail_start(batch: np.ndarray, series: np.ndarray) -> int | None:
+    """The last batch size before a run of rows that lie exactly on one line (second
+    differences zero to rounding) in every column of ``series``: GPEmu continues a curve by
+    regression past the largest batch its authors could measure. None when there is none."""
+    if len(batch) < 4:
+        return None
+    second = np.abs(np.diff(series, n=2, axis=0))
+    scale = np.abs(series).max(axis=0) + 1e-30
+    flat = (second <= 1e-9 * scale).all(axis=1)
+    if not flat[-1]:
+        return None
+    k = len(flat)
+    while k > 0 and flat[k - 1]:
+        k -= 1
+    # flat[j] covers rows j..j+2: rows k+1.. lie on the line through rows k+1, k+2.
+    return int(batch[k + 1]) if k + 1 < len(batch) - 2 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def read_gpemu(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GPEmu's table: (gpu names, model names, numbers) with the numbers' columns
+    batch_size, forward_s, backward_s, h2d_s, peak_memory_mb, persistent_memory_mb."""
+    try:
+        with gzip.open(path, "rt", newline="") as fh:
+            reader = csv.reader(fh)
+            header = next(reader)
+            rows = np.array(list(reader), dtype=str)
+    except (OSError, EOFError, StopIteration, csv.Error) as exc:
+        raise UserError(
+            f"profile table {path} cannot be read ({exc}): restore it from git"
+        ) from None
+    if tuple(header) != GPEMU_COLUMNS or rows.ndim != 2 or rows.shape[1] != len(GPEMU_COLUMNS):
+        raise UserError(
+            f"profile table {path} has columns {header}, expected {', '.join(GPEMU_COLUMNS)}: "
+            "restore it from git"
+        )
+    try:
+        numbers = rows[:, 2:].astype(float)
+    except ValueError as exc:
+        raise UserError(f"profile table {path} holds a value that is not a number: {exc}") from None
+    return rows[:, 0], rows[:, 1], numbers
+
+
+def _gpemu_tables(source: Source, spec: Mapping[str, Any], folder: Path, cards: Any) -> list[Table]:
+    gpus, models, numbers = read_gpemu(folder / spec["file"])
+    transfer: dict[tuple[str, str], float] = {}
+    text = (folder / spec["model_transfer_file"]).read_text()
+    for row in csv.DictReader(io.StringIO(text)):
+        transfer[(row["gpu"], row["model"])] = float(row["model_transfer_s"])
+    order = np.lexsort((numbers[:, 0], models, gpus))
+    gpus, models, numbers = gpus[order], models[order], numbers[order]
+    starts = np.flatnonzero(
+        np.r_[True, (gpus[1:] != gpus[:-1]) | (models[1:] != models[:-1])]
+    ).tolist()
+    tables = []
+    for start, stop in zip(starts, [*starts[1:], len(gpus)], strict=True):
+        gpu, model = str(gpus[start]), str(models[start])
+        block = numbers[start:stop]
+        forward, backward = block[:, 1], block[:, 2]
+        values = np.column_stack(
+            [
+                forward + backward,
+                np.zeros(len(block)),
+                forward,
+                backward,
+                block[:, 3],
+                block[:, 4] * MB,
+                block[:, 5] * MB,
+            ]
+        )
+        batch = block[:, 0].astype(int)
+        tables.append(
+            Table(
+                source=source,
+                accelerator=cards(gpu).key,
+                card=gpu.replace("_", " "),
+                model=model,
+                batch=batch,
+                values=values,
+                model_transfer_s=transfer.get((gpu, model)),
+                measured_max=_linear_tail_start(batch, block[:, 1:3]),
+                origin=f"rows of {gpu}, {model}",
+            )
+        )
+    return tables
+
+
+def _row_tables(source: Source, rows: list[Mapping[str, Any]], cards: Any) -> list[Table]:
+    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault((cards(row["accelerator"]).key, row["model"]), []).append(row)
+    nan = float("nan")
+    tables = []
+    for (acc, model), items in grouped.items():
+        items = sorted(items, key=lambda r: r["batch"])
+        values = np.array(
+            [
+                [
+                    r["compute_s"],
+                    r.get("compute_std_s", 0.0),
+                    nan,
+                    nan,
+                    r.get("h2d_s", nan),
+                    nan,
+                    nan,
+                ]
+                for r in items
+            ],
+            dtype=float,
+        )
+        points = ", ".join(
+            f"batch {r['batch']}: {r['compute_s']} s"
+            + (f" + {r['h2d_s']} s host-to-device" if "h2d_s" in r else "")
+            for r in items
+        )
+        tables.append(
+            Table(
+                source=source,
+                accelerator=acc,
+                card=str(items[0].get("card", acc.upper())),
+                model=model,
+                batch=np.array([r["batch"] for r in items], dtype=int),
+                values=values,
+                origin=f"{model} on {items[0].get('card', acc.upper())}: {points}",
+            )
+        )
+    return tables
+
+
+def _profile_tables(
+    source: Source, items: list[Mapping[str, Any]], folder: Path, cards: Any
+) -> list[Table]:
+    tables = []
+    for item in items:
+        acc = cards(item["accelerator"])
+        profile = load_profile(folder / item["profile"])
+        if source.kind == "fits":
+            tables.append(
+                Table(
+                    source=source,
+                    accelerator=acc.key,
+                    card=profile.accelerator,
+                    model=item["model"],
+                    batch=np.array([item["batch_min"], item["batch_max"]], dtype=int),
+                    values=np.empty((0, len(COLUMNS))),
+                    fit=profile,
+                    origin=f"{item['profile']}: {profile.source}",
+                )
+            )
+            continue
+        points = sorted((p for p in profile.table if p.g == 1), key=lambda p: p.b)
+        if not points:
+            raise UserError(f"{item['profile']} has no single-accelerator table points")
+        values = np.array(
+            [
+                [p.mean, p.std, np.nan, np.nan, profile.h2d.mean(1, p.b), np.nan, np.nan]
+                for p in points
+            ],
+            dtype=float,
+        )
+        tables.append(
+            Table(
+                source=source,
+                accelerator=acc.key,
+                card=profile.accelerator,
+                model=item["model"],
+                batch=np.array([p.b for p in points], dtype=int),
+                values=values,
+                origin=f"{item['profile']}: {profile.source}",
+            )
+        )
+    return tables
+
+
+def load_database(path: Path = DATABASE) -> ProfileDatabase:
+    """Read ``profiledb.toml`` and the tables it names (see the module doc)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"profile database {path} does not exist: restore it from git") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"profile database {path} is not valid TOML: {exc}") from None
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(
+            f"profile database {path}: schema_version {data.get('schema_version')!r} is not "
+            f"supported; this twintrace reads schema_version {SCHEMA_VERSION}"
+        )
+    accelerators = {
+        key: Accelerator(
+            key=key,
+            name=item["name"],
+            names=tuple(item.get("names", ())),
+            capacity_bytes=int(item["capacity_gib"] * 2**30) if "capacity_gib" in item else None,
+            capacity_source=item.get("capacity_source", ""),
+            interconnect=item.get("interconnect"),
+        )
+        for key, item in data["accelerators"].items()
+    }
+
+    def cards(name: str) -> Accelerator:
+        for acc in accelerators.values():
+            if acc.matches(name):
+                return acc
+        raise UserError(f"profile database {path}: accelerator {name!r} is not declared")
+
+    sources: dict[str, Source] = {}
+    tables: list[Table] = []
+    for sid, item in data["sources"].items():
+        source = Source(
+            id=sid, title=item["title"], kind=item["kind"], text=item["source"], cite=item["cite"]
+        )
+        sources[sid] = source
+        if source.kind == "gpemu":
+            tables += _gpemu_tables(source, item, path.parent, cards)
+        elif source.kind == "rows":
+            tables += _row_tables(source, item["rows"], cards)
+        elif source.kind in ("fits", "measured"):
+            items = item["fits"] if source.kind == "fits" else item["profiles"]
+            tables += _profile_tables(source, items, path.parent, cards)
+        else:
+            raise UserError(
+                f"profile database {path}: source {sid} has unknown kind {source.kind!r}"
+            )
+    order = tuple(data.get("default_order", sources))
+    unknown = sorted(set(order) - set(sources))
+    if unknown or set(order) != set(sources):
+        raise UserError(
+            f"profile database {path}: default_order must list every source once "
+            f"(sources: {', '.join(sources)})"
+        )
+    return ProfileDatabase(accelerators, sources, tables, order)
+
+
+@functools.cache
+def default_database() -> ProfileDatabase:
+    """The shipped database, read once per process."""
+    return load_database(DATABASE)
+
+
+def lookup(
+    accelerator: str,
+    workload_or_model: str,
+    batch: int,
+    *,
+    accelerators: int = 1,
+    source: str | None = None,
+) -> ProfileEntry:
+    """:meth:`ProfileDatabase.lookup` in the shipped database."""
+    return default_database().lookup(
+        accelerator, workload_or_model, batch, accelerators=accelerators, source=source
+    )
+
+
+def sleep_profile_for(
+    workload: str,
+    accelerator: str,
+    batch: int,
+    accelerators: int = 1,
+    model: str | None = None,
+    source: str | None = None,
+) -> SleepProfile:
+    """The sleep profile of ``workload`` emulating ``model`` (default: the workload's own) on
+    ``accelerator`` at per-accelerator ``batch`` with ``accelerators`` ranks."""
+    model = (model or workload).strip().lower()
+    check_workload_model(workload, model)
+    entry = lookup(accelerator, model, batch, accelerators=accelerators, source=source)
+    return entry.to_sleep_profile(workload, accelerators, batch)
+
+
+def _norm(text: str) -> str:
+    return "".join(c for c in text.casefold() if c.isalnum())
