@@ -160,7 +160,12 @@ def test_rank_containers_read_disjoint_shards(
     per_step = ends.pivot_table(index=["epoch", "step"], columns="container", values="ts_ns")
     gaps_ms = (per_step["rank0"] - per_step["rank1"]).abs() / 1e6
     print(f"{variant}: step-end gaps between the rank containers {gaps_ms.round(2).tolist()} ms")
-    assert (gaps_ms < 20).all()
+    if variant == "sleep":
+        assert (gaps_ms < 20).all()  # the emulated step ends right after the meeting
+    else:
+        # A real step logs its end after the loss's own all-reduce and .item(): one rank can be
+        # descheduled in between on 2 cores (4 processes), so only the typical step is tight.
+        assert gaps_ms.median() < 20 and (gaps_ms < 500).all()
     assert _left_behind(run_dir.name) == []
 
 
