@@ -110,15 +110,18 @@ def cli() -> None:
 @cli.command()
 @runs_option
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@click.option(
+    "--gpus", is_flag=True, help="Also check that containers can get GPUs (trace --gpus)."
+)
 @user_errors
-def doctor(runs_root: Path, as_json: bool) -> None:
+def doctor(runs_root: Path, as_json: bool, gpus: bool) -> None:
     """Check every prerequisite and print a pass/fail table with the fix for each failure.
 
-    Example: ./cli.py doctor
+    Example: ./cli.py doctor --gpus
     """
     from tracing.host import doctor as run_doctor
 
-    checks = run_doctor(runs_root)
+    checks = run_doctor(runs_root, gpus=gpus)
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
@@ -402,6 +405,12 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--cpus", type=float, default=None, help="CPU limit of each container, e.g. 1.5.")
 @click.option(
+    "--gpus",
+    default=None,
+    help="GPUs for each container, as docker's --gpus: all, a count (2) or ids (0,1); needs the "
+    "NVIDIA container runtime on the host (./cli.py doctor --gpus checks it).",
+)
+@click.option(
     "--sample-interval",
     type=float,
     default=0.1,
@@ -445,6 +454,7 @@ def trace(
     mounts: tuple[str, ...],
     memory_limit: str | None,
     cpus: float | None,
+    gpus: str | None,
     sample_interval: float,
     timeout: float | None,
     quiet: bool,
@@ -478,6 +488,7 @@ def trace(
         raise UserError("--accelerator and --profile-model are for --workload runs")
     run = RunOptions(
         limits=Limits.parse(memory_limit, cpus),
+        gpus=gpus,
         sample_interval=sample_interval,
         timeout_s=timeout,
         echo=not quiet,

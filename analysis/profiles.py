@@ -5,7 +5,9 @@ first step of each epoch excluded (it carries one-off warm-up costs, as in the p
 method), at its configuration (accelerators g, batch size b from the run's config). The fit is
 :func:`analysis.profile_fit.fit_points`: normal per configuration, least squares of mean and
 std on (g, b), warnings for poor fits and negative std, every configuration kept as a table
-point. Runs of one configuration are pooled.
+point. Runs of one configuration are pooled. The profile's ``split`` is the share of the
+forward, backward (with the loss) and optimizer phases in those steps, so that a sleep run
+logs the phases of an instrumented one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from analysis.profile_fit import PointSamples, fit_points
 from core.errors import UserError
 from core.rundir import Run
-from workloads.profile import SleepProfile
+from workloads.profile import SleepProfile, Split
 
 
 def step_durations(run: Run, key: str = "all_compute") -> np.ndarray:
@@ -25,6 +27,30 @@ def step_durations(run: Run, key: str = "all_compute") -> np.ndarray:
     phases = run.phases
     rows = phases[(phases["key"] == key) & (phases["step"] > 0)]
     return rows["duration_ns"].to_numpy(dtype=np.float64) / 1e9
+
+
+#: The instrumented phases of a step's compute, grouped as the sleep profile's split has them.
+SPLIT_PHASES: dict[str, tuple[str, ...]] = {
+    "forward": ("model_forward_pass",),
+    "backward": ("loss_tensor_calc", "model_backward_pass"),
+    "optimizer": ("model_optim_step",),
+}
+
+
+def compute_split(runs: Sequence[Run]) -> Split | None:
+    """Fractions of the compute in forward, backward (with the loss) and optimizer phases:
+    the summed durations of the runs' steps (first step of each epoch excluded), so that an
+    emulated step logs the phases of an instrumented one. None when the runs have none."""
+    totals = {part: 0.0 for part in SPLIT_PHASES}
+    for run in runs:
+        for part, keys in SPLIT_PHASES.items():
+            for key in keys:
+                totals[part] += float(step_durations(run, key).sum())
+    whole = sum(totals.values())
+    if whole <= 0:
+        return None
+    forward, backward = totals["forward"] / whole, totals["backward"] / whole
+    return Split(forward=forward, backward=backward, optimizer=max(0.0, 1.0 - forward - backward))
 
 
 def fit_runs(runs: Sequence[Run], accelerator: str | None = None) -> tuple[SleepProfile, list[str]]:
@@ -67,5 +93,6 @@ def fit_runs(runs: Sequence[Run], accelerator: str | None = None) -> tuple[Sleep
         compute=fit.compute,
         table=fit.table,
         fit=fit.info(),
+        split=compute_split(runs),
     )
     return profile, list(fit.warnings)

@@ -206,3 +206,10 @@ def test_profile_fit_from_instrumented_runs_drives_a_sleep_run(
     point = next(p for p in profile["table"] if p["b"] == 2)
     assert len(busy) == 4
     assert abs(busy.median() - point["mean"]) <= 3 * point["std"] + 0.02
+    # The fit carries the instrumented steps' split, and the emulated steps log those phases.
+    split = profile["split"]
+    assert split["forward"] > 0 and split["backward"] > 0
+    assert abs(sum(split.values()) - 1) < 1e-9
+    keys = sleep_run.phases["key"].astype(str)
+    for key in ("model_forward_pass", "model_backward_pass", "model_optim_step"):
+        assert (keys == key).sum() == 4, key

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 import docker
 import docker.errors
-from docker.types import EndpointConfig, Mount, Ulimit
+from docker.types import DeviceRequest, EndpointConfig, Mount, Ulimit
 
 from core.errors import UserError
 
@@ -100,6 +100,24 @@ def default_command(cli: docker.DockerClient, tag: str) -> list[str]:
     return command
 
 
+def gpu_request(text: str) -> DeviceRequest:
+    """``--gpus`` as docker reads it: ``all``, a count ``N``, or device ids ``0,1`` (or UUIDs).
+
+    The request goes to the NVIDIA container runtime of the host (the NVIDIA Container Toolkit);
+    without it docker refuses to start the container, and the run says so."""
+    text = text.strip()
+    if text == "all":
+        return DeviceRequest(count=-1, capabilities=[["gpu"]])
+    if text.isdigit():
+        if int(text) < 1:
+            raise UserError("--gpus 0 asks for no GPU: leave the option out")
+        return DeviceRequest(count=int(text), capabilities=[["gpu"]])
+    ids = [part.strip() for part in text.split(",")]
+    if not text or not all(ids):
+        raise UserError(f"bad --gpus {text!r}: use all, a count such as 2, or ids such as 0,1")
+    return DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
+
+
 def create_network(cli: docker.DockerClient, run_id: str) -> Any:
     """A private, internal bridge network for the run's containers (no route out)."""
     try:
@@ -139,6 +157,7 @@ def start_held(
     environment: dict[str, str] | None = None,
     shm_bytes: int = 1 << 30,
     working_dir: str | None = None,
+    gpus: str | None = None,
 ) -> docker.models.containers.Container:
     """Create and start a container that waits at the barrier before running ``command``.
 
@@ -155,6 +174,8 @@ def start_held(
         kwargs["nano_cpus"] = int(cpus * 1e9)
     if working_dir:
         kwargs["working_dir"] = working_dir
+    if gpus:
+        kwargs["device_requests"] = [gpu_request(gpus)]
     # Emulated host-to-device copies lock the batch in host memory (mlock), as pinned staging
     # buffers are; docker's default RLIMIT_MEMLOCK (8 MiB) is less than a batch.
     kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1)]

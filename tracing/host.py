@@ -173,8 +173,27 @@ def _disk(path: Path) -> Callable[[], Check]:
     return check
 
 
-def doctor(runs_root: Path = Path("runs")) -> list[Check]:
-    """Run every check; never raises for a failed check."""
+def _nvidia_runtime() -> Check:
+    """The NVIDIA container runtime, which serves `--gpus` (docker's GPU device requests)."""
+    from tracing.container import client
+
+    try:
+        info = client().info()
+    except UserError:
+        return Check("nvidia runtime", False, "docker daemon down", "start the daemon first")
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    ok = "nvidia" in runtimes
+    return Check(
+        "nvidia runtime",
+        ok,
+        f"docker runtimes: {', '.join(runtimes) or 'none'}",
+        "install the NVIDIA Container Toolkit (nvidia-container-toolkit), run "
+        "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd",
+    )
+
+
+def doctor(runs_root: Path = Path("runs"), gpus: bool = False) -> list[Check]:
+    """Run every check (``gpus``: also the GPU runtime's); never raises for a failed check."""
     checks = [
         _is_root,
         _bpftrace,
@@ -185,6 +204,7 @@ def doctor(runs_root: Path = Path("runs")) -> list[Check]:
         _base_image,
         _compose,
         _disk(runs_root),
+        *([_nvidia_runtime] if gpus else []),
     ]
     results = []
     for check in checks:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from core.atomic import atomic_write_text
 from core.errors import UserError
 from core.units import parse_size
-from tracing.container import CTL_MOUNT, DATA_MOUNT, OUT_MOUNT, BindMount
+from tracing.container import CTL_MOUNT, DATA_MOUNT, OUT_MOUNT, BindMount, gpu_request
 from workloads.config import (
     DEFAULT_MASTER_PORT,
     MASTER_ADDR_ENV,
@@ -70,12 +70,15 @@ class ContainerSpec:
     # A service (a storage server, say) that runs until the others are done: the run ends when
     # every container that is not a daemon has exited, and then stops the daemons.
     daemon: bool = False
+    gpus: str | None = None  # docker's --gpus: all, a count, or device ids
 
     def __post_init__(self) -> None:
         if not self.role or not all(c.isalnum() or c in "-_" for c in self.role):
             raise UserError(
                 f"bad container role {self.role!r}: use letters, digits, '-' and '_' only"
             )
+        if self.gpus is not None:
+            gpu_request(self.gpus)  # validated before anything starts
         if self.memory_bytes is not None and self.memory_bytes < 6 * 2**20:
             raise UserError(
                 f"memory limit {self.memory_bytes} bytes is below docker's minimum of 6 MiB"
@@ -104,6 +107,7 @@ class RunOptions:
     output is shown as it is written (``echo``)."""
 
     limits: Limits = Limits()
+    gpus: str | None = None  # GPUs for every container (docker's --gpus)
     sample_interval: float = 0.1
     timeout_s: float | None = None
     tracing: bool = True
@@ -213,6 +217,7 @@ def workload_request(
         "mounts": (BindMount(data_dir, DATA_MOUNT, True), *extra),
         "memory_bytes": run.limits.memory_bytes,
         "cpus": run.limits.cpus,
+        "gpus": run.gpus,
     }
     if rank_containers:
         if config.accelerators < 2:
@@ -313,6 +318,7 @@ def image_request(
                 environment=dict(environment or {}),
                 memory_bytes=run.limits.memory_bytes,
                 cpus=run.limits.cpus,
+                gpus=run.gpus,
             ),
         ),
         run=run,

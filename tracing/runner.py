@@ -146,6 +146,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                 "environment": dict(spec.environment),
                 "memory_limit_bytes": spec.memory_bytes,
                 "cpus": spec.cpus,
+                "gpus": spec.gpus,
                 "daemon": spec.daemon,
                 "mounts": [
                     {"source": str(m.source), "target": m.target, "read_only": m.read_only}
@@ -237,6 +238,7 @@ def _start_all(
             environment=dict(spec.environment),
             shm_bytes=spec.shm_bytes,
             working_dir=spec.working_dir,
+            gpus=spec.gpus,
         )
         m.main_pid = container.main_pid(m.ctr)
         m.cgroups = cgroups_of(m.main_pid)

@@ -32,7 +32,7 @@ import yaml
 from core.errors import UserError
 from core.units import parse_size
 from tracing.container import OUT_MOUNT, BindMount
-from tracing.request import ContainerSpec, Limits, RunOptions, RunRequest
+from tracing.request import ContainerSpec, RunOptions, RunRequest
 
 USED_KEYS = frozenset(
     {
@@ -107,7 +107,7 @@ def topology_request(
     for name in chosen:
         service = defined[name] or {}
         ignored |= set(service) - USED_KEYS
-        containers.append(service_spec(name, service, run.limits, Path(compose_file).parent))
+        containers.append(service_spec(name, service, run, Path(compose_file).parent))
     if ignored and warn is not None:
         warn(
             f"ignored in {compose_file} (a traced run has its own network and starts every "
@@ -123,9 +123,11 @@ def topology_request(
 
 
 def service_spec(
-    name: str, service: Mapping[str, Any], limits: Limits, base: Path
+    name: str, service: Mapping[str, Any], run: RunOptions, base: Path
 ) -> ContainerSpec:
-    """One compose service as a container of the run."""
+    """One compose service as a container of the run (``run``: the defaults for limits and
+    GPUs a service does not set itself)."""
+    limits = run.limits
     where = f"service {name}"
     image = service.get("image")
     if not image:
@@ -155,6 +157,7 @@ def service_spec(
         # A service that mounts its own output directory keeps it (its MLLOG is copied).
         out=not any(m.target == OUT_MOUNT for m in mounts),
         daemon=str(labels.get(DAEMON_LABEL, "")).lower() in ("1", "true", "yes"),
+        gpus=run.gpus,
     )
 
 
