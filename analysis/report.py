@@ -17,9 +17,10 @@ from core.units import format_size
 SUMMARY_GROUPS: tuple[str, ...] = ("syscalls", "block", "page_cache")
 
 
-def load_summary(run_dir: Path) -> dict[str, Any]:
-    """summary.json with the manifest's final status; a run without one gets a minimal summary."""
-    manifest = rundir.load_manifest(run_dir)
+def load_summary(run_dir: Path, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """summary.json with the manifest's final status (``manifest``: already read); a run
+    without one gets a minimal summary."""
+    manifest = manifest if manifest is not None else rundir.load_manifest(run_dir)
     summary = (
         rundir.load_summary(run_dir)
         if (run_dir / rundir.SUMMARY).exists()
@@ -33,7 +34,8 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
 def run_summary_lines(run_dir: Path) -> list[str]:
     """A few lines saying how a run went and what it did; for a run of several containers,
     then a line per container (:func:`container_lines`)."""
-    s = load_summary(run_dir)
+    run = rundir.load_run(run_dir)
+    s = load_summary(run_dir, run.manifest)
     lines = [f"run {s['run_id']}: {s['status']}" + (f" ({s['error']})" if s.get("error") else "")]
     if s.get("duration_s") is not None:
         lines.append(
@@ -47,7 +49,6 @@ def run_summary_lines(run_dir: Path) -> list[str]:
                 for k, v in sorted(kinds.items())
             ]
             lines.append(f"  {group}: " + ", ".join(parts))
-    run = rundir.load_run(run_dir)
     if len(run.containers) > 1 and "events" not in run.missing:
         lines += container_lines(container_counts(run.events, run.phases, run.containers))
     return lines

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,6 +60,13 @@ def tiny_unet3d(tmp_path_factory: pytest.TempPathFactory) -> Path:
         params=UNet3DGenParams(s1_range=(40, 48), s2_range=(48, 56), min_dim=40),
     )
     return out
+
+
+def traced_events(run_dir: Path) -> pd.DataFrame:
+    """A traced run's events.parquet, with ``kind`` as plain strings for comparisons."""
+    df = pd.read_parquet(run_dir / "events.parquet")
+    df["kind"] = df["kind"].astype(str)
+    return df
 
 
 def bpftrace_running() -> list[int]:

@@ -21,7 +21,7 @@ from tests.test_workloads_unet3d import (
     run_variant,
     sleep_profile,
 )
-from workloads.training import PinnedStaging
+from workloads.training import PinnedStaging, locked_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -31,22 +31,15 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("emulation") / "data")
 
 
-def _locked_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmLck:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmLck in /proc/self/status")
-
-
 def test_staging_copies_the_batch_into_locked_memory() -> None:
     x = torch.arange(3 * 1024 * 1024, dtype=torch.float32).reshape(3, 1024, 1024)  # 12 MiB
     y = torch.tensor([1, 2, 3], dtype=torch.int64)
-    before = _locked_kib()
+    before = locked_bytes()
     staging = PinnedStaging()
     try:
         nbytes = staging.stage({"x": x, "y": [y]})
         assert nbytes == x.numel() * 4 + 3 * 8
-        assert _locked_kib() - before >= nbytes // 1024  # the host really holds it locked
+        assert locked_bytes() - before >= nbytes  # the host really holds it locked
         held = np.frombuffer(staging.buffer, dtype=np.uint8, count=nbytes)
         assert held[: x.numel() * 4].tobytes() == x.numpy().tobytes()
         assert held[x.numel() * 4 :].tobytes() == y.numpy().tobytes()
@@ -55,20 +48,20 @@ def test_staging_copies_the_batch_into_locked_memory() -> None:
         assert staging.locked == nbytes  # root here: CAP_IPC_LOCK locks it all
     finally:
         staging.close()
-    assert _locked_kib() == before
+    assert locked_bytes() == before
 
 
 def test_a_memlock_limit_below_the_batch_locks_what_it_can_and_says_so() -> None:
     script = textwrap.dedent(
         """
         import os, resource, torch
-        from workloads.training import PinnedStaging, _locked_bytes
+        from workloads.training import PinnedStaging, locked_bytes
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536))
         if os.getuid() == 0:  # root may lock beyond the limit (CAP_IPC_LOCK): drop it
             os.setgid(65534)
             os.setuid(65534)
         staging = PinnedStaging()
-        print(staging.stage(torch.ones(1 << 20)), staging.size, staging.locked, _locked_bytes())
+        print(staging.stage(torch.ones(1 << 20)), staging.size, staging.locked, locked_bytes())
         staging.stage(torch.ones(1 << 20))  # warned once only
         """
     )

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from core.rundir import load_run
-from tests.conftest import REPO, bpftrace_running
+from tests.conftest import REPO, bpftrace_running, traced_events
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.request import ContainerSpec, RunRequest, workload_request
 from tracing.runner import trace
@@ -32,12 +32,6 @@ READER = (
     "    with open(os.path.join(root, name), 'rb') as fh:\n"
     "        fh.read()\n"
 )
-
-
-def _events(run_dir: Path) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "events.parquet")
-    df["kind"] = df["kind"].astype(str)
-    return df
 
 
 def _left_behind(run_id: str) -> list[str]:
@@ -77,7 +71,7 @@ def test_two_containers_each_show_exactly_their_own_opens_and_bytes(
     assert [c["role"] for c in manifest["containers"]] == ["left", "right"]
     assert all(c["exit_code"] == 0 for c in manifest["containers"])
     assert manifest["trace"]["network"] == "internal" and manifest["lost_events"] == 0
-    events = _events(run_dir)
+    events = traced_events(run_dir)
     for role, shard in shards.items():
         mine = events[events["container"] == role]
         data_opens = mine[(mine["kind"] == "openat") & mine["path"].str.startswith("/data/")]
@@ -136,7 +130,7 @@ def test_rank_containers_read_disjoint_shards(
     )
     assert [c.role for c in request.containers] == ["rank0", "rank1"]
     run_dir = trace(request).check()
-    events = _events(run_dir)
+    events = traced_events(run_dir)
     cases = sorted(p.name[: -len("_x.npy")] for p in tiny_unet3d.glob("case_*_x.npy"))
     shards = _expected_shards(len(cases), 2, seed=0)
     for role, indices in shards.items():
@@ -270,7 +264,7 @@ def test_a_daemon_runs_until_the_others_are_done(images, runs_root: Path) -> Non
     assert (run_dir / "raw" / "client" / "container.log").read_text().strip() == str(
         len("server\n")
     )
-    events = _events(run_dir)
+    events = traced_events(run_dir)
     served = events[(events["container"] == "server") & (events["path"] == "/etc/hostname")]
     assert (served["kind"] == "openat").sum() >= 1
     assert _left_behind(run_dir.name) == []

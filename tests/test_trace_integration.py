@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from core.rundir import load_run
-from tests.conftest import REPO, bpftrace_running
+from tests.conftest import REPO, bpftrace_running, traced_events
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.request import image_request, workload_request
 from tracing.runner import trace
@@ -23,12 +23,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
 BASE = "twintrace/base:latest"
 SIZES = [1, 4096, 10_000, 123_457, 3 * 65_536 + 7, 1_000_003]
-
-
-def _events(run_dir: Path) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "events.parquet")
-    df["kind"] = df["kind"].astype(str)
-    return df
 
 
 def _manifest(run_dir: Path) -> dict:
@@ -62,7 +56,7 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(
     manifest = _manifest(run_dir)
     assert manifest["status"] == "completed" and manifest["exit_code"] == 0
     assert manifest["lost_events"] == 0
-    events = _events(run_dir)
+    events = traced_events(run_dir)
     for i, size in enumerate(SIZES):
         path = f"/data/file{i}.bin"
         opens = events[(events["kind"] == "openat") & (events["path"] == path)]
@@ -182,7 +176,7 @@ def test_unet3d_sleep_run_reads_every_file_and_takes_the_expected_steps(
     cases = len(files) // 2
     assert summary["status"] == "completed" and summary["lost_events"] == 0
     assert summary["steps"] == -(-cases // 2)  # ceil(cases / batch size)
-    events = _events(run_dir)
+    events = traced_events(run_dir)
     for name in files:
         path = f"/data/{name}"
         assert ((events["kind"] == "openat") & (events["path"] == path)).sum() >= 1, path
@@ -227,7 +221,7 @@ def test_unet3d_original_and_instrumented_runs_complete(
     assert "model_forward_pass" not in set(
         phases["key"].astype(str)
     )  # only instrumented logs phases
-    checkpoint_writes = _events(original)
+    checkpoint_writes = traced_events(original)
     ckpt = checkpoint_writes[
         checkpoint_writes["path"].str.contains("/twintrace/out/checkpoints/", na=False)
     ]

@@ -12,18 +12,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.conftest import traced_events
 from tracing.request import workload_request
 from tracing.runner import trace
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
 READS = ["read", "pread64", "readv"]
-
-
-def _events(run_dir: Path) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "events.parquet")
-    df["kind"] = df["kind"].astype(str)
-    return df
 
 
 def _phases(run_dir: Path) -> pd.DataFrame:
@@ -76,7 +71,7 @@ def test_dlrm_reads_one_contiguous_batch_per_step(
     run_dir = _run(runs_root, dlrm_data, "dlrm", variant, batch_size=batch)
     batches = data.train_records // batch
     assert _steps(run_dir) == batches
-    events = _events(run_dir)
+    events = traced_events(run_dir)
     train = events[events["path"] == f"/data/{data.train.name}"]
     reads = train[train["kind"].isin(READS)]
     # Exactly one pread64 of batch x 160 bytes per step, each at a distinct batch-aligned offset.
@@ -126,7 +121,7 @@ def test_image_folder_run_opens_and_reads_every_training_image_once(
         runs_root, folder_data, workload, variant, batch_size=4, options={"image_size": 64}
     )
     assert _steps(run_dir) == -(-len(data.train) // 4)
-    events = _events(run_dir)
+    events = traced_events(run_dir)
     for sample in data.train:
         path = f"/data/{sample.path.relative_to(folder_data)}"
         opens = events[(events["kind"] == "openat") & (events["path"] == path)]
@@ -151,7 +146,7 @@ def test_grouped_images_open_each_group_once_and_no_image_file(
     )
     # Each step takes batch_size / G = 2 groups: one open and one whole read per group file.
     assert _steps(run_dir) == -(-len(data.train) // 2)
-    events = _events(run_dir)
+    events = traced_events(run_dir)
     data_opens = events[
         (events["kind"] == "openat") & events["path"].str.startswith("/data/", na=False)
     ]
@@ -194,7 +189,7 @@ def test_bert_reads_every_shard_once_interleaved(
         {"hidden": 32, "layers": 1, "heads": 2, "intermediate": 64} if variant == "original" else {}
     )
     run_dir = _run(runs_root, bert_data, "bert", variant, batch_size=8, options=options, **settings)
-    events = _events(run_dir)
+    events = traced_events(run_dir)
     opens = events[
         (events["kind"] == "openat") & events["path"].str.startswith("/data/part-", na=False)
     ]

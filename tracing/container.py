@@ -83,17 +83,17 @@ def client() -> docker.DockerClient:
         ) from None
 
 
-def image_id(cli: docker.DockerClient, tag: str) -> str:
-    """The id of a local image; a clear error when it is missing."""
+def local_image(cli: docker.DockerClient, tag: str) -> docker.models.images.Image:
+    """A local image; a clear error when it is missing."""
     try:
-        return cli.images.get(tag).id
+        return cli.images.get(tag)
     except docker.errors.ImageNotFound:
         raise UserError(f"image {tag} is not built: run `./cli.py build`") from None
 
 
-def default_command(cli: docker.DockerClient, tag: str) -> list[str]:
+def default_command(image: docker.models.images.Image, tag: str) -> list[str]:
     """The image's own ENTRYPOINT + CMD, used when tracing an image without a command."""
-    config = cli.images.get(tag).attrs.get("Config") or {}
+    config = image.attrs.get("Config") or {}
     command = list(config.get("Entrypoint") or []) + list(config.get("Cmd") or [])
     if not command:
         raise UserError(f"image {tag} has no ENTRYPOINT or CMD: give a command after `--`")
@@ -222,8 +222,8 @@ def start_held(
 
 
 def memlock_raised(container: docker.models.containers.Container) -> bool:
-    """Whether the container runs with an unlimited RLIMIT_MEMLOCK (see :func:`start_held`)."""
-    container.reload()
+    """Whether the container runs with an unlimited RLIMIT_MEMLOCK (see :func:`start_held`;
+    the container as :func:`start_held` returns it is freshly inspected)."""
     limits = container.attrs.get("HostConfig", {}).get("Ulimits") or []
     return any(u.get("Name") == "memlock" and u.get("Hard") == -1 for u in limits)
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from core.atomic import atomic_write_text
 from core.errors import UserError
 from core.units import parse_size
-from tracing.container import CTL_MOUNT, DATA_MOUNT, OUT_MOUNT, BindMount, gpu_request
+from tracing.container import DATA_MOUNT, BindMount, gpu_request
 from workloads.config import (
     DEFAULT_MASTER_PORT,
     MASTER_ADDR_ENV,
@@ -326,8 +326,6 @@ def image_request(
 
 
 __all__ = [
-    "CTL_MOUNT",
-    "OUT_MOUNT",
     "PROFILE_MOUNT",
     "PROFILES_SUBDIR",
     "ContainerSpec",

@@ -103,9 +103,11 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     cli = container.client()
     for orphan in container.remove_orphans(cli):
         progress(f"removed the containers of run {orphan}, left behind by a killed tracer")
-    images = {spec.role: container.image_id(cli, spec.image) for spec in request.containers}
+    # Each distinct image inspected once (rank containers share one).
+    found = {tag: container.local_image(cli, tag) for tag in {s.image for s in request.containers}}
+    images = {spec.role: found[spec.image].id for spec in request.containers}
     commands = {
-        spec.role: list(spec.command or container.default_command(cli, spec.image))
+        spec.role: list(spec.command or container.default_command(found[spec.image], spec.image))
         for spec in request.containers
     }
 

@@ -565,7 +565,7 @@ class PinnedStaging:
             if soft != hard:
                 resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
             page = mmap.PAGESIZE
-            locked = max(0, min(nbytes, hard - _locked_bytes()) // page * page)
+            locked = max(0, min(nbytes, hard - locked_bytes()) // page * page)
             if locked and libc.mlock(ctypes.c_void_p(address), ctypes.c_size_t(locked)) != 0:
                 locked = 0
             if not self._warned:
@@ -585,7 +585,7 @@ class PinnedStaging:
             self.buffer, self.size, self.locked = None, 0, 0
 
 
-def _locked_bytes() -> int:
+def locked_bytes() -> int:
     """Bytes this process has locked in memory now (VmLck)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():

@@ -80,7 +80,6 @@ from analysis.similarity.measures import (
 from analysis.similarity.profile import (
     N_POINTS,
     RunProfile,
-    data_mounts,
     in_scope,
     reads_in_flight,
     run_profile,
@@ -123,7 +122,6 @@ __all__ = [
     "compare_runs",
     "comparison_table",
     "condition_warnings",
-    "data_mounts",
     "dtw_similarity",
     "ecdf_points",
     "effective_readers",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from analysis.similarity.aspects import ASPECTS, REGISTERED, Aspect, Outcome
-from analysis.similarity.profile import N_POINTS, RunProfile, data_mounts, run_profile
+from analysis.similarity.profile import N_POINTS, RunProfile, run_profile
 from analysis.similarity.results import AspectScore, Comparison
 from core.errors import UserError
 from core.rundir import Run
@@ -127,7 +127,7 @@ def compare_runs(
     differ). See ``docs/similarity.md``.
     """
     if file_scope is None:
-        file_scope = tuple(sorted(set(data_mounts(real)) | set(data_mounts(emulated))))
+        file_scope = tuple(sorted(set(real.data_mounts) | set(emulated.data_mounts)))
     return compare_profiles(
         run_profile(real, points, file_scope, containers),
         run_profile(emulated, points, file_scope, containers),

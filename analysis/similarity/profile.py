@@ -174,11 +174,6 @@ def reads_in_flight(end_ns: np.ndarray, latency_ns: np.ndarray, weights: np.ndar
     return float(np.average(depth, weights=weights))
 
 
-def data_mounts(run: Run) -> tuple[str, ...]:
-    """Container paths of the run's read-only mounts (the dataset): :attr:`Run.data_mounts`."""
-    return run.data_mounts
-
-
 def in_scope(paths: pd.Index, scope: Sequence[str]) -> np.ndarray:
     """Which ``paths`` lie under one of the directories ``scope`` (all when it is empty)."""
     if not scope:
