@@ -864,7 +864,21 @@ def profile_fit(
 @click.option(
     "--max-seconds", type=float, default=60.0, show_default=True, help="Time limit per batch size."
 )
-@out_option("out_path", "Profile JSON to write.", required=True)
+@out_option("out_path", "Profile JSON to write (with --db: optional).")
+@click.option(
+    "--db",
+    "into_db",
+    is_flag=True,
+    help="Also file the profile in the profile database (then: trace --accelerator NAME).",
+)
+@click.option(
+    "--accelerator",
+    "db_name",
+    default=None,
+    help="Accelerator name of the database entry (default: cpu on a CPU; a declared card "
+    "matching the GPU's name, else the name made from it).",
+)
+@click.option("--replace", is_flag=True, help="Overwrite an existing database entry.")
 @user_errors
 def profile_measure(
     workload: str,
@@ -874,13 +888,24 @@ def profile_measure(
     sets: tuple[str, ...],
     cv_target: float,
     max_seconds: float,
-    out_path: Path,
+    out_path: Path | None,
+    into_db: bool,
+    db_name: str | None,
+    replace: bool,
 ) -> None:
-    """Measure a workload's compute per step natively (warm-up excluded) and write a profile.
+    """Measure a workload's host-to-device copy, forward, backward and optimizer step per
+    step natively (warm-up excluded) and write a profile; with --db, file it in the profile
+    database too.
 
-    Example: ./cli.py profile measure --workload resnet18 --data data/img --batch-sizes 2,4,8 --out resnet18-cpu.json
+    Example: ./cli.py profile measure --workload resnet18 --data data/img --batch-sizes 2,4,8 --db
     """
-    from experiments.measure import MeasureSettings, measure
+    from experiments.measure import MeasureSettings, database_name, measure
+    from workloads.profiledb import add_measured
+
+    if out_path is None and not into_db:
+        raise UserError("give --out FILE, --db, or both: where the measured profile goes")
+    if (db_name or replace) and not into_db:
+        raise UserError("--accelerator and --replace name the database entry: add --db")
 
     try:
         sizes = tuple(int(v) for v in batch_sizes.split(","))
@@ -902,10 +927,22 @@ def profile_measure(
         progress=lambda line: err_console.print(line, highlight=False),
         command=command,
     )
+    if into_db:
+        name = db_name or database_name(measured)
+        filed = add_measured(measured, name, replace=replace)
+        err_console.print(
+            f"filed in the profile database as {name}/{workload}: ./cli.py trace --workload "
+            f"{workload} --variant sleep --accelerator {name} ...",
+            highlight=False,
+        )
     _report_profile(measured, warnings, out_path)
+    if out_path is None:
+        click.echo(str(filed))
 
 
-def _report_profile(prof: Any, warnings: list[str], out_path: Path) -> None:
+def _report_profile(prof: Any, warnings: list[str], out_path: Path | None) -> None:
+    """Print the fit's warnings and the model; write the profile to ``out_path`` (if given)
+    and print its path."""
     for warning in warnings:
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     mean, std = prof.compute.mean, prof.compute.std
@@ -914,9 +951,10 @@ def _report_profile(prof: Any, warnings: list[str], out_path: Path) -> None:
         f"std = {std.g:.6g} g + {std.b:.6g} b + {std.const:.6g} s; {len(prof.table)} table point(s)",
         highlight=False,
     )
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    prof.save(out_path)
-    click.echo(str(out_path))
+    if out_path is not None:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        prof.save(out_path)
+        click.echo(str(out_path))
 
 
 @cli.group()

@@ -46,7 +46,12 @@ def compute_split(runs: Sequence[Run]) -> Split | None:
         for part, keys in SPLIT_PHASES.items():
             for key in keys:
                 totals[part] += float(step_durations(run, key).sum())
-    whole = sum(totals.values())
+    return split_of(totals)
+
+
+def split_of(totals: dict[str, float]) -> Split | None:
+    """The split of summed forward, backward and optimizer seconds (None when all are 0)."""
+    whole = sum(totals[part] for part in SPLIT_PHASES)
     if whole <= 0:
         return None
     forward, backward = totals["forward"] / whole, totals["backward"] / whole

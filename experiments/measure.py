@@ -11,14 +11,26 @@ with at least ``min_steps`` steps, or until ``max_steps`` or ``max_seconds`` per
 (then the profile's ``measured`` record says the target was not met). The times are fitted
 with :func:`analysis.profile_fit.fit_points`.
 
-The step time measured is ``all_compute`` as the training loop defines it: host-to-device copy,
-forward, loss, backward, optimizer step and the loss read-back.
+Each step is timed phase by phase, as the ``instrumented`` variant marks it:
+
+- ``h2d``: the host-to-device copy of the batch (``load_batch_gpu``; the profile's ``h2d``);
+- ``compute`` (the profile's ``compute``): forward, loss, backward, optimizer step and the loss
+  read-back, split into ``forward``, ``backward`` (with the loss) and ``optimizer``: each
+  table point keeps their means and the profile's ``split`` their shares of the total;
+- on CUDA: the peak device memory of the timed steps and the memory kept between steps (the
+  model, its gradients' absence after ``zero_grad(set_to_none=True)``, the optimizer state),
+  the card's capacity, and the model's one-off host-to-device transfer
+  (``model_transfer_s``).
+
+With ``database_key``, :func:`workloads.profiledb.add_measured` also files the profile in the
+profile database under that accelerator (``./cli.py trace --accelerator KEY`` then uses it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import platform
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -29,10 +41,12 @@ import numpy as np
 import torch
 
 from analysis.profile_fit import PointSamples, fit_points
+from analysis.profiles import SPLIT_PHASES, split_of
 from core import __version__ as TWINTRACE_VERSION
 from core.errors import UserError
 from workloads.events import Emitter
-from workloads.profile import SleepProfile
+from workloads.profile import Linear, Memory, Normal, SleepProfile, Split
+from workloads.profiledb import default_database
 from workloads.registry import get_workload
 from workloads.training import ModelCompute, batches_of, resolve_device
 
@@ -118,24 +132,32 @@ def measure(
             f"{data_dir} gave a first batch of {got} samples, fewer than the largest batch size "
             f"{largest}: use smaller batch sizes or a larger dataset"
         )
+    transfer_s = _model_transfer_s(task, settings.seed, device)
     compute = ModelCompute(task, settings.seed, device, distributed=False, sync=True)
-    points, notes = [], []
+    steps: dict[int, StepTimes] = {}
+    notes = []
     for b in sorted(set(settings.batch_sizes)):
         sub = slice_batch(batch, b)
-        times, cv, met = _time_steps(compute, sub, settings)
-        points.append(PointSamples(1, b, times))
+        timed = _time_steps(compute, sub, settings)
+        steps[b] = timed
+        times = timed.compute
         progress(
             f"batch {b}: {times.mean():.4f} s +- {times.std():.4f} over {times.size} steps "
-            f"(cv of the mean {cv:.3f}, of a step {times.std() / times.mean():.3f})"
+            f"(cv of the mean {timed.cv:.3f}, of a step {times.std() / times.mean():.3f}); "
+            + ", ".join(f"{k} {v:.4f} s" for k, v in timed.part_means().items())
         )
-        if not met:
+        if not timed.met:
             notes.append(
-                f"batch {b}: cv {cv:.3f} above the target {settings.cv_target} after {times.size} steps"
+                f"batch {b}: cv {timed.cv:.3f} above the target {settings.cv_target} after "
+                f"{times.size} steps"
             )
-    fit = fit_points(points)
-    measured = {
+    fit = fit_points([PointSamples(1, b, t.compute) for b, t in steps.items()])
+    h2d_fit = fit_points([PointSamples(1, b, t.h2d) for b, t in steps.items()])
+    table = tuple(dataclasses.replace(point, **steps[point.b].point_parts()) for point in fit.table)
+    name = device_name(device)
+    measured: dict[str, Any] = {
         "command": command or " ".join(sys.argv),
-        "device": device_name(device),
+        "device": name,
         "versions": {
             "twintrace": TWINTRACE_VERSION,
             "torch": torch.__version__,
@@ -149,37 +171,152 @@ def measure(
     }
     profile = SleepProfile(
         workload=workload,
-        accelerator=device_name(device),
+        accelerator=name,
         source=(
-            f"measured natively by profile measure on {device_name(device)}: all_compute per "
-            f"step at batch sizes {', '.join(map(str, sorted(set(settings.batch_sizes))))}, warm-up "
-            "excluded (see 'measured')"
+            f"measured natively by profile measure on {name}: host-to-device copy and compute "
+            "(forward, loss, backward, optimizer step, loss read-back) per step at batch sizes "
+            f"{', '.join(map(str, sorted(steps)))}, warm-up excluded (see 'measured')"
         ),
         compute=fit.compute,
-        table=fit.table,
+        h2d=Normal(mean=h2d_fit.compute.mean) if _any_positive(h2d_fit.compute.mean) else Normal(),
+        table=table,
         fit=fit.info(),
         measured=measured,
+        split=_split(steps.values()),
+        memory=_memory(device, steps),
+        model_transfer_s=transfer_s,
     )
     return profile, [*fit.warnings, *notes]
 
 
-def _time_steps(
-    compute: ModelCompute, batch: Any, s: MeasureSettings
-) -> tuple[np.ndarray, float, bool]:
+@dataclasses.dataclass
+class StepTimes:
+    """The timed steps of one batch size: seconds per step of each part, and the device
+    memory (CUDA only)."""
+
+    h2d: np.ndarray
+    compute: np.ndarray
+    parts: dict[str, np.ndarray]
+    cv: float
+    met: bool
+    peak_bytes: float | None = None
+    persistent_bytes: float | None = None
+
+    def part_means(self) -> dict[str, float]:
+        return {
+            "h2d": float(self.h2d.mean()),
+            **{k: float(v.mean()) for k, v in self.parts.items()},
+        }
+
+    def point_parts(self) -> dict[str, float | None]:
+        """The table point's phase means and memory."""
+        return {
+            **self.part_means(),
+            "peak_bytes": self.peak_bytes,
+            "persistent_bytes": self.persistent_bytes,
+        }
+
+
+#: The mark of the host-to-device copy; the other parts are grouped as the profile's split
+#: groups an instrumented run's phases (the loss read-back counts in the compute total only).
+PARTS = SPLIT_PHASES
+H2D_MARK = "load_batch_gpu"
+
+
+def _any_positive(model: Linear) -> bool:
+    return any(v > 0 for v in (model.g, model.b, model.const))
+
+
+def _split(steps: Any) -> Split | None:
+    return split_of({part: sum(float(t.parts[part].sum()) for t in steps) for part in PARTS})
+
+
+def _memory(device: torch.device, steps: dict[int, StepTimes]) -> Memory | None:
+    """The card's memory (CUDA): its capacity, the largest between-step memory and the peak
+    as a least-squares line in the batch size."""
+    if device.type != "cuda" or not steps:
+        return None
+    sizes = np.array(sorted(steps), dtype=float)
+    peaks = np.array([steps[int(b)].peak_bytes or 0.0 for b in sizes])
+    slope = float(np.polyfit(sizes, peaks, 1)[0]) if sizes.size > 1 else 0.0
+    const = float(peaks.mean() - slope * sizes.mean())
+    return Memory(
+        capacity_bytes=int(torch.cuda.get_device_properties(device).total_memory),
+        persistent_bytes=max(t.persistent_bytes or 0.0 for t in steps.values()),
+        peak_bytes=Linear(b=slope, const=const),
+    )
+
+
+def _model_transfer_s(task: Any, seed: int, device: torch.device) -> float:
+    """Seconds to copy the model to the device once (0 on CPU: nothing is copied)."""
+    if device.type != "cuda":
+        return 0.0
+    model = task.build_model(seed)
+    torch.cuda.synchronize(device)
+    t0 = time.monotonic_ns()
+    model.to(device)
+    torch.cuda.synchronize(device)
+    seconds = (time.monotonic_ns() - t0) / 1e9
+    del model
+    torch.cuda.empty_cache()
+    return seconds
+
+
+def _time_steps(compute: ModelCompute, batch: Any, s: MeasureSettings) -> StepTimes:
     for _ in range(s.warmup):
         compute.train_step(batch, [])
-    times: list[float] = []
+    cuda = compute.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(compute.device)
+        torch.cuda.reset_peak_memory_stats(compute.device)
+    rows: list[dict[str, float]] = []
     started = time.monotonic()
     cv = float("inf")
-    while len(times) < s.max_steps:
-        t0 = time.monotonic_ns()
-        compute.train_step(batch, [])
-        times.append((time.monotonic_ns() - t0) / 1e9)
-        if len(times) >= s.min_steps:
-            values = np.array(times)
+    met = False
+    while len(rows) < s.max_steps:
+        marks: list[tuple[str, int, int]] = []
+        compute.train_step(batch, marks)
+        seconds = {key: (end - start) / 1e9 for key, start, end in marks}
+        row = {part: sum(seconds.get(k, 0.0) for k in keys) for part, keys in PARTS.items()}
+        row["h2d"] = seconds.get(H2D_MARK, 0.0)
+        # compute: from the end of the copy to the end of the step (loss read-back included)
+        copied = next(end for key, _, end in marks if key == H2D_MARK)
+        row["compute"] = (max(end for _, _, end in marks) - copied) / 1e9
+        rows.append(row)
+        if len(rows) >= s.min_steps:
+            values = np.array([r["compute"] for r in rows])
             cv = float(values.std(ddof=1) / values.mean() / np.sqrt(values.size))
             if cv < s.cv_target:
-                return values, cv, True
-        if time.monotonic() - started > s.max_seconds and len(times) >= s.min_steps:
+                met = True
+                break
+        if time.monotonic() - started > s.max_seconds and len(rows) >= s.min_steps:
             break
-    return np.array(times), cv, False
+    peak = persistent = None
+    if cuda:
+        peak = float(torch.cuda.max_memory_allocated(compute.device))
+        persistent = float(torch.cuda.memory_allocated(compute.device))
+
+    def column(name: str) -> np.ndarray:
+        return np.array([r[name] for r in rows])
+
+    return StepTimes(
+        h2d=column("h2d"),
+        compute=column("compute"),
+        parts={part: column(part) for part in PARTS},
+        cv=cv,
+        met=met,
+        peak_bytes=peak,
+        persistent_bytes=persistent,
+    )
+
+
+def database_name(profile: SleepProfile) -> str:
+    """The default accelerator name of a measured profile's database entry: ``cpu`` on a CPU;
+    on a GPU a declared card whose names match the device's, else a name made from it."""
+    device = str((profile.measured or {}).get("device", profile.accelerator))
+    if device.startswith("CPU"):
+        return "cpu"
+    for acc in default_database().accelerators.values():
+        if acc.matches(device):
+            return acc.key
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"

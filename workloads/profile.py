@@ -20,7 +20,9 @@ File format (JSON), every key optional except ``workload``, ``accelerator``, ``s
       "eval":    {"mean": {...}, "std": {...}},   # per evaluation batch, default 0
       "checkpoint_bytes": null,                   # null: torch.save of the model's state_dict
       "batch": "per_accelerator",                 # or "global": b is the batch of all ranks
-      "table": [{"g": 1, "b": 2048, "mean": 0.0106, "std": 0.001, "n": 40}, ...],
+      "table": [{"g": 1, "b": 2048, "mean": 0.0106, "std": 0.001, "n": 40,
+                 "h2d": 0.0004, "forward": 0.003, "backward": 0.0066, "optimizer": 0.001,
+                 "peak_bytes": null, "persistent_bytes": null}, ...],  # phases optional
       "fit": {"mean_r2": 0.9996, "std_r2": 0.93, "warnings": [...]},
       "measured": {"command": ..., "device": ..., "versions": {...}},
       "split": {"forward": 0.27, "backward": 0.73, "optimizer": 0.0},
@@ -97,21 +99,46 @@ class Normal:
         return self == Normal()
 
 
+#: The optional parts of a table point measured phase by phase (``profile measure``).
+POINT_PARTS = ("h2d", "forward", "backward", "optimizer", "peak_bytes", "persistent_bytes")
+
+
 @dataclasses.dataclass(frozen=True)
 class TablePoint:
-    """A measured configuration: ``g`` accelerators, batch ``b``, compute time mean/std (s)."""
+    """A measured configuration: ``g`` accelerators, batch ``b``, compute time mean/std (s).
+
+    Measured phase by phase (``profile measure``), a point also holds the mean seconds of the
+    host-to-device copy (``h2d``, not part of ``mean``), ``forward``, ``backward`` (with the
+    loss) and ``optimizer`` (their sum is ``mean``, up to the loss read-back), and on a GPU
+    the step's peak and the persistent (between-step) device memory in bytes; None where not
+    measured.
+    """
 
     g: int
     b: int
     mean: float
     std: float = 0.0
     n: int = 0
+    h2d: float | None = None
+    forward: float | None = None
+    backward: float | None = None
+    optimizer: float | None = None
+    peak_bytes: float | None = None
+    persistent_bytes: float | None = None
 
     def __post_init__(self) -> None:
-        if self.g < 1 or self.b < 1 or self.mean < 0 or self.std < 0 or self.n < 0:
+        parts = [getattr(self, name) for name in POINT_PARTS]
+        if (
+            self.g < 1
+            or self.b < 1
+            or self.mean < 0
+            or self.std < 0
+            or self.n < 0
+            or any(v is not None and v < 0 for v in parts)
+        ):
             raise UserError(
                 f"sleep profile table point {dataclasses.asdict(self)} is invalid: g and b must "
-                "be at least 1, mean, std and n not negative"
+                "be at least 1, the times, memory and n not negative"
             )
 
 
@@ -368,16 +395,20 @@ def _point(data: Any, where: str) -> TablePoint:
     if missing:
         raise UserError(f"{where}: missing {', '.join(missing)}")
     for name, value in data.items():
+        if value is None and name in POINT_PARTS:
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise UserError(f"{where}.{name}: expected a number, got {value!r}")
         if name in ("g", "b", "n") and int(value) != value:
             raise UserError(f"{where}.{name}: expected a whole number, got {value!r}")
+    parts = {name: float(data[name]) for name in POINT_PARTS if data.get(name) is not None}
     return TablePoint(
         g=int(data["g"]),
         b=int(data["b"]),
         mean=float(data["mean"]),
         std=float(data.get("std", 0.0)),
         n=int(data.get("n", 0)),
+        **parts,
     )
 
 

@@ -13,7 +13,9 @@ The tables and their sources are listed in ``workloads/profiles/profiledb.toml``
   400, on A100 and H100);
 - ``discs-vldb``: the published V100 fits of UNet3D, BERT and DLRM (the shipped default
   profiles ``unet3d.json``, ``bert.json``, ``dlrm.json``), used as fits in (g, b);
-- ``measured-cpu``: profiles measured on the build machine's CPU (``alexnet.json``);
+- ``measured``: profiles measured with ``./cli.py profile measure --db`` (folder ``measured/``,
+  one ``<accelerator>-<model>.json`` each; :func:`add_measured` files them): the shipped ones
+  on the build machine's CPU, phase by phase;
 - ``osre-2023``: the OSRE 2023 emulator's ResNet-18 batch-64 points (V100, P100).
 
 Lookup rules (``lookup(accelerator, model, batch)``), the same for every column of a table:
@@ -41,6 +43,7 @@ import dataclasses
 import functools
 import gzip
 import io
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -90,11 +93,20 @@ COLUMNS = (
     "compute_std_s",
     "forward_s",
     "backward_s",
+    "optimizer_s",
     "h2d_s",
     "peak_bytes",
     "persistent_bytes",
 )
 _HELD = np.array([c == "persistent_bytes" for c in COLUMNS])
+
+
+def _values(rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
+    """A table's values: one row per mapping of :data:`COLUMNS` names (NaN where absent)."""
+    nan = float("nan")
+    return np.array(
+        [[nan if r.get(c) is None else r[c] for c in COLUMNS] for r in rows], dtype=float
+    ).reshape(-1, len(COLUMNS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -447,7 +459,11 @@ class ProfileDatabase:
             notes.append(
                 "the table's persistent memory is negative here (a regression row): taken as 0"
             )
-        if named["forward_s"] == named["forward_s"]:  # not NaN
+        if (
+            named["forward_s"] == named["forward_s"]
+            and named["optimizer_s"] != named["optimizer_s"]
+        ):
+            # forward known (not NaN), optimizer not
             notes.append("optimizer step not in the data: compute = forward + backward")
 
         def known(name: str) -> float | None:
@@ -462,6 +478,7 @@ class ProfileDatabase:
             compute_std_s=known("compute_std_s") or 0.0,
             forward_s=known("forward_s"),
             backward_s=known("backward_s"),
+            optimizer_s=known("optimizer_s"),
             h2d_s=known("h2d_s"),
             model_transfer_s=table.model_transfer_s,
             peak_bytes=known("peak_bytes"),
@@ -516,7 +533,9 @@ class ProfileDatabase:
                             "accelerator": acc.key,
                             "accelerator_name": table.card,
                             "capacity_bytes": acc.capacity_bytes,
-                            "memory": bool(np.isfinite(table.values[:, 5]).any()),
+                            "memory": bool(
+                                np.isfinite(table.values[:, COLUMNS.index("peak_bytes")]).any()
+                            ),
                             "model": m,
                             "source_id": table.source.id,
                             "kind": "fit" if table.fit is not None else "table",
@@ -644,17 +663,17 @@ def _gpemu_tables(source: Source, spec: Mapping[str, Any], folder: Path, cards: 
     for start, stop in zip(starts, [*starts[1:], len(gpus)], strict=True):
         gpu, model = str(gpus[start]), str(models[start])
         block = numbers[start:stop]
-        forward, backward = block[:, 1], block[:, 2]
-        values = np.column_stack(
-            [
-                forward + backward,
-                np.zeros(len(block)),
-                forward,
-                backward,
-                block[:, 3],
-                block[:, 4] * MB,
-                block[:, 5] * MB,
-            ]
+        values = _values(
+            {
+                "compute_s": row[1] + row[2],
+                "compute_std_s": 0.0,
+                "forward_s": row[1],
+                "backward_s": row[2],
+                "h2d_s": row[3],
+                "peak_bytes": row[4] * MB,
+                "persistent_bytes": row[5] * MB,
+            }
+            for row in block
         )
         batch = block[:, 0].astype(int)
         tables.append(
@@ -677,25 +696,10 @@ def _row_tables(source: Source, rows: list[Mapping[str, Any]], cards: Any) -> li
     grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for row in rows:
         grouped.setdefault((cards(row["accelerator"]).key, row["model"]), []).append(row)
-    nan = float("nan")
     tables = []
     for (acc, model), items in grouped.items():
         items = sorted(items, key=lambda r: r["batch"])
-        values = np.array(
-            [
-                [
-                    r["compute_s"],
-                    r.get("compute_std_s", 0.0),
-                    nan,
-                    nan,
-                    r.get("h2d_s", nan),
-                    nan,
-                    nan,
-                ]
-                for r in items
-            ],
-            dtype=float,
-        )
+        values = _values({"compute_std_s": 0.0, **r} for r in items)
         points = ", ".join(
             f"batch {r['batch']}: {r['compute_s']} s"
             + (f" + {r['h2d_s']} s host-to-device" if "h2d_s" in r else "")
@@ -739,12 +743,18 @@ def _profile_tables(
         points = sorted((p for p in profile.table if p.g == 1), key=lambda p: p.b)
         if not points:
             raise UserError(f"{item['profile']} has no single-accelerator table points")
-        values = np.array(
-            [
-                [p.mean, p.std, np.nan, np.nan, profile.h2d.mean(1, p.b), np.nan, np.nan]
-                for p in points
-            ],
-            dtype=float,
+        values = _values(
+            {
+                "compute_s": p.mean,
+                "compute_std_s": p.std,
+                "forward_s": p.forward,
+                "backward_s": p.backward,
+                "optimizer_s": p.optimizer,
+                "h2d_s": profile.h2d.mean(1, p.b) if p.h2d is None else p.h2d,
+                "peak_bytes": p.peak_bytes,
+                "persistent_bytes": p.persistent_bytes,
+            }
+            for p in points
         )
         tables.append(
             Table(
@@ -803,8 +813,12 @@ def load_database(path: Path = DATABASE) -> ProfileDatabase:
             tables += _gpemu_tables(source, item, path.parent, cards)
         elif source.kind == "rows":
             tables += _row_tables(source, item["rows"], cards)
-        elif source.kind in ("fits", "measured"):
-            items = item["fits"] if source.kind == "fits" else item["profiles"]
+        elif source.kind == "fits":
+            tables += _profile_tables(source, item["fits"], path.parent, cards)
+        elif source.kind == "measured":
+            items = list(item.get("profiles", ()))
+            if "folder" in item:
+                items += _measured_items(path.parent, item["folder"], accelerators)
             tables += _profile_tables(source, items, path.parent, cards)
         else:
             raise UserError(
@@ -818,6 +832,83 @@ def load_database(path: Path = DATABASE) -> ProfileDatabase:
             f"(sources: {', '.join(sources)})"
         )
     return ProfileDatabase(accelerators, sources, tables, order)
+
+
+def _measured_items(
+    root: Path, folder: str, accelerators: dict[str, Accelerator]
+) -> list[dict[str, Any]]:
+    """The entries of a folder of measured profiles; accelerators not declared in the
+    database are declared from the profile's ``measured.database`` record (its card and
+    memory)."""
+    items = []
+    for file in sorted((root / folder).glob("*.json")):
+        profile = load_profile(file)
+        record = (profile.measured or {}).get("database")
+        if not isinstance(record, dict) or not {"accelerator", "model"} <= set(record):
+            raise UserError(
+                f"measured profile {file} has no measured.database record naming its "
+                "accelerator and model: file it again with ./cli.py profile measure --db"
+            )
+        key = str(record["accelerator"])
+        if key not in accelerators:
+            capacity = profile.memory.capacity_bytes if profile.memory is not None else None
+            accelerators[key] = Accelerator(
+                key=key,
+                name=profile.accelerator,
+                names=(profile.accelerator,),
+                capacity_bytes=capacity,
+                capacity_source=(
+                    f"measured by profile measure ({file.name}): the device's total memory"
+                    if capacity is not None
+                    else "not measured"
+                ),
+            )
+        items.append(
+            {"accelerator": key, "model": record["model"], "profile": f"{folder}/{file.name}"}
+        )
+    return items
+
+
+def add_measured(
+    profile: SleepProfile, accelerator: str, replace: bool = False, path: Path = DATABASE
+) -> Path:
+    """File a measured profile in the database as ``(accelerator, profile.workload)``;
+    returns the file written. An existing entry is only overwritten with ``replace``."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", accelerator):
+        raise UserError(
+            f"accelerator name {accelerator!r} for the profile database: use lower-case letters, "
+            "digits, '-', '_' and '.', e.g. cpu-epyc or h100"
+        )
+    if profile.measured is None:
+        raise UserError("only profiles made by profile measure can be filed in the database")
+    db = load_database(path)
+    declared = db.accelerators.get(accelerator)
+    folder = path.parent / "measured"
+    dest = folder / f"{accelerator}-{profile.workload}.json"
+    if dest.exists() and not replace:
+        raise UserError(
+            f"the profile database already has a measured entry for {accelerator}/"
+            f"{profile.workload} ({dest}): give --replace to overwrite it"
+        )
+    record = {
+        "accelerator": accelerator,
+        "model": profile.workload,
+        "declared": declared.name if declared is not None else None,
+    }
+    filed = dataclasses.replace(profile, measured={**profile.measured, "database": record})
+    folder.mkdir(parents=True, exist_ok=True)
+    previous = dest.read_bytes() if dest.exists() else None
+    filed.save(dest)
+    try:
+        load_database(path)
+    except UserError:
+        if previous is None:
+            dest.unlink()
+        else:
+            dest.write_bytes(previous)
+        raise
+    default_database.cache_clear()
+    return dest
 
 
 @functools.cache
