@@ -25,21 +25,11 @@ $(STAMP): requirements.lock
 build: setup
 	$(PY) cli.py build
 
-# Small UNet3D data, the images, one traced `original` and one traced `sleep` run, their
-# timelines and how similar the emulation is to the real run. Prints the timeline HTML files.
+# Small UNet3D data, the images, then traced runs: instrumented, a sleep profile fitted to it on
+# this host, original, sleep with that profile (and their similarity: the emulator's fidelity),
+# and sleep emulating an A100. Prints the reports and the timeline HTML files (experiments/demo.sh).
 demo: build
-	@set -euo pipefail; \
-	if [ ! -f $(DEMO_DATA)/manifest.json ]; then \
-	  $(PY) cli.py datagen unet3d --out $(DEMO_DATA) --size 300MB --scale 0.5 --force; fi; \
-	sync; echo 3 > /proc/sys/vm/drop_caches; \
-	orig=$$($(PY) cli.py trace --workload unet3d --variant original --data $(DEMO_DATA) --epochs 1 --batch-size 2 --workers 2 --out $(DEMO_RUNS) | tail -n 1); \
-	sync; echo 3 > /proc/sys/vm/drop_caches; \
-	sleep=$$($(PY) cli.py trace --workload unet3d --variant sleep --data $(DEMO_DATA) --epochs 1 --batch-size 2 --workers 2 --out $(DEMO_RUNS) | tail -n 1); \
-	$(PY) cli.py plot timeline $$orig $$sleep --out $$sleep/timeline-original-vs-sleep.html >/dev/null; \
-	$(PY) cli.py compare $$orig $$sleep; \
-	echo "timelines:"; \
-	$(PY) cli.py plot timeline $$orig; \
-	$(PY) cli.py plot timeline $$sleep
+	PY=$(PY) DEMO_DATA=$(DEMO_DATA) DEMO_RUNS=$(DEMO_RUNS) bash experiments/demo.sh
 
 test: build
 	CI=$${CI:-} $(PY) -m pytest -q

@@ -218,6 +218,48 @@ def accelerator_utilisation(run: Run, steps: pd.DataFrame | None = None) -> floa
     return float(kept["compute_s"].sum()) / total if total > 0 else float("nan")
 
 
+def storage_demand(run: Run, steps: pd.DataFrame | None = None) -> dict[str, float]:
+    """What the run's data pipeline delivered and what keeping its accelerators busy needs,
+    over the measured steps (each epoch's first left out, as for AU):
+
+    - ``steps``, ``au``; ``step_s``, ``compute_s``, ``load_s``: medians per step;
+    - ``samples_per_s``: samples trained per second of wall time (all ranks);
+    - ``read_bytes``: the dataset's read syscalls within the measured steps (all readers);
+    - ``delivered_bytes_per_s``: ``read_bytes`` over the wall time of those steps;
+    - ``needed_bytes_per_s``: ``read_bytes`` over the time the accelerators computed in them
+      (one rank's compute: ranks compute in parallel), i.e. the rate at which the pipeline
+      would have to deliver the same bytes for the accelerators never to wait (AU 100%).
+
+    Cached reads count as delivered bytes: this is the rate the readers must see, from the
+    page cache or the storage. Rates are NaN when the run has no measured step.
+    """
+    steps = step_table(run) if steps is None else steps
+    kept = steps[~steps["first_in_epoch"]]
+    nan = float("nan")
+    if len(kept) == 0:
+        return {"steps": 0, "au": nan, "needed_bytes_per_s": nan, "delivered_bytes_per_s": nan}
+    reads = _dataset_reads(run)
+    read_bytes = wall = compute = 0.0
+    for role, mine in kept.groupby("container", sort=False):
+        theirs = reads[reads["container"] == role]
+        lowest = mine[mine["rank"] == mine["rank"].min()]
+        nbytes, _ = _reads_in(theirs, lowest["start_ns"].to_numpy(), lowest["end_ns"].to_numpy())
+        read_bytes += float(nbytes.sum())
+        wall = max(wall, float(lowest["step_s"].sum()))
+        compute = max(compute, float(lowest["compute_s"].sum()))
+    return {
+        "steps": len(kept),
+        "au": accelerator_utilisation(run, steps),
+        "step_s": float(kept["step_s"].median()),
+        "compute_s": float(kept["compute_s"].median()),
+        "load_s": float(kept["load_s"].median()),
+        "samples_per_s": float(kept["samples"].sum()) / wall if wall > 0 else nan,
+        "read_bytes": read_bytes,
+        "delivered_bytes_per_s": read_bytes / wall if wall > 0 else nan,
+        "needed_bytes_per_s": read_bytes / compute if compute > 0 else nan,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-step values and the table
 

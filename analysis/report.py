@@ -51,7 +51,35 @@ def run_summary_lines(run_dir: Path) -> list[str]:
             lines.append(f"  {group}: " + ", ".join(parts))
     if len(run.containers) > 1 and "events" not in run.missing:
         lines += container_lines(container_counts(run.events, run.phases, run.containers))
+    lines += demand_lines(run)
     return lines
+
+
+def demand_lines(run: rundir.Run) -> list[str]:
+    """The steps of an instrumented or sleep run: time split, AU, and the data rate delivered
+    vs needed to keep the accelerators busy (:func:`analysis.breakdown.storage_demand`)."""
+    from analysis.breakdown import storage_demand
+
+    if run.variant not in ("instrumented", "sleep") or "phases" in run.missing:
+        return []
+    try:
+        d = storage_demand(run)
+    except UserError:
+        return []
+    if not d["steps"]:
+        return []
+    what = "emulated accelerator" if run.variant == "sleep" else "accelerator"
+
+    def rate(value: float) -> str:
+        return f"{format_size(value)}/s" if np.isfinite(value) else "n/a"
+
+    return [
+        f"  steps: {d['steps']} measured, median {d['step_s']:.3f} s = compute "
+        f"{d['compute_s']:.3f} s + waiting for data {d['load_s']:.3f} s; AU {d['au']:.0%}, "
+        f"{d['samples_per_s']:.1f} samples/s",
+        f"  data: read at {rate(d['delivered_bytes_per_s'])}; keeping the {what} "
+        f"busy needs {rate(d['needed_bytes_per_s'])}",
+    ]
 
 
 def container_counts(events: pd.DataFrame, phases: pd.DataFrame, roles: list[str]) -> pd.DataFrame:

@@ -319,3 +319,27 @@ def test_two_containers_keep_their_steps_apart(tmp_path: Path) -> None:
     # the two steps that hold them at 1 µs per read: 1.6 M samples/s in both.
     assert table.at["read_throughput", "n"] == 2
     assert table.at["read_throughput", "median"] == pytest.approx(1.6e6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage demand
+
+
+def test_storage_demand_of_known_steps(tmp_path: Path) -> None:
+    from analysis.breakdown import storage_demand
+    from analysis.report import demand_lines
+
+    run = load_run(run_dir_of(tmp_path))
+    d = storage_demand(run)
+    # 2 epochs x 4 measured steps; one dataset read each (the library reads do not count).
+    wall = 2 * sum(load + COMPUTE_S + GAP_S for load in LOADS_S[1:])
+    assert d["steps"] == 8 and d["read_bytes"] == 8 * READ_BYTES
+    assert d["delivered_bytes_per_s"] == pytest.approx(8 * READ_BYTES / wall)
+    assert d["needed_bytes_per_s"] == pytest.approx(8 * READ_BYTES / (8 * COMPUTE_S))
+    assert d["samples_per_s"] == pytest.approx(8 * BATCH / wall)
+    assert d["au"] == pytest.approx(8 * COMPUTE_S / wall)
+    assert d["compute_s"] == pytest.approx(COMPUTE_S)
+    assert d["load_s"] == pytest.approx(np.median(LOADS_S[1:]))
+    lines = demand_lines(run)
+    assert "steps: 8 measured" in lines[0] and f"AU {d['au']:.0%}" in lines[0]
+    assert "keeping the accelerator busy needs 13.0 KiB/s" in lines[1]
