@@ -52,6 +52,12 @@ FD_KINDS: tuple[str, ...] = (
     "dup",
 )
 
+#: The instrumentation's event log inside a workload container (``tracing.container.OUT_MOUNT``
+#: + ``mllog.log``): the tool's own output, whose volume differs by variant by design (an
+#: ``original`` step logs one line, an ``instrumented`` or ``sleep`` step about eight), so the
+#: similarity analysis leaves its writes out of both runs (docs/analysis.md).
+EVENT_LOG_PATH = "/twintrace/out/mllog.log"
+
 # Column name -> pandas dtype string, in file order. 'string' is pandas' nullable string dtype,
 # 'category' a dictionary-encoded string (Parquet dictionary), the integer widths are those of
 # docs/run-format.md. Keep these three in step with that document.

@@ -53,6 +53,7 @@ from analysis.similarity import (
 )
 from core.errors import UserError
 from core.rundir import (
+    EVENT_LOG_PATH,
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,
@@ -167,6 +168,8 @@ def training_run(
     cold_cache: bool = False,
     foreign_block_bytes: int = 0,
     startup_s: float = 0.0,
+    log_lines: int = 0,
+    log_path: str = EVENT_LOG_PATH,
 ) -> Path:
     """Write a model run. ``burst_at``: where in each step (fraction) the read burst happens;
     ``file_order``: order of the 40 dataset files; ``extra_files``: files read outside /data;
@@ -175,7 +178,9 @@ def training_run(
     from ``seed``), as in a repeat of a real run; ``readers``: threads the dataset files are dealt
     to, round robin; ``cold_cache``: every byte read is also a page-cache insert;
     ``foreign_block_bytes``: block writes by other processes (``in_container`` false);
-    ``startup_s``: the container starts this long before the workload's first event."""
+    ``startup_s``: the container starts this long before the workload's first event;
+    ``log_lines``: per step, this many 300-byte writes to ``log_path`` (by default the
+    instrumentation's event log)."""
     origin = START_NS + round(clock_shift_s * SEC)
     rng = np.random.default_rng(seed)
 
@@ -209,6 +214,11 @@ def training_run(
         kinds.append("write")
         sizes.append(100)
         paths.append("/twintrace/out/log.txt")
+        for k in range(log_lines):
+            ts.append(step + 0.92 + 0.002 * k)
+            kinds.append("write")
+            sizes.append(300)
+            paths.append(log_path)
     for i in range(extra_files):  # library imports at start-up
         ts += [0.001 * (i + 1)]
         kinds += ["read"]
@@ -545,6 +555,20 @@ def test_faster_and_shifted_copy(tmp_path: Path) -> None:
     assert result["checkpoints"] == pytest.approx((1 + 1 + 0.75) / 3)
 
 
+def test_the_instrumentation_log_is_not_the_workloads_io(tmp_path: Path) -> None:
+    """A sleep step logs about eight event-log lines where an original step logs one: the
+    tool's own log is left out of both runs; the same writes to another file count."""
+    real = load_run(training_run(tmp_path, REAL, log_lines=1))
+    logged = load_run(training_run(tmp_path, EMULATED, log_lines=8))
+    result = scores(compare_runs(real, logged))
+    assert result["write_sizes"] == pytest.approx(1.0, abs=1e-9)
+    assert result["write_bandwidth"] == pytest.approx(1.0, abs=1e-9)
+    other = "20261121-180000-unet3d-sleep-0003"
+    elsewhere = load_run(training_run(tmp_path, other, log_lines=8, log_path="/twintrace/out/x"))
+    result = scores(compare_runs(real, elsewhere))
+    assert result["write_sizes"] < 0.8
+
+
 def test_repeat_with_jitter_scores_high(tmp_path: Path) -> None:
     """A repeat of a run as real traces differ: every read burst and the checkpoint moved by up
     to 60 ms (2.4 bins of 25 ms). Two real runs of one configuration differ like this."""
@@ -831,3 +855,9 @@ def test_different_containers_are_warned_about(tmp_path: Path) -> None:
     for name in ("read_bandwidth", "write_bandwidth", "read_sizes", "file_bytes", "cpu", "memory"):
         assert got[name] == 1.0, name
     assert scores(compare_runs(one, two)) == got  # symmetric
+
+
+def test_the_event_log_path_is_where_workloads_write_it() -> None:
+    from tracing.container import OUT_MOUNT
+
+    assert f"{OUT_MOUNT}/mllog.log" == EVENT_LOG_PATH

@@ -28,7 +28,7 @@ from analysis.series import Bins, binned_sum, filled_mean
 from analysis.similarity.measures import log2_buckets
 from analysis.tables import KindMask, is_value, run_roles, select_containers, step_intervals
 from core.errors import UserError
-from core.rundir import READ_KINDS, WRITE_KINDS, Run
+from core.rundir import EVENT_LOG_PATH, READ_KINDS, WRITE_KINDS, Run
 
 #: Points each time series is resampled to over its run's own [start, end].
 N_POINTS = 400
@@ -278,9 +278,11 @@ def run_profile(
 
     series: dict[str, np.ndarray] = {}
     totals: dict[str, float] = {}
+    # The instrumentation's own event log is not the workload's I/O (core.rundir.EVENT_LOG_PATH).
+    tool_log = events["path"].eq(EVENT_LOG_PATH).to_numpy(dtype=bool, na_value=False)
     groups = {
         "read": mask(READ_KINDS),
-        "write": mask(WRITE_KINDS),
+        "write": mask(WRITE_KINDS) & ~tool_log,
         "block_read": mask(("block_read",)),
         "block_write": mask(("block_write",)),
     }
