@@ -6,7 +6,9 @@ The method is the published one (real-vs-emulated study): a normal distribution 
 on (g, b) with an intercept. Two problems of the published fits are checked and reported rather
 than shipped silently: a poor fit (R^2 below :data:`MIN_R2`) and a std model that goes negative
 at a measured configuration. Every measured configuration is also kept as a table point, which
-the sleep variant prefers to the linear model (``SleepProfile.compute_params``).
+the sleep variant prefers to the linear model (``SleepProfile.compute_params``); with at least
+:data:`MIN_QUANTILE_SAMPLES` samples, a point keeps :data:`N_QUANTILES` quantiles of them, from
+which the sleep variant draws (the measured distribution, skew included).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from core.errors import UserError
 from workloads.profile import Linear, Normal, TablePoint
 
 MIN_R2 = 0.9
+#: Quantiles a table point keeps (every 5 %), and the samples it needs to keep them.
+N_QUANTILES = 21
+MIN_QUANTILE_SAMPLES = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +95,12 @@ def fit_points(points: Sequence[PointSamples]) -> Fit:
     table = []
     for p in sorted(points, key=lambda p: (p.g, p.b)):
         mean, std = normal_fit(p.seconds)
-        table.append(TablePoint(g=p.g, b=p.b, mean=mean, std=std, n=int(np.size(p.seconds))))
+        n = int(np.size(p.seconds))
+        quantiles = None
+        if n >= MIN_QUANTILE_SAMPLES:
+            levels = np.linspace(0.0, 1.0, N_QUANTILES)
+            quantiles = tuple(float(q) for q in np.quantile(p.seconds, levels))
+        table.append(TablePoint(g=p.g, b=p.b, mean=mean, std=std, n=n, quantiles=quantiles))
     g = np.array([t.g for t in table])
     b = np.array([t.b for t in table])
     mean_model, mean_r2 = linear_fit(g, b, np.array([t.mean for t in table]))

@@ -121,3 +121,41 @@ def test_table_points_are_validated(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(UserError, match=r"table\[0\]: missing mean"):
         load_profile(path)
+
+
+def test_fitted_points_keep_quantiles_and_steps_draw_from_them(tmp_path: Path) -> None:
+    from analysis.profile_fit import N_QUANTILES, PointSamples, fit_points
+
+    rng = np.random.default_rng(1)
+    skewed = 0.4 + rng.lognormal(-4.0, 1.0, size=80)  # a long right tail: median < mean
+    few = np.array([0.2, 0.21, 0.22])
+    fit = fit_points([PointSamples(1, 8, skewed), PointSamples(1, 2, few)])
+    small, large = fit.table
+    assert small.quantiles is None  # too few samples: the normal model
+    assert len(large.quantiles) == N_QUANTILES
+    assert large.quantiles[0] == skewed.min() and large.quantiles[-1] == skewed.max()
+    assert large.quantiles[N_QUANTILES // 2] == pytest.approx(np.median(skewed))
+    profile = SleepProfile(
+        workload="bert", accelerator="cpu", source="test", compute=fit.compute, table=fit.table
+    )
+    profile.save(tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json").table == profile.table
+    draws = np.array([profile.sample(rng, 1, 8) for _ in range(20_000)])
+    assert skewed.min() <= draws.min() and draws.max() <= skewed.max()
+    assert np.median(draws) == pytest.approx(np.median(skewed), rel=0.01)
+    assert np.median(draws) < profile.compute_params(1, 8)[0]  # the normal draw's median
+    normal = np.array([profile.sample(rng, 1, 2) for _ in range(2_000)])
+    assert normal.mean() == pytest.approx(few.mean(), rel=0.02) and normal.max() > few.max()
+
+
+@pytest.mark.parametrize("bad", [[0.3, 0.2], [0.1], [-0.1, 0.2], ["x", 1.0], 0.5])
+def test_bad_quantiles_are_named(tmp_path: Path, bad: object) -> None:
+    data = {
+        "workload": "bert",
+        "accelerator": "cpu",
+        "source": "test",
+        "compute": {"mean": {"const": 0.1}},
+        "table": [{"g": 1, "b": 2, "mean": 0.1, "quantiles": bad}],
+    }
+    with pytest.raises(UserError, match="quantiles"):
+        SleepProfile.from_dict(data)

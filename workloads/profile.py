@@ -112,6 +112,12 @@ class TablePoint:
     loss) and ``optimizer`` (their sum is ``mean``, up to the loss read-back), and on a GPU
     the step's peak and the persistent (between-step) device memory in bytes; None where not
     measured.
+
+    ``quantiles``: the measured compute times' quantiles at evenly spaced levels (0, 1/(k-1),
+    ..., 1), kept by fitted and measured profiles. A step of this configuration draws from them
+    (inverse transform, linear between levels), so emulated steps have the measured
+    distribution, skew included, not only its mean and std: a right-skewed step time has a
+    median below its mean, which a normal draw would not reproduce.
     """
 
     g: int
@@ -125,8 +131,16 @@ class TablePoint:
     optimizer: float | None = None
     peak_bytes: float | None = None
     persistent_bytes: float | None = None
+    quantiles: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.quantiles is not None:
+            q = np.asarray(self.quantiles, dtype=np.float64)
+            if q.size < 2 or (q < 0).any() or (np.diff(q) < 0).any():
+                raise UserError(
+                    f"sleep profile table point g={self.g} b={self.b}: quantiles must be at "
+                    "least two non-negative seconds in ascending order"
+                )
         parts = [getattr(self, name) for name in POINT_PARTS]
         if (
             self.g < 1
@@ -284,7 +298,12 @@ class SleepProfile:
         return self.compute.params(accelerators, batch)
 
     def sample(self, rng: np.random.Generator, accelerators: int, batch: int) -> float:
-        """Seconds of emulated computation for one training step (clipped at 0)."""
+        """Seconds of emulated computation for one training step (clipped at 0): from the
+        measured quantiles of a table point of this configuration, else Normal(mean, std)."""
+        for point in self.table:
+            if point.g == accelerators and point.b == batch and point.quantiles is not None:
+                levels = np.linspace(0.0, 1.0, len(point.quantiles))
+                return float(np.interp(rng.random(), levels, point.quantiles))
         mean, std = self.compute_params(accelerators, batch)
         value = rng.normal(mean, std) if std > 0 else mean
         return max(0.0, float(value))
@@ -394,8 +413,14 @@ def _point(data: Any, where: str) -> TablePoint:
     missing = sorted({"g", "b", "mean"} - set(data))
     if missing:
         raise UserError(f"{where}: missing {', '.join(missing)}")
+    quantiles = data.get("quantiles")
+    numbers = isinstance(quantiles, list) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in quantiles
+    )
+    if quantiles is not None and not numbers:
+        raise UserError(f"{where}.quantiles: expected a list of numbers, got {quantiles!r}")
     for name, value in data.items():
-        if value is None and name in POINT_PARTS:
+        if name == "quantiles" or (value is None and name in POINT_PARTS):
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise UserError(f"{where}.{name}: expected a number, got {value!r}")
@@ -408,6 +433,7 @@ def _point(data: Any, where: str) -> TablePoint:
         mean=float(data["mean"]),
         std=float(data.get("std", 0.0)),
         n=int(data.get("n", 0)),
+        quantiles=tuple(float(v) for v in quantiles) if quantiles is not None else None,
         **parts,
     )
 

@@ -389,7 +389,7 @@ class SleepCompute:
         self.task = task
         self.profile = profile
         self.accelerators = accelerators
-        self.rng = np.random.default_rng([seed, rank])
+        self.rng = emulation_rng(seed, rank)
         self.model = model
         self.distributed = distributed
         self.staging = PinnedStaging()
@@ -428,12 +428,11 @@ class SleepCompute:
             self._first = False
             self._first_step(b, marks)
         t0 = time.monotonic_ns()
-        h2d = self.profile.sample_h2d(self.rng, self.accelerators, b)
+        h2d, compute = draw_step(self.profile, self.rng, self.accelerators, b)
         self.staging.stage(batch)
         _sleep_until(t0 + int(h2d * 1e9))
         t1 = time.monotonic_ns()
         marks.append(("load_batch_gpu", t0, t1))
-        compute = self.profile.sample(self.rng, self.accelerators, b)
         split = self.profile.split
         parts: list[tuple[str, float]] = []
         if split is not None:
@@ -486,6 +485,22 @@ class SleepCompute:
             for offset in range(0, size, chunk):
                 f.write(rng.bytes(min(chunk, size - offset)))
         return size
+
+
+def emulation_rng(seed: int, rank: int) -> np.random.Generator:
+    """The generator of a rank's emulated times (:class:`SleepCompute`)."""
+    return np.random.default_rng([seed, rank])
+
+
+def draw_step(
+    profile: SleepProfile, rng: np.random.Generator, accelerators: int, b: int
+) -> tuple[float, float]:
+    """(host-to-device, compute) seconds of one emulated training step, in the order the
+    emulator draws them: replaying the draws with :func:`emulation_rng` and each step's ``b``
+    gives the times a run requested (``bench/emulation_fidelity.py`` measures the emulator's
+    precision against them)."""
+    h2d = profile.sample_h2d(rng, accelerators, b)
+    return h2d, profile.sample(rng, accelerators, b)
 
 
 def parameter_count(task: Task) -> int:
