@@ -4,10 +4,18 @@ One background thread samples every container of the run (and the host) every ``
 seconds and appends ``ts_ns,metric,value,unit,container`` lines to a CSV file; ``container`` is
 the container's role, empty for host-wide metrics. Timestamps are CLOCK_MONOTONIC, the clock of bpftrace and of the
 workload's events, so all tables line up without an alignment step.
+
+Per container: ``container_cpu`` (percent of one core, the cgroup's CPU time),
+``container_cpu_loader`` (the part of it used by data-loader worker processes: PyTorch names
+them ``pt_data_worker``; from each process's ``/proc/PID/stat`` CPU time, in clock ticks),
+``container_mem_rss`` and ``container_mem_cache`` (bytes). The loader share lets a
+comparison tell the data pipeline's CPU from the model's on a host whose accelerator is its
+CPU (docs/similarity.md).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -17,6 +25,9 @@ from typing import TextIO
 from tracing.cgroups import ProcessCgroups
 
 _HOST_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+#: Process names (``/proc/PID/comm``) of data-loader workers (as analysis.processes has them).
+LOADER_COMMS = ("pt_data_worker",)
+_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
 
 
 def _read_int(path: Path) -> int | None:
@@ -136,6 +147,9 @@ class Sampler:
             if now["usage_ns"] is not None and before["usage_ns"] is not None:
                 cpu = 100.0 * (now["usage_ns"] - before["usage_ns"]) / dt
                 rows.append(("container_cpu", cpu, "percent", role))
+            if now["loaders"] is not None and before["loaders"] is not None:
+                loader = loader_cpu_percent(before["loaders"], now["loaders"], dt)
+                rows.append(("container_cpu_loader", loader, "percent", role))
             if now["mem"].get("rss") is not None:
                 rows.append(("container_mem_rss", now["mem"]["rss"], "bytes", role))
             if now["mem"].get("cache") is not None:
@@ -159,14 +173,49 @@ class Sampler:
 
 
 def _container_counters(cg: ProcessCgroups) -> dict:
-    """CPU time and memory of one container's cgroup (v1 controllers or v2)."""
+    """CPU time and memory of one container's cgroup (v1 controllers or v2), and the CPU
+    ticks of its data-loader worker processes (pid -> ticks)."""
+    loaders = loader_ticks(cg.v2_dir / "cgroup.procs")
     if cg.is_v1:
         usage_ns = _read_int(cg.cpuacct_dir / "cpuacct.usage") if cg.cpuacct_dir else None
         stat = _read_keyed(cg.memory_dir / "memory.stat")
-        return {"usage_ns": usage_ns, "mem": {"rss": stat.get("rss"), "cache": stat.get("cache")}}
+        return {
+            "usage_ns": usage_ns,
+            "mem": {"rss": stat.get("rss"), "cache": stat.get("cache")},
+            "loaders": loaders,
+        }
     usec = _read_keyed(cg.v2_dir / "cpu.stat").get("usage_usec")
     stat = _read_keyed(cg.v2_dir / "memory.stat")
     return {
         "usage_ns": usec * 1000 if usec is not None else None,
         "mem": {"rss": stat.get("anon"), "cache": stat.get("file")},
+        "loaders": loaders,
     }
+
+
+def loader_ticks(procs: Path, proc: Path = Path("/proc")) -> dict[int, int] | None:
+    """CPU time (user + system clock ticks, all threads) of each data-loader worker process
+    listed in a cgroup's ``cgroup.procs``; None when the list cannot be read. Processes that
+    exit while being read are left out."""
+    try:
+        pids = [int(line) for line in procs.read_text().split()]
+    except (OSError, ValueError):
+        return None
+    out = {}
+    for pid in pids:
+        try:
+            if not (proc / str(pid) / "comm").read_text().startswith(LOADER_COMMS):
+                continue
+            # utime and stime are fields 14 and 15; the name (field 2) may hold spaces.
+            fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+            out[pid] = int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def loader_cpu_percent(before: dict[int, int], now: dict[int, int], dt_ns: int) -> float:
+    """Percent of one core the loader workers used between two :func:`loader_ticks` readings:
+    a worker's ticks since the first reading, or all of them for one started since."""
+    ticks = sum(t - before.get(pid, 0) for pid, t in now.items())
+    return 100.0 * max(0, ticks) * _TICK_NS / dt_ns

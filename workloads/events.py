@@ -38,6 +38,10 @@ from typing import Any
 
 from mlperf_logging.mllog import constants, mllog
 
+#: The point event each rank logs once, before its first step, saying what computes its steps
+#: (value ``cpu``, ``cuda:N`` or ``emulated: CARD``; ``workloads.training.accelerator_label``).
+ACCELERATOR_KEY = "accelerator"
+
 # Interval names and their (start key, stop key); mllog has constants for all but checkpoint.
 INTERVAL_KEYS: dict[str, tuple[str, str]] = {
     "init": (constants.INIT_START, constants.INIT_STOP),

@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader
 
 from core.errors import UserError
 from workloads.config import DEFAULT_MASTER_PORT, MASTER_ADDR_ENV, MASTER_PORT_ENV, WorkloadConfig
-from workloads.events import Emitter
+from workloads.events import ACCELERATOR_KEY, Emitter
 from workloads.profile import SleepProfile, default_profile, load_profile
 
 Marks = list[tuple[str, int, int]]
@@ -240,6 +240,7 @@ def _rank_main(rank: int, plan: Plan, emitter: Emitter) -> None:
         dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         compute = _make_compute(plan, rank, device, distributed, em.instrumenting)
+        em.point(ACCELERATOR_KEY, accelerator_label(compute, device))
         loop = _Loop(plan, rank, device, compute, em)
         em.stop("init")
         em.start("run")
@@ -248,6 +249,15 @@ def _rank_main(rank: int, plan: Plan, emitter: Emitter) -> None:
     finally:
         if distributed:
             dist.destroy_process_group()
+
+
+def accelerator_label(compute: ModelCompute | SleepCompute, device: torch.device) -> str:
+    """``cpu`` or ``cuda:N`` where the model computes for real, ``emulated: CARD`` in the
+    sleep variant: a comparison then knows whether a real run's accelerator was the host's
+    CPU (whose compute the emulation replaces; analysis.similarity's ``cpu`` aspect)."""
+    if isinstance(compute, SleepCompute):
+        return f"emulated: {compute.profile.accelerator}"
+    return str(device)
 
 
 def _make_compute(
@@ -363,8 +373,11 @@ class SleepCompute:
     - ``load_batch_gpu``: the batch is copied into page-locked host memory
       (:class:`PinnedStaging`), as a real loader's pinned staging buffers hold it, and the step
       waits out the rest of the profile's host-to-device time;
-    - before the first step, ``model_transfer``: the profile's model copy time; and the card's
-      memory is checked: a peak above its capacity fails like a real out-of-memory;
+    - before the first step, ``framework_warmup``: one step of the real model on the meta
+      device (no memory, no compute), so that the emulated run loads the framework code, and
+      reads the library files, that a real job loads in its first step; ``model_transfer``:
+      the profile's model copy time; and the card's memory is checked: a peak above its
+      capacity fails like a real out-of-memory;
     - ``model_forward_pass``, ``model_backward_pass``, ``model_optim_step``: the compute time,
       split as the profile says (one ``accelerator_busy`` interval spans them all);
     - with several ranks, ``sync_wait``: a real all-reduce through torch.distributed (gloo), so
@@ -393,6 +406,7 @@ class SleepCompute:
         self.model = model
         self.distributed = distributed
         self.staging = PinnedStaging()
+        self._meta = self._meta_model()
         self._eval_batches = 0
         self._first = True
         self.gradient_bytes = 0
@@ -402,6 +416,44 @@ class SleepCompute:
 
     def _batch(self, batch: Any) -> int:
         return self.profile.profile_batch(self.task.batch_samples(batch), self.accelerators)
+
+    def _meta_model(self) -> tuple[nn.Module, torch.optim.Optimizer] | None:
+        """The real model and optimizer on the meta device (shapes only: no memory), made
+        where a real run makes its own (at start-up), so that the emulated run imports what
+        the real one imports then (the optimizer's modules, for instance)."""
+        try:
+            with torch.device("meta"):
+                model = self.task.build_model(0)
+            return model, self.task.make_optimizer(model.parameters())
+        except Exception as exc:  # any model: the emulation goes on without it
+            self._meta_failed(exc)
+            return None
+
+    @staticmethod
+    def _meta_failed(exc: BaseException) -> None:
+        print(
+            f"twintrace: the emulated model cannot run on the meta device ({exc!r}); the "
+            "emulated run will not load the framework code a real step loads",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _framework_step(self, batch: Any, marks: Marks) -> None:
+        """One training step of the real model on the meta device (no compute), before the
+        first step: the framework code a real first step runs, and the library files it
+        reads, are loaded by the emulated run too (``framework_warmup``)."""
+        if self._meta is None:
+            return
+        t0 = time.monotonic_ns()
+        model, optimizer = self._meta
+        try:
+            on_meta = self.task.to_device(batch, torch.device("meta"))
+            self.task.loss(self.task.forward(model, on_meta), on_meta).backward()
+            optimizer.step()
+        except Exception as exc:  # any model: the emulation goes on without this step
+            self._meta_failed(exc)
+        self._meta = None
+        marks.append(("framework_warmup", t0, time.monotonic_ns()))
 
     def _first_step(self, b: int, marks: Marks) -> None:
         """Model transfer and the memory check, once, before the first step."""
@@ -426,6 +478,7 @@ class SleepCompute:
         b = self._batch(batch)
         if self._first:
             self._first = False
+            self._framework_step(batch, marks)
             self._first_step(b, marks)
         t0 = time.monotonic_ns()
         h2d, compute = draw_step(self.profile, self.rng, self.accelerators, b)

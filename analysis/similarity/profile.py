@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -29,6 +30,7 @@ from analysis.similarity.measures import log2_buckets
 from analysis.tables import KindMask, is_value, run_roles, select_containers, step_intervals
 from core.errors import UserError
 from core.rundir import EVENT_LOG_PATH, READ_KINDS, WRITE_KINDS, Run
+from workloads.events import ACCELERATOR_KEY
 
 #: Points each time series is resampled to over its run's own [start, end].
 N_POINTS = 400
@@ -36,6 +38,7 @@ N_POINTS = 400
 #: Profile series name -> the samples metric it averages (summed over containers).
 GAUGES: Mapping[str, str] = {
     "cpu": "container_cpu",
+    "cpu_loader": "container_cpu_loader",
     "mem_rss": "container_mem_rss",
     "mem_cache": "container_mem_cache",
 }
@@ -53,7 +56,10 @@ class RunProfile:
     ``read_gaps_ns``: every read inter-arrival time. ``files_read``: bytes read per path
     (non-empty reads), in first-read order; ``opens``: successful opens per path; ``readers``:
     bytes of those reads per thread id; all three limited to ``file_scope``. Durations are
-    seconds. ``containers``: the roles of the containers profiled.
+    seconds. ``containers``: the roles of the containers profiled. ``accelerators``: what
+    computed the steps, as the ranks logged it (``cpu``, ``cuda:0``, ``emulated: CARD``;
+    ``workloads.training.accelerator_label``), distinct values in order; empty for runs that
+    do not log it.
     """
 
     run_id: str
@@ -72,6 +78,7 @@ class RunProfile:
     checkpoints: pd.DataFrame
     file_scope: tuple[str, ...] = ()
     containers: tuple[str, ...] = ()
+    accelerators: tuple[str, ...] = ()
 
     @property
     def duration_s(self) -> float:
@@ -349,4 +356,12 @@ def run_profile(
         checkpoints=_checkpoint_table(ckpt, events.loc[writes, ["ts_ns", "bytes", "container"]]),
         file_scope=tuple(file_scope),
         containers=tuple(containers) if containers is not None else tuple(run_roles(run)),
+        accelerators=_accelerators(phases),
     )
+
+
+def _accelerators(phases: pd.DataFrame) -> tuple[str, ...]:
+    """The distinct values of the ranks' ``accelerator`` points (JSON strings), in order."""
+    rows = phases[is_value(phases["key"], ACCELERATOR_KEY) & is_value(phases["kind"], "point")]
+    values = [json.loads(v) for v in rows["value"].dropna()]
+    return tuple(dict.fromkeys(str(v) for v in values))

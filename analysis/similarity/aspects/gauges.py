@@ -52,6 +52,18 @@ def _with_means(
     return outcome
 
 
+def host_cpu_accelerator(real: RunProfile, emulated: RunProfile) -> bool:
+    """Whether one run computed its steps on the host's CPU and the other emulated them: the
+    first run's container CPU then holds the model's compute, which the emulation replaces
+    by design (it must not burn CPU), so only the data pipeline's CPU is comparable."""
+    labels = [set(real.accelerators), set(emulated.accelerators)]
+
+    def emulates(names: set[str]) -> bool:
+        return bool(names) and all(n.startswith("emulated") for n in names)
+
+    return any(mine == {"cpu"} and emulates(other) for mine, other in (labels, labels[::-1]))
+
+
 @aspect(
     "cpu",
     "container CPU",
@@ -62,8 +74,28 @@ def _with_means(
     ("CPU level (% of one core)", "its shape over the run"),
 )
 def cpu(real: RunProfile, emulated: RunProfile) -> Outcome:
-    outcome = gauge_outcome(real, emulated, {"cpu": "cpu"})
-    return _with_means(outcome, real, emulated, {"cpu": "mean_cpu_{who}"})
+    """Container CPU; between a run whose accelerator is the host's CPU and an emulated run,
+    the data-loader workers' CPU (:func:`host_cpu_accelerator`), with the whole container's
+    score kept as evidence. Without loader CPU in both (no workers, or runs sampled before
+    it was recorded), the whole container, with a note saying what that includes."""
+    whole = gauge_outcome(real, emulated, {"cpu": "cpu"})
+    means = {"cpu": "mean_cpu_{who}"}
+    if not host_cpu_accelerator(real, emulated):
+        return _with_means(whole, real, emulated, means)
+    loaders = [p.series.get("cpu_loader") for p in (real, emulated)]
+    if any(s is None for s in loaders) or not any(float(s.sum()) > 0 for s in loaders):
+        whole.details["compared"] = (
+            "the whole container: one run's accelerator is the host's CPU, so its model "
+            "compute is included, but the runs have no data-loader worker CPU to compare instead"
+        )
+        return _with_means(whole, real, emulated, means)
+    outcome = gauge_outcome(real, emulated, {"loader workers": "cpu_loader"})
+    outcome.details["compared"] = (
+        "the data-loader workers' CPU: one run's accelerator is the host's CPU, whose model "
+        "compute the emulation replaces (container CPU, compute included, in container_cpu_*)"
+    )
+    outcome.details["container_cpu_score"] = whole.score
+    return _with_means(outcome, real, emulated, {**means, "cpu_loader": "mean_cpu_loader_{who}"})
 
 
 @aspect(
