@@ -136,7 +136,7 @@ def phases_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
             "pid": 7,
             "epoch": r.get("epoch", 0),
             "step": r.get("step", -1),
-            "value": "null",
+            "value": json.dumps(r.get("value")),
             "container": r.get("container", "main"),
         }
         for r in rows
@@ -170,6 +170,9 @@ def training_run(
     startup_s: float = 0.0,
     log_lines: int = 0,
     log_path: str = EVENT_LOG_PATH,
+    accelerator: str | None = None,
+    cpu_scale: float = 1.0,
+    loader_cpu: float | None = None,
 ) -> Path:
     """Write a model run. ``burst_at``: where in each step (fraction) the read burst happens;
     ``file_order``: order of the 40 dataset files; ``extra_files``: files read outside /data;
@@ -180,7 +183,9 @@ def training_run(
     ``foreign_block_bytes``: block writes by other processes (``in_container`` false);
     ``startup_s``: the container starts this long before the workload's first event;
     ``log_lines``: per step, this many 300-byte writes to ``log_path`` (by default the
-    instrumentation's event log)."""
+    instrumentation's event log); ``accelerator``: the value of the ranks' ``accelerator``
+    point; ``cpu_scale``: container CPU times this; ``loader_cpu``: the loader workers' CPU
+    (percent, busy in the same 30 % of each step)."""
     origin = START_NS + round(clock_shift_s * SEC)
     rng = np.random.default_rng(seed)
 
@@ -271,8 +276,11 @@ def training_run(
     if samples:
         t = np.arange(0, 10, 0.1)
         busy = (t % 1) < 0.3
-        rows = [(int(x), "container_cpu", 150.0 if b else 60.0, "percent")
+        rows = [(int(x), "container_cpu", cpu_scale * (150.0 if b else 60.0), "percent")
                 for x, b in zip(ns(t), busy, strict=True)]  # fmt: skip
+        if loader_cpu is not None:
+            rows += [(int(x), "container_cpu_loader", loader_cpu if b else 5.0, "percent")
+                     for x, b in zip(ns(t), busy, strict=True)]  # fmt: skip
         rows += [(int(x), "container_mem_rss", 1e9 + 1e8 * v, "bytes")
                  for x, v in zip(ns(t), t, strict=True)]  # fmt: skip
         sample_table = samples_frame(rows)
@@ -282,6 +290,8 @@ def training_run(
         # The workload's last event: the time series cover [first event, run_stop].
         {"key": "run_stop", "t0": int(ns(10.0))},
     ]
+    if accelerator is not None:
+        phase_rows.append({"key": "accelerator", "t0": int(ns(0.0)), "value": accelerator})
     for step in range(9):
         phase_rows.append({"key": "step_end", "t0": int(ns(step + 1.0)), "step": step})
         if load_phases:
@@ -855,6 +865,41 @@ def test_different_containers_are_warned_about(tmp_path: Path) -> None:
     for name in ("read_bandwidth", "write_bandwidth", "read_sizes", "file_bytes", "cpu", "memory"):
         assert got[name] == 1.0, name
     assert scores(compare_runs(one, two)) == got  # symmetric
+
+
+def test_a_host_cpu_accelerator_is_compared_on_its_loader_workers(tmp_path: Path) -> None:
+    """The real run computes on the host CPU (container CPU 3x the emulated run's, the model's
+    compute); the loader workers do the same work in both: the CPU aspect compares them."""
+    real = load_run(training_run(tmp_path, REAL, accelerator="cpu", cpu_scale=3, loader_cpu=40))
+    emulated = load_run(
+        training_run(tmp_path, EMULATED, accelerator="emulated: V100", loader_cpu=40)
+    )
+    ab = next(a for a in compare_runs(real, emulated).aspects if a.name == "cpu")
+    ba = next(a for a in compare_runs(emulated, real).aspects if a.name == "cpu")
+    assert ab.score == pytest.approx(1.0) and ba.score == pytest.approx(1.0)
+    assert ab.details["compared"].startswith("the data-loader workers' CPU")
+    assert ab.details["container_cpu_score"] < 0.7
+    assert ab.details["mean_cpu_loader_real"] == pytest.approx(
+        ab.details["mean_cpu_loader_emulated"]
+    )
+    # Loader workers that differ still count.
+    busy = "20261121-180000-unet3d-sleep-0003"
+    other = load_run(training_run(tmp_path, busy, accelerator="emulated: V100", loader_cpu=120))
+    assert next(a for a in compare_runs(real, other).aspects if a.name == "cpu").score < 0.8
+    # Two real runs on the CPU: the whole container, compute included.
+    twin = load_run(
+        training_run(
+            tmp_path, "20261121-190000-unet3d-original-0004", accelerator="cpu", loader_cpu=40
+        )  # fmt: skip
+    )
+    whole = next(a for a in compare_runs(real, twin).aspects if a.name == "cpu")
+    assert "compared" not in whole.details and whole.score < 0.7
+    # Runs without loader samples: the whole container, and the note says what it includes.
+    bare = load_run(
+        training_run(tmp_path, "20261121-200000-unet3d-sleep-0005", accelerator="emulated: V100")
+    )
+    noted = next(a for a in compare_runs(real, bare).aspects if a.name == "cpu")
+    assert "compute is included" in noted.details["compared"]
 
 
 def test_the_event_log_path_is_where_workloads_write_it() -> None:

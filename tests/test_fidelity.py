@@ -1,0 +1,58 @@
+"""The emulator's fidelity, reduced form (``experiments/fidelity.py``; the full table is
+``bench/emulation_fidelity.py``): on BERT, two ``instrumented`` runs -> ``profile fit`` -> one
+``original`` and one ``sleep`` run with that profile, caches dropped before each. The errors
+must be within twice the goals (step <= 4 %, epoch <= 10 %, overall >= 0.90, CPU cost
+<= 0.30), the emulated compute within 5 ms of what was requested per step, and the real
+runs must show what the comparison relies on: what computed the steps, and the loader
+workers' CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.rundir import load_run
+from experiments.fidelity import GOALS, measure_workload
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
+
+
+@pytest.fixture(scope="module")
+def bert_fidelity(images, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("fidelity")
+    lines: list[str] = []
+    result = measure_workload("bert", 1, root, root / "runs", lines.append)
+    print("\n".join(lines))
+    return result
+
+
+def test_bert_emulation_is_within_twice_the_goals(bert_fidelity: dict) -> None:
+    (pair,) = bert_fidelity["pairs"]
+    print(json.dumps({k: pair[k] for k in (*GOALS, "lowest", "late_ms")}))
+    assert abs(pair["step_error"]) <= 2 * GOALS["step_error"]
+    assert abs(pair["epoch_error"]) <= 2 * GOALS["epoch_error"]
+    assert pair["overall"] >= 1 - 2 * (1 - GOALS["overall"])
+    assert pair["cost"] <= 2 * GOALS["cost"]
+    assert 0 <= pair["late_ms"] < 5
+    assert pair["busy_s"] == pytest.approx(pair["requested_s"], rel=0.02)
+
+
+def test_the_runs_say_what_computed_and_what_the_loaders_used(bert_fidelity: dict) -> None:
+    from analysis.similarity import compare_runs
+    from analysis.similarity.profile import run_profile
+
+    real, emulated = (load_run(p) for p in bert_fidelity["pairs"][0]["runs"])
+    assert run_profile(real).accelerators == ("cpu",)
+    (label,) = run_profile(emulated).accelerators
+    assert label.startswith("emulated: ")
+    phases = emulated.phases
+    assert (phases["key"] == "framework_warmup").sum() == 1
+    for run in (real, emulated):
+        loader = run.samples[run.samples["metric"] == "container_cpu_loader"]["value"]
+        whole = run.samples[run.samples["metric"] == "container_cpu"]["value"]
+        assert len(loader) == len(whole) > 10
+        assert loader.mean() > 0 and loader.mean() <= whole.mean() + 1e-9
+    cpu = next(a for a in compare_runs(real, emulated).aspects if a.name == "cpu")
+    assert cpu.details["compared"].startswith("the data-loader workers' CPU")
+    assert cpu.details["container_cpu_score"] < cpu.score
