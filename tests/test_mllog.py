@@ -200,3 +200,32 @@ def test_parse_missing_file_gives_empty_typed_frame(tmp_path: Path) -> None:
     frame = parse_mllog(tmp_path / "absent.log")
     assert frame.empty and list(frame.columns) == list(COLUMNS)
     assert str(frame.ts_ns.dtype) == "int64" and str(frame["rank"].dtype) == "int32"
+
+
+def test_emitter_lines_are_the_lines_mllog_writes(tmp_path: Path) -> None:
+    """The emitter encodes with mllog's own encoder but finds its caller without
+    ``inspect``: every field but the wall-clock time equals what ``MLLogger`` writes for the
+    same event from the same line."""
+    import logging
+
+    from mlperf_logging.mllog import mllog
+
+    lines: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.Logger("capture")
+    logger.addHandler(Capture())
+    reference = mllog.MLLogger(logger=logger, default_stack_offset=1)
+    meta = {"ts_ns": 5, "rank": 0, "pid": os.getpid(), "epoch": 1, "step": 2, "start_ns": 1}
+    log = tmp_path / "mllog.log"
+    with Emitter(log, instrumenting=True) as em:
+        # one line, so both record the same caller line
+        em.duration("sample_load", 1, 5, epoch=1, step=2); reference.event("sample_load", 4, metadata=meta)  # fmt: skip  # noqa: E702
+    ours = _lines(log)[0]
+    theirs = json.loads(lines[0].split(":::MLLOG ", 1)[1])
+    ours.pop("time_ms"), theirs.pop("time_ms")
+    assert ours == theirs
+    assert list(ours["metadata"])[:2] == ["file", "lineno"] and ours["metadata"]["file"] == __file__
