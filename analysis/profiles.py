@@ -7,7 +7,8 @@ method), at its configuration (accelerators g, batch size b from the run's confi
 std on (g, b), warnings for poor fits and negative std, every configuration kept as a table
 point. Runs of one configuration are pooled. The profile's ``split`` is the share of the
 forward, backward (with the loss) and optimizer phases in those steps, so that a sleep run
-logs the phases of an instrumented one.
+logs the phases of an instrumented one; its ``first_step_s`` the extra compute of the first
+step of epoch 1 (:func:`first_step_extra`), which the sleep run adds to its first step once.
 """
 
 from __future__ import annotations
@@ -58,6 +59,20 @@ def split_of(totals: dict[str, float]) -> Split | None:
     return Split(forward=forward, backward=backward, optimizer=max(0.0, 1.0 - forward - backward))
 
 
+def first_step_extra(runs: Sequence[Run]) -> float:
+    """The median over runs of the first step's extra compute: ``all_compute`` of epoch 1's
+    first step minus the median of the run's later steps (0 when not longer)."""
+    extras = []
+    for run in runs:
+        phases = run.phases
+        rows = phases[(phases["key"] == "all_compute") & (phases["epoch"] == 1)]
+        first = rows[rows["step"] == 0]["duration_ns"].to_numpy(dtype=np.float64) / 1e9
+        later = step_durations(run)
+        if first.size and later.size:
+            extras.append(max(0.0, float(np.median(first)) - float(np.median(later))))
+    return float(np.median(extras)) if extras else 0.0
+
+
 def fit_runs(runs: Sequence[Run], accelerator: str | None = None) -> tuple[SleepProfile, list[str]]:
     """The fitted profile of ``runs`` and the fit's warnings (see the module doc)."""
     if not runs:
@@ -99,5 +114,6 @@ def fit_runs(runs: Sequence[Run], accelerator: str | None = None) -> tuple[Sleep
         table=fit.table,
         fit=fit.info(),
         split=compute_split(runs),
+        first_step_s=first_step_extra(runs),
     )
     return profile, list(fit.warnings)

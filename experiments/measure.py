@@ -17,6 +17,7 @@ Each step is timed phase by phase, as the ``instrumented`` variant marks it:
 - ``compute`` (the profile's ``compute``): forward, loss, backward, optimizer step and the loss
   read-back, split into ``forward``, ``backward`` (with the loss) and ``optimizer``: each
   table point keeps their means and the profile's ``split`` their shares of the total;
+- ``first_step_s``: the very first step's extra time (one-off warm-up) over the median step;
 - on CUDA: the peak device memory of the timed steps and the memory kept between steps (the
   model, its gradients' absence after ``zero_grad(set_to_none=True)``, the optimizer state),
   the card's capacity, and the model's one-off host-to-device transfer
@@ -185,6 +186,7 @@ def measure(
         split=_split(steps.values()),
         memory=_memory(device, steps),
         model_transfer_s=transfer_s,
+        first_step_s=_first_step_extra(steps),
     )
     return profile, [*fit.warnings, *notes]
 
@@ -199,6 +201,7 @@ class StepTimes:
     parts: dict[str, np.ndarray]
     cv: float
     met: bool
+    first_s: float | None = None  # the first warm-up step (copy + compute), untimed by phase
     peak_bytes: float | None = None
     persistent_bytes: float | None = None
 
@@ -247,6 +250,16 @@ def _memory(device: torch.device, steps: dict[int, StepTimes]) -> Memory | None:
     )
 
 
+def _first_step_extra(steps: dict[int, StepTimes]) -> float:
+    """The first step's extra time (one-off warm-up): the very first (warm-up) step, at the
+    smallest batch size, against the median timed step there; 0 without warm-up steps."""
+    first = steps[min(steps)]
+    if first.first_s is None:
+        return 0.0
+    median = float(np.median(first.compute + first.h2d))
+    return max(0.0, first.first_s - median)
+
+
 def _model_transfer_s(task: Any, seed: int, device: torch.device) -> float:
     """Seconds to copy the model to the device once (0 on CPU: nothing is copied)."""
     if device.type != "cuda":
@@ -263,8 +276,12 @@ def _model_transfer_s(task: Any, seed: int, device: torch.device) -> float:
 
 
 def _time_steps(compute: ModelCompute, batch: Any, s: MeasureSettings) -> StepTimes:
-    for _ in range(s.warmup):
+    first_s = None
+    for i in range(s.warmup):
+        t0 = time.monotonic_ns()
         compute.train_step(batch, [])
+        if i == 0:
+            first_s = (time.monotonic_ns() - t0) / 1e9
     cuda = compute.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(compute.device)
@@ -300,6 +317,7 @@ def _time_steps(compute: ModelCompute, batch: Any, s: MeasureSettings) -> StepTi
         return np.array([r[name] for r in rows])
 
     return StepTimes(
+        first_s=first_s,
         h2d=column("h2d"),
         compute=column("compute"),
         parts={part: column(part) for part in PARTS},

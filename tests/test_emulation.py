@@ -121,6 +121,18 @@ def test_compute_is_split_into_the_phases_of_a_real_step(tmp_path: Path, data_di
     transfer = keys(frame, "model_transfer")
     assert len(transfer) == 1 and transfer.duration_ns.iloc[0] >= 30_000_000
     assert (keys(frame, "load_batch_gpu").duration_ns >= 10_000_000).all()
+    # the meta-device step of the real model, once, before the first step
+    warmup = keys(frame, "framework_warmup")
+    assert len(warmup) == 1 and warmup.end_ns.iloc[0] <= busy.ts_ns.min()
+
+
+def test_the_first_step_carries_the_profiles_warm_up_once(tmp_path: Path, data_dir: Path) -> None:
+    profile = sleep_profile(tmp_path, first_step_s=0.08)
+    frame = run_variant(tmp_path, data_dir, "sleep", profile=str(profile))
+    busy = keys(frame, "accelerator_busy").set_index("step").duration_ns / 1e9
+    assert len(busy) == 3
+    assert abs(busy.loc[0] - (0.05 + 0.08)) < 0.004
+    assert ((busy.loc[1:] - 0.05).abs() < 0.004).all()
 
 
 def test_ranks_wait_for_the_slowest_at_every_step(tmp_path: Path, data_dir: Path) -> None:

@@ -28,7 +28,8 @@ File format (JSON), every key optional except ``workload``, ``accelerator``, ``s
       "split": {"forward": 0.27, "backward": 0.73, "optimizer": 0.0},
       "memory": {"capacity_bytes": 42949672960, "persistent_bytes": 734003200,
                  "peak_bytes": {"g": 0, "b": 4194304, "const": 883000000}},
-      "model_transfer_s": 0.054
+      "model_transfer_s": 0.054,
+      "first_step_s": 0.15
     }
 
 ``split`` divides each step's compute time into the phases a real step has (forward,
@@ -37,6 +38,10 @@ backward, optimizer; fractions summing to 1), so an emulated run logs the same p
 between steps and the peak of a step (linear in the per-accelerator batch); a configuration
 whose peak exceeds the capacity fails at the first step like a real out-of-memory.
 ``model_transfer_s``: copying the model to the card once, before the first step.
+``first_step_s``: the extra compute of a run's first training step (one-off warm-up: the
+allocator, kernel or primitive selection), added once to the first emulated step: measured by
+``profile fit`` (the first step of epoch 1 against the median of the others) and ``profile
+measure`` (its first warm-up step against the timed ones).
 ``collective``: the data-parallel all-reduce of each step with several accelerators
 (:class:`Collective`: a ring all-reduce over an interconnect; PCIe 3.0 x16 by default).
 
@@ -263,6 +268,7 @@ class SleepProfile:
     split: Split | None = None
     memory: Memory | None = None
     model_transfer_s: float = 0.0
+    first_step_s: float = 0.0
     collective: Collective = Collective()
     schema_version: int = SCHEMA_VERSION
 
@@ -275,8 +281,11 @@ class SleepProfile:
             )
         if self.checkpoint_bytes is not None and self.checkpoint_bytes < 0:
             raise UserError(f"checkpoint_bytes must not be negative, got {self.checkpoint_bytes}")
-        if self.model_transfer_s < 0:
-            raise UserError(f"model_transfer_s must not be negative, got {self.model_transfer_s}")
+        if self.model_transfer_s < 0 or self.first_step_s < 0:
+            raise UserError(
+                "model_transfer_s and first_step_s must not be negative, got "
+                f"{self.model_transfer_s} and {self.first_step_s}"
+            )
         if self.batch not in BATCH_BASES:
             raise UserError(
                 f"sleep profile batch must be one of {', '.join(BATCH_BASES)}, got {self.batch!r}"
@@ -383,8 +392,8 @@ class SleepProfile:
                 if name != "interconnect" and value is not None:
                     _number(value, f"{where}: collective.{name}")
             values["collective"] = Collective(**collective)
-        transfer = data.get("model_transfer_s", 0.0)
-        values["model_transfer_s"] = float(_number(transfer, f"{where}: model_transfer_s"))
+        for name in ("model_transfer_s", "first_step_s"):
+            values[name] = float(_number(data.get(name, 0.0), f"{where}: {name}"))
         return cls(
             **values,
             checkpoint_bytes=ckpt,

@@ -409,6 +409,7 @@ class SleepCompute:
         self._meta = self._meta_model()
         self._eval_batches = 0
         self._first = True
+        self._warm_up_pending = True
         self.gradient_bytes = 0
         if distributed:
             given = profile.collective.gradient_bytes
@@ -492,6 +493,9 @@ class SleepCompute:
             parts = [("model_forward_pass", split.forward), ("model_backward_pass", split.backward)]
             if split.optimizer > 0:
                 parts.append(("model_optim_step", split.optimizer))
+        if self._warm_up_pending:  # the real first step's one-off warm-up
+            self._warm_up_pending = False
+            compute += self.profile.first_step_s
         end = t1 + int(compute * 1e9)
         start = t1
         for key, share in parts:
