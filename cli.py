@@ -122,6 +122,9 @@ def doctor(runs_root: Path, as_json: bool, gpus: bool) -> None:
     from tracing.host import doctor as run_doctor
 
     checks = run_doctor(runs_root, gpus=gpus)
+    torch_check = _base_torch_check(gpus)
+    if torch_check is not None:
+        checks.append(torch_check)
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
@@ -136,6 +139,29 @@ def doctor(runs_root: Path, as_json: bool, gpus: bool) -> None:
         Console().print(table)
     if not all(c.ok for c in checks):
         sys.exit(1)
+
+
+def _base_torch_check(gpus: bool) -> Any:
+    """doctor's row for the torch build of twintrace/base (None when the image or the daemon
+    is missing: the base image check says so); with ``gpus`` a CPU build fails it."""
+    from images.build import base_torch
+    from tracing.container import client
+    from tracing.host import Check
+    from workloads.config import BASE_TAG
+
+    try:
+        torch = base_torch(client())
+    except UserError:
+        return None
+    if torch is None:
+        return None
+    ok = not gpus or torch.build == "cuda"
+    return Check(
+        "base torch",
+        ok,
+        f"{BASE_TAG}: {torch.describe()}",
+        "GPU runs need the CUDA build of torch: run `./cli.py build --torch cuda`",
+    )
 
 
 @cli.command()
@@ -159,6 +185,15 @@ def doctor(runs_root: Path, as_json: bool, gpus: bool) -> None:
     is_flag=True,
     help="Make the OS image locally with debootstrap (no registry needed).",
 )
+@click.option(
+    "--torch",
+    "torch_build",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="The torch build of twintrace/base: cpu, or cuda (CUDA 13.0 and its nvidia-* wheels, "
+    "about 2.7 GB, for `trace --gpus`; docs/gpus.md). Switching rebuilds every image.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show the docker build output.")
 @user_errors
 def build(
@@ -166,11 +201,12 @@ def build(
     variants: tuple[str, ...],
     base_image: str | None,
     bootstrap_base: bool,
+    torch_build: str,
     verbose: bool,
 ) -> None:
     """Build the images that are missing or out of date and print their tags.
 
-    Example: ./cli.py build --workload unet3d --variant sleep
+    Example: ./cli.py build --workload unet3d --variant sleep --torch cpu
     """
     from images.build import build as build_images
     from tracing.container import client
@@ -187,7 +223,13 @@ def build(
 
     with err_console.status("building images"):
         results = build_images(
-            client(), workloads or None, variants or None, log, base_image, bootstrap_base
+            client(),
+            workloads or None,
+            variants or None,
+            log,
+            base_image,
+            bootstrap_base,
+            torch_build,
         )
     for r in results:
         click.echo(f"{r.tag}\t{r.image_id[7:19]}\t{'built' if r.built else 'up to date'}")
@@ -407,7 +449,8 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--gpus",
     default=None,
-    help="GPUs for each container, as docker's --gpus: all, a count (2) or ids (0,1); needs the "
+    help="GPUs for each container, as docker's --gpus: all, a count (2), ids (0,1) or device=1 "
+    "(GPU 1); needs the "
     "NVIDIA container runtime on the host (./cli.py doctor --gpus checks it).",
 )
 @click.option(

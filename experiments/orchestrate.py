@@ -25,6 +25,7 @@ to produce from them (docs/experiments.md documents the format)::
     [settings]                         # fixed WorkloadConfig settings for every run
     epochs = 1
     accelerator = "v100"               # optional: the sleep runs emulate this accelerator
+    gpus = "all"                       # optional: real GPUs for every container (--gpus)
 
     [workloads.unet3d]                 # per workload: its dataset, options, settings, and
     dataset = "unet3d"                 # optionally its own batch_size list (replaces the grid's)
@@ -39,6 +40,12 @@ to produce from them (docs/experiments.md documents the format)::
 image workload) gives the sleep runs the profile database's profile of that accelerator at
 their batch size (``./cli.py trace --accelerator``); original and instrumented runs compute for
 real and ignore it. Without it, sleep runs use the workload's shipped profile.
+
+``gpus`` (in ``[settings]`` or ``[workloads.<name>]``, whose value wins) gives every container
+of the runs real GPUs, as ``./cli.py trace --gpus`` does: ``"all"``, a count (``2`` or
+``"2"``) or device ids (``"0,1"``). The workloads' ``device = auto`` then computes on them
+(build the images with ``./cli.py build --torch cuda``; docs/gpus.md). A count or id list with
+fewer GPUs than a run's ``accelerators`` is refused when the file is loaded.
 
 Runs go to ``<out>/<name>/runs`` and outputs to ``<out>/<name>/``. The state of every run is
 kept in ``<out>/<name>/state.json`` (written atomically after each run): a run whose state
@@ -67,6 +74,8 @@ GRID_KEYS = ("workload", "variant", "batch_size", "accelerators", "workers", "me
 SETTINGS_KEYS = ("epochs", "max_steps", "seed", "eval_every", "checkpoint_every")
 #: Settings of the sleep runs' emulated accelerator (profile database), not WorkloadConfig's.
 EMULATION_KEYS = ("accelerator", "profile_model")
+#: Settings of how the runs' containers are run (RunOptions), not WorkloadConfig's.
+RUN_KEYS = ("gpus",)
 PRODUCE_KEYS = ("timelines", "breakdown", "compare")
 
 
@@ -195,14 +204,16 @@ def load_experiment(path: Path) -> Experiment:
     if not isinstance(repetitions, int) or repetitions < 1:
         raise UserError(f"{path}: grid.repetitions must be a whole number >= 1")
     settings = _table(
-        data.get("settings", {}), f"{path}: [settings]", (*SETTINGS_KEYS, *EMULATION_KEYS)
+        data.get("settings", {}),
+        f"{path}: [settings]",
+        (*SETTINGS_KEYS, *EMULATION_KEYS, *RUN_KEYS),
     )
     workloads = _table(data.get("workloads", {}), f"{path}: [workloads]", tuple(WORKLOADS))
     for w, table in workloads.items():
         _table(
             table,
             f"{path}: [workloads.{w}]",
-            ("dataset", "options", "batch_size", *SETTINGS_KEYS, *EMULATION_KEYS),
+            ("dataset", "options", "batch_size", *SETTINGS_KEYS, *EMULATION_KEYS, *RUN_KEYS),
         )
     produce = _table(data.get("produce", {}), f"{path}: [produce]", PRODUCE_KEYS)
     runs = []
@@ -222,6 +233,8 @@ def load_experiment(path: Path) -> Experiment:
             )
         runs.append(spec)
     runs = [_emulated(spec, settings, workloads, path) for spec in runs]
+    for spec in runs:
+        _check_gpus(spec, run_gpus(spec.workload, settings, workloads, path), path)
     experiment = Experiment(
         name=name,
         description=head.get("description", ""),
@@ -253,6 +266,42 @@ def emulation(
             raise UserError(f"{key} of {workload} must be a string, got {value!r}")
         values.append(value or None)
     return values[0], values[1]
+
+
+def run_gpus(
+    workload: str,
+    settings: Mapping[str, Any],
+    workloads: Mapping[str, Mapping[str, Any]],
+    path: Path | str = "",
+) -> str | None:
+    """The ``gpus`` of a workload's runs (docker's ``--gpus`` text): its own table's, else
+    ``[settings]``'s; None where neither sets one. A count may be a TOML integer."""
+    from tracing.container import gpu_request
+
+    value = workloads.get(workload, {}).get("gpus", settings.get("gpus"))
+    if value is None:
+        return None
+    where = f"{path}: gpus of {workload}" if path else f"gpus of {workload}"
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise UserError(f'{where} must be "all", a count or ids such as "0,1", got {value!r}')
+    text = str(value).strip()
+    try:
+        gpu_request(text)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    return text
+
+
+def _check_gpus(spec: RunSpec, gpus: str | None, path: Path) -> None:
+    """A run of ``accelerators`` ranks needs that many GPUs where it is given GPUs at all."""
+    from tracing.request import gpu_count
+
+    have = gpu_count(gpus) if gpus is not None else None
+    if have is not None and have < spec.accelerators:
+        raise UserError(
+            f"{path}: {spec.key}: {spec.accelerators} accelerators need as many GPUs, "
+            f'gpus = "{gpus}" gives {have}: use "all" or list more'
+        )
 
 
 def _emulated(
@@ -409,7 +458,10 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
                     options=dict(per_workload.get("options", {})),
                     accelerator=accelerator,
                     profile_model=model,
-                    run=RunOptions(limits=Limits.parse(spec.memory_limit or None, None)),
+                    run=RunOptions(
+                        limits=Limits.parse(spec.memory_limit or None, None),
+                        gpus=run_gpus(spec.workload, experiment.settings, experiment.workloads),
+                    ),
                 )
             )
             status, error, run_dir = outcome.status, outcome.error, outcome.run_dir

@@ -3,8 +3,15 @@
 Images and their inputs:
 - ``twintrace/os:bookworm`` (only without a registry): a Debian root made by debootstrap and
   imported with ``docker import``;
-- ``twintrace/base:latest`` from ``Dockerfile.base`` and a wheelhouse of
-  ``images/requirements.txt`` downloaded on the host;
+- ``twintrace/base:latest`` from ``Dockerfile.base`` and a wheelhouse downloaded on the host:
+  ``images/requirements.txt`` with the CPU build of torch (``--torch cpu``, the default), or
+  with the CUDA build and its nvidia-* and triton wheels of ``images/requirements-cuda.txt``
+  instead (``--torch cuda``). Each part of the wheelhouse is kept in a directory of its own
+  under ``.cache/wheelhouse/`` (``common``, ``torch-cpu``, ``torch-cuda``), so switching builds
+  neither mixes wheels nor downloads again; the base image's context gets hard links to the
+  parts of the chosen build. The base image carries the labels ``org.twintrace.torch``
+  (``cpu`` or ``cuda``) and ``org.twintrace.torch.version`` (what ``torch.__version__`` says,
+  read from the wheel), and its build checks them against the torch it installed;
 - ``twintrace/<workload>:<variant>``, one per workload of ``workloads/registry.py`` and variant
   it supports, from ``images/Dockerfile.workload`` (or ``images/<workload>/Dockerfile`` where a
   workload has its own) with the build arguments ``WORKLOAD`` and ``VARIANT``. The build context
@@ -12,7 +19,8 @@ Images and their inputs:
   host-only modules.
 
 Each built image carries the label ``twintrace.inputs-hash``: a hash of everything it was built
-from (the files of its build context, build arguments, the parent image id). An image whose
+from (the files of its build context, build arguments, the parent image id; for the base image
+the torch build too, so switching ``--torch`` rebuilds). An image whose
 label matches is skipped. A workload image's files are listed by :func:`context_files` with the
 rules docker itself applies to the context (``.dockerignore``, the Dockerfile always sent), so
 editing host-only code (``tracing/``, ``analysis/``, ``core/rundir.py``, ``cli.py``...) rebuilds
@@ -21,14 +29,17 @@ nothing, and editing anything that goes into the images rebuilds them.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -47,6 +58,15 @@ REGISTRY_BASE = "python:3.11-slim"
 HASH_LABEL = "twintrace.inputs-hash"
 # The Dockerfile of every workload image, relative to the repository root (the build context).
 WORKLOAD_DOCKERFILE = "images/Dockerfile.workload"
+#: The parts of the base image's wheelhouse, one directory each (see :func:`wheel_sets`).
+WHEELHOUSES = CACHE / "wheelhouse"
+#: The torch builds twintrace/base can have (``./cli.py build --torch``).
+TORCH_BUILDS = ("cpu", "cuda")
+TORCH_LABEL = "org.twintrace.torch"
+TORCH_VERSION_LABEL = "org.twintrace.torch.version"
+#: PyTorch's own index of CPU builds (``torch==X+cpu``). On PyPI, Linux x86_64 ``torch==X`` is
+#: the CUDA build; with this index too pip prefers ``X+cpu`` (a local version sorts higher).
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 Log = Callable[[str], None]
 
@@ -169,35 +189,213 @@ def _stream_build(cli: docker.DockerClient, log: Log, **kwargs: object) -> str:
     return image_id
 
 
-def prepare_wheelhouse(log: Log) -> Path:
-    """Fetch (or build) the pinned wheels of images/requirements.txt for the host's Python."""
-    wheelhouse = BASE_CONTEXT / "wheelhouse"
-    wheelhouse.mkdir(parents=True, exist_ok=True)
-    req = REPO / "images" / "requirements.txt"
-    marker = wheelhouse / "requirements.txt"
-    if marker.exists() and marker.read_bytes() == req.read_bytes():
-        return wheelhouse
-    log(f"downloading wheels into {wheelhouse}")
-    # `pip wheel` takes published wheels as they are and builds one from a source-only release.
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-deps",
-        "-q",
-        "-w",
-        str(wheelhouse),
-        "-r",
-        str(req),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
+@dataclasses.dataclass(frozen=True)
+class WheelSet:
+    """One part of the base image's wheelhouse: requirement lines and the pip options that
+    fetch them, downloaded into ``.cache/wheelhouse/<name>/``."""
+
+    name: str
+    requirements: str
+    options: tuple[str, ...] = ()
+    #: What this part is and what to do when it cannot be fetched (for the UserError).
+    what: str = "the Python wheels of images/requirements.txt"
+    help: str = "check that PyPI is reachable from this host"
+
+    def command(self, dest: Path, requirements_file: Path) -> list[str]:
+        """The pip command that fetches this part into ``dest``. ``pip wheel`` takes published
+        wheels as they are and builds one from a source-only release (tfrecord); ``--no-deps``
+        because every file pins its dependencies itself."""
+        return [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(dest),
+            *self.options,
+            "-r",
+            str(requirements_file),
+        ]
+
+    @property
+    def stamp(self) -> str:
+        """What a complete download of this part was made from (its marker file's content)."""
+        return self.requirements + "# pip options: " + " ".join(self.options) + "\n"
+
+
+def _is_torch(line: str) -> bool:
+    """Whether a requirement line is torch's (not torchdata's, say)."""
+    return (
+        re.match(r"\s*torch\s*(?:[=<>!~;\[]|$)", line.split("#", 1)[0], re.IGNORECASE) is not None
+    )
+
+
+def torch_pin(root: Path = REPO) -> str:
+    """The torch version of ``images/requirements.txt`` (``torch==X``): the one both builds have."""
+    for line in (root / "images" / "requirements.txt").read_text().splitlines():
+        if _is_torch(line):
+            name, sep, version = line.split("#", 1)[0].strip().partition("==")
+            if name.strip().lower() == "torch" and sep:
+                return version.strip()
+    raise UserError("images/requirements.txt pins no torch==VERSION")
+
+
+def wheel_sets(torch_build: str, root: Path = REPO) -> list[WheelSet]:
+    """The parts of the wheelhouse of ``torch_build`` (``cpu`` or ``cuda``), torch first.
+
+    - ``common``: ``images/requirements.txt`` without its torch line (both builds);
+    - ``torch-cpu``: that torch line, with PyTorch's CPU index added (:data:`CPU_TORCH_INDEX`);
+    - ``torch-cuda``: ``images/requirements-cuda.txt``, the CUDA build of the same torch
+      version (PyPI's default Linux x86_64 wheel) and its nvidia-* and triton wheels, every one
+      pinned with its sha256 (``--require-hashes``), binary wheels only.
+    """
+    if torch_build not in TORCH_BUILDS:
         raise UserError(
-            f"could not download the image's Python wheels: {done.stderr.strip().splitlines()[-1:]}; "
-            "check that PyPI is reachable from this host"
+            f"unknown torch build {torch_build!r}: choose one of {', '.join(TORCH_BUILDS)}"
         )
-    shutil.copyfile(req, marker)  # written last: marks a complete wheelhouse
+    lines = (root / "images" / "requirements.txt").read_text().splitlines(keepends=True)
+    common = WheelSet("common", "".join(line for line in lines if not _is_torch(line)))
+    version = torch_pin(root)
+    if torch_build == "cpu":
+        torch = WheelSet(
+            "torch-cpu",
+            "".join(line for line in lines if _is_torch(line)),
+            ("--extra-index-url", CPU_TORCH_INDEX),
+            f"the CPU build of torch {version}",
+            f"check that PyPI and {CPU_TORCH_INDEX} are reachable from this host",
+        )
+        return [torch, common]
+    cuda_file = root / "images" / "requirements-cuda.txt"
+    text = cuda_file.read_text()
+    pinned = [line.split("#", 1)[0].split() for line in text.splitlines()]
+    torch_lines = [p[0] for p in pinned if p and _is_torch(p[0])]
+    if torch_lines != [f"torch==={version}"]:
+        raise UserError(
+            f"{cuda_file.relative_to(root)} must pin torch==={version} (the version of "
+            f"images/requirements.txt), found {', '.join(torch_lines) or 'none'}"
+        )
+    torch = WheelSet(
+        "torch-cuda",
+        text,
+        ("--require-hashes", "--only-binary=:all:"),
+        f"the CUDA build of torch {version} and its nvidia-* wheels "
+        f"({cuda_file.relative_to(root)})",
+        "fetch them from PyPI on an x86_64 host with Python 3.11 and network access (about "
+        "2.7 GB), or build with `--torch cpu`",
+    )
+    return [torch, common]
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchBuild:
+    """What a torch wheel is: ``cpu`` or ``cuda``, the version it reports and its CUDA version."""
+
+    build: str
+    version: str
+    cuda: str | None
+
+
+def torch_build_of(wheel: Path) -> TorchBuild:
+    """Read ``torch/version.py`` of a torch wheel (what ``torch.__version__`` and
+    ``torch.version.cuda`` will say), without installing it."""
+    with zipfile.ZipFile(wheel) as zf:
+        source = zf.read("torch/version.py").decode()
+    values: dict[str, object] = {}
+    for node in ast.parse(source).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            values[target.id] = value.value
+    version, cuda = values.get("__version__"), values.get("cuda")
+    if not isinstance(version, str):
+        raise UserError(f"{wheel.name} has no torch/version.py __version__: is it a torch wheel?")
+    cuda = cuda if isinstance(cuda, str) else None
+    return TorchBuild("cuda" if cuda else "cpu", version, cuda)
+
+
+def _torch_wheel(directory: Path) -> Path:
+    wheels = sorted(directory.glob("torch-*.whl"))
+    if len(wheels) != 1:
+        raise UserError(
+            f"{directory} holds {len(wheels)} torch wheels: remove it and run `./cli.py build` again"
+        )
+    return wheels[0]
+
+
+def fetch_wheels(part: WheelSet, log: Log, torch_build: str | None = None) -> Path:
+    """Download one part of the wheelhouse into ``.cache/wheelhouse/<name>/`` unless a complete
+    download of the same requirements is there; return the directory.
+
+    A part is downloaded into a fresh directory that replaces the old one once complete (so no
+    wheel of an older pin stays), and its marker, written last, is its :attr:`WheelSet.stamp`.
+    ``torch_build``: the part holds torch, whose wheel must be that build."""
+    dest = WHEELHOUSES / part.name
+    marker = dest / "requirements.txt"
+    if marker.exists() and marker.read_text() == part.stamp:
+        return dest
+    WHEELHOUSES.mkdir(parents=True, exist_ok=True)
+    for stale in WHEELHOUSES.glob(f".{part.name}-*"):  # left by a download that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    log(f"downloading wheels into {dest}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{part.name}-", dir=WHEELHOUSES))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the wheelhouse is not
+    try:
+        requirements = tmp / "requirements.in"
+        requirements.write_text(part.requirements)
+        done = subprocess.run(part.command(tmp, requirements), capture_output=True, text=True)
+        if done.returncode != 0:
+            log_file = WHEELHOUSES / f"{part.name}.pip.log"
+            log_file.write_text(done.stdout + done.stderr)
+            # pip's first ERROR line says what it could not get ("No matching distribution
+            # found for ...", "THESE PACKAGES DO NOT MATCH THE HASHES ..."); the rest is advice.
+            errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
+            first = (errors or done.stderr.strip().splitlines() or ["pip failed"])[0]
+            raise UserError(
+                f"could not download {part.what}: pip says {first.removeprefix('ERROR: ')!r} "
+                f"(log: {log_file}); {part.help}"
+            )
+        requirements.unlink()
+        if torch_build is not None:
+            found = torch_build_of(_torch_wheel(tmp))
+            if found.build != torch_build:
+                raise UserError(
+                    f"pip fetched torch {found.version}, a {found.build} build, for "
+                    f"{part.what}: {part.help}"
+                )
+        (tmp / "requirements.txt").write_text(part.stamp)  # written last: a complete part
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def prepare_wheelhouse(log: Log, torch_build: str = "cpu") -> Path:
+    """Fetch the wheels of ``torch_build`` (:func:`wheel_sets`) and put exactly them into the
+    base image's build context (``.cache/base-context/wheelhouse``, hard links); return it."""
+    parts = wheel_sets(torch_build)
+    sources = [
+        fetch_wheels(part, log, torch_build if part.name.startswith("torch-") else None)
+        for part in parts
+    ]
+    wheels = {w.name: w for source in sources for w in sorted(source.glob("*.whl"))}
+    wheelhouse = BASE_CONTEXT / "wheelhouse"
+    stamp = f"torch build: {torch_build}\n" + "".join(f"{name}\n" for name in sorted(wheels))
+    marker = wheelhouse / "wheels.txt"
+    if marker.exists() and marker.read_text() == stamp:
+        return wheelhouse
+    if wheelhouse.exists():
+        shutil.rmtree(wheelhouse)
+    wheelhouse.mkdir(parents=True)
+    for name, wheel in wheels.items():
+        try:
+            os.link(wheel, wheelhouse / name)
+        except OSError:  # another file system: copy
+            shutil.copyfile(wheel, wheelhouse / name)
+    marker.write_text(stamp)
     return wheelhouse
 
 
@@ -283,26 +481,67 @@ def _try_pull(cli: docker.DockerClient, tag: str, log: Log) -> bool:
 
 
 def build_base(
-    cli: docker.DockerClient, log: Log, base_image: str | None = None, bootstrap: bool = False
+    cli: docker.DockerClient,
+    log: Log,
+    base_image: str | None = None,
+    bootstrap: bool = False,
+    torch_build: str = "cpu",
 ) -> BuildResult:
+    """Build twintrace/base with the ``torch_build`` (cpu or cuda) build of torch, unless its
+    inputs hash (the torch build included) is already its label."""
+    # The wheels first: a download that fails costs no OS image bootstrap.
+    wheelhouse = prepare_wheelhouse(log, torch_build)
+    torch = torch_build_of(_torch_wheel(wheelhouse))
     os_image = resolve_base_os(cli, log, base_image, bootstrap)
     os_id = cli.images.get(os_image).id
-    wheelhouse = prepare_wheelhouse(log)
-    inputs = _hash_files([REPO / "Dockerfile.base", *wheelhouse.iterdir()], [os_image, os_id])
+    # Wheels are named by package, version and platform and their index never changes a
+    # published file: names and sizes stand for their content (hashing 2.7 GB of CUDA
+    # wheels on every build would take longer than the check saves).
+    wheels = [f"{w.name}:{w.stat().st_size}" for w in sorted(wheelhouse.glob("*.whl"))]
+    inputs = _hash_files(
+        [REPO / "Dockerfile.base"], [os_image, os_id, f"torch={torch_build}", *wheels]
+    )
     current, image_id = _existing_hash(cli, BASE_TAG)
     if current == inputs and image_id:
         return BuildResult(BASE_TAG, image_id, False)
-    log(f"building {BASE_TAG} on {os_image}")
+    log(f"building {BASE_TAG} on {os_image} with torch {torch.version} ({torch_build})")
     image_id = _stream_build(
         cli,
         log,
         path=str(BASE_CONTEXT),
         dockerfile=str(REPO / "Dockerfile.base"),
         tag=BASE_TAG,
-        buildargs={"BASE_IMAGE": os_image},
+        buildargs={
+            "BASE_IMAGE": os_image,
+            "TORCH_BUILD": torch_build,
+            "TORCH_VERSION": torch.version,
+        },
         labels={HASH_LABEL: inputs},
     )
     return BuildResult(BASE_TAG, image_id, True)
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseTorch:
+    """The torch build of an image, from its labels (None where the image has none: it was
+    built before the labels existed)."""
+
+    build: str | None
+    version: str | None
+
+    def describe(self) -> str:
+        if self.build is None:
+            return "unknown (built before its torch label: run `./cli.py build`)"
+        return f"{self.build} (torch {self.version or '?'})"
+
+
+def base_torch(cli: docker.DockerClient, tag: str = BASE_TAG) -> BaseTorch | None:
+    """The torch build of ``tag`` (default twintrace/base), or None when it is not built."""
+    try:
+        labels = cli.images.get(tag).labels or {}
+    except docker.errors.ImageNotFound:
+        return None
+    return BaseTorch(labels.get(TORCH_LABEL) or None, labels.get(TORCH_VERSION_LABEL) or None)
 
 
 def build_workload(
@@ -340,8 +579,12 @@ def build(
     log: Log = lambda line: None,
     base_image: str | None = None,
     bootstrap_base: bool = False,
+    torch_build: str = "cpu",
 ) -> list[BuildResult]:
-    """Build what is missing or out of date; return every requested image with its state."""
+    """Build what is missing or out of date; return every requested image with its state.
+
+    ``torch_build``: the torch of twintrace/base, ``cpu`` or ``cuda`` (:func:`wheel_sets`);
+    switching rebuilds the base image and with it every workload image."""
     matrix = image_matrix()
     known = list(dict.fromkeys(name for name, _ in matrix))
     chosen = list(workloads or known)
@@ -352,8 +595,12 @@ def build(
     for variant in chosen_variants:
         if variant not in VARIANTS:
             raise UserError(f"unknown variant {variant!r}: choose one of {', '.join(VARIANTS)}")
+    if torch_build not in TORCH_BUILDS:
+        raise UserError(
+            f"unknown torch build {torch_build!r}: choose one of {', '.join(TORCH_BUILDS)}"
+        )
     CACHE.mkdir(exist_ok=True)
-    base = build_base(cli, log, base_image, bootstrap_base)
+    base = build_base(cli, log, base_image, bootstrap_base, torch_build)
     results = [base]
     contexts: dict[str, str] = {}  # Dockerfile -> context hash, computed once per build
     for name in chosen:

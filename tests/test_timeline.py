@@ -607,7 +607,9 @@ def test_show_prints_counts_per_container(tmp_path: Path, busy_run: Path) -> Non
     """``./cli.py show``'s lines (analysis.report): a line per container of a run of several,
     with the counts and bytes the synthetic run wrote; nothing more for one container."""
     lines = run_summary_lines(two_container_run(tmp_path / "two"))
-    assert lines[1:] == [
+    # then the step split and the data rate of the sleep run (tests/test_breakdown.py)
+    assert lines[4].startswith("  steps: 8 measured") and lines[5].startswith("  data: read at")
+    assert lines[1:4] == [
         "  container rank0 · syscalls: openat 10, read 10 (10.0 MiB), write 1 (4.0 MiB); "
         "block: block_read 1 (8.0 MiB); steps 5",
         "  container rank1 · syscalls: openat 5, read 5 (5.0 MiB), write 1 (1.0 MiB); steps 5",

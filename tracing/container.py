@@ -101,11 +101,18 @@ def default_command(image: docker.models.images.Image, tag: str) -> list[str]:
 
 
 def gpu_request(text: str) -> DeviceRequest:
-    """``--gpus`` as docker reads it: ``all``, a count ``N``, or device ids ``0,1`` (or UUIDs).
+    """``--gpus`` as docker reads it: ``all``, a count ``N``, device ids ``0,1`` (or UUIDs),
+    or docker's explicit form ``device=ID[,ID...]`` (``device=1`` is GPU 1, where ``1`` alone
+    is a count of one GPU).
 
     The request goes to the NVIDIA container runtime of the host (the NVIDIA Container Toolkit);
     without it docker refuses to start the container, and the run says so."""
-    text = text.strip()
+    text = text.strip().strip("\"'")
+    if text.startswith("device="):
+        ids = [part.strip() for part in text[len("device=") :].split(",")]
+        if not all(ids):
+            raise UserError(f"bad --gpus {text!r}: name the GPUs, e.g. device=1 or device=0,2")
+        return DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
     if text == "all":
         return DeviceRequest(count=-1, capabilities=[["gpu"]])
     if text.isdigit():

@@ -87,6 +87,15 @@ class ContainerSpec:
             raise UserError(f"--cpus must be positive, got {self.cpus}")
 
 
+def gpu_count(gpus: str) -> int | None:
+    """How many GPUs ``--gpus`` text gives a container: the count, the number of ids, or None
+    for ``all`` (as many as the host has)."""
+    request = gpu_request(gpus)
+    if request["Count"] == -1:
+        return None
+    return request["Count"] or len(request["DeviceIDs"])
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Per-container resource limits, parsed once."""
@@ -222,6 +231,17 @@ def workload_request(
     if rank_containers:
         if config.accelerators < 2:
             raise UserError("--rank-containers needs --accelerators 2 or more")
+        # Every rank container gets the same --gpus: with a count N docker gives each GPUs
+        # 0..N-1, with ids the same ids. Rank r computes on the r-th GPU it sees
+        # (workloads.training.resolve_device), so fewer GPUs than ranks would put two ranks on
+        # one GPU (NCCL refuses that).
+        have = gpu_count(run.gpus) if run.gpus is not None else None
+        if have is not None and have < config.accelerators:
+            raise UserError(
+                f"--gpus {run.gpus} gives every rank container the same {have} GPU(s), fewer "
+                f"than the {config.accelerators} ranks: use --gpus all (rank r computes on GPU "
+                "r), or a compose topology that reserves one GPU per rank service"
+            )
         master = "rank0"
         env = {MASTER_ADDR_ENV: master, MASTER_PORT_ENV: str(DEFAULT_MASTER_PORT)}
         containers = tuple(
@@ -333,6 +353,7 @@ __all__ = [
     "RunOptions",
     "RunRequest",
     "accelerator_profile",
+    "gpu_count",
     "image_request",
     "workload_request",
     "write_profile",

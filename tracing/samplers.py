@@ -5,6 +5,10 @@ seconds and appends ``ts_ns,metric,value,unit,container`` lines to a CSV file; `
 the container's role, empty for host-wide metrics. Timestamps are CLOCK_MONOTONIC, the clock of bpftrace and of the
 workload's events, so all tables line up without an alignment step.
 
+Host-wide: ``host_cpu_user``, ``host_cpu_system``, ``host_cpu_iowait``, ``host_cpu_idle``
+(percent) and, where NVML sees GPUs, ``gpu<i>_util``, ``gpu<i>_mem_util`` (percent) and
+``gpu<i>_mem_used`` (bytes) per GPU (:class:`Gpus`).
+
 Per container: ``container_cpu`` (percent of one core, the cgroup's CPU time),
 ``container_cpu_loader`` (the part of it used by data-loader worker processes: PyTorch names
 them ``pt_data_worker``; from each process's ``/proc/PID/stat`` CPU time, in clock ticks),
@@ -20,7 +24,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from tracing.cgroups import ProcessCgroups
 
@@ -56,37 +60,66 @@ def _host_cpu_times() -> list[int]:
     return [int(f) for f in fields]
 
 
-class _Gpus:
-    """NVML handles for the visible GPUs; empty when NVML or a GPU is not available."""
+class Gpus:
+    """The host's GPUs through NVML (pynvml, from the nvidia-ml-py package): one ``sample()``
+    gives ``gpu<i>_util`` and ``gpu<i>_mem_util`` (percent of the last sample period in which a
+    kernel ran / device memory was read or written, as NVML defines them) and ``gpu<i>_mem_used``
+    (bytes), where ``i`` is the GPU's NVML index, the index docker's ``--gpus`` ids use.
+
+    Every GPU of the host is sampled, not only the run's (the sampler runs on the host); rows
+    are host-wide (no container). Without the library, a driver or a GPU there are no GPU rows
+    and nothing fails: ``handles`` is empty. A GPU whose handle NVML refuses (no permission, lost
+    from the bus) is left out; a query that fails in one sample (an NVMLError, ``Not
+    Supported`` say) leaves out that metric of that sample and nothing else.
+    """
 
     def __init__(self) -> None:
-        self.handles: list[object] = []
+        self.handles: list[tuple[int, object]] = []  # (NVML index, handle)
+        self._nvml: Any = None
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            self._nvml = pynvml
-            self.handles = [
-                pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
-            ]
-        except Exception:  # no driver, no library or no device: sample no GPU
-            self.handles = []
+        except Exception:  # no library, no driver: sample no GPU
+            return
+        self._nvml = pynvml
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError:
+            count = 0
+        for index in range(count):
+            try:
+                self.handles.append((index, pynvml.nvmlDeviceGetHandleByIndex(index)))
+            except pynvml.NVMLError:
+                continue
 
     def sample(self) -> list[tuple[str, float, str]]:
-        rows = []
-        for i, handle in enumerate(self.handles):
-            util = self._nvml.nvmlDeviceGetUtilizationRates(handle)
-            mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
-            rows += [
-                (f"gpu{i}_util", util.gpu, "percent"),
-                (f"gpu{i}_mem_util", util.memory, "percent"),
-                (f"gpu{i}_mem_used", mem.used, "bytes"),
-            ]
+        """One reading of every GPU: (metric, value, unit) rows."""
+        rows: list[tuple[str, float, str]] = []
+        for index, handle in self.handles:
+            try:
+                util = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+                rows += [
+                    (f"gpu{index}_util", util.gpu, "percent"),
+                    (f"gpu{index}_mem_util", util.memory, "percent"),
+                ]
+            except self._nvml.NVMLError:
+                pass
+            try:
+                mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+                rows.append((f"gpu{index}_mem_used", mem.used, "bytes"))
+            except self._nvml.NVMLError:
+                pass
         return rows
 
     def close(self) -> None:
-        if self.handles:
-            self._nvml.nvmlShutdown()
+        if self._nvml is not None:
+            self._nvml, nvml = None, self._nvml
+            self.handles = []
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError:
+                pass
 
 
 class Sampler:
@@ -113,7 +146,7 @@ class Sampler:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        gpus = _Gpus()
+        gpus = Gpus()
         try:
             with open(self.out_csv, "w", buffering=1 << 16) as out:
                 out.write("ts_ns,metric,value,unit,container\n")
@@ -138,7 +171,7 @@ class Sampler:
         }
 
     @staticmethod
-    def _write(out: TextIO, prev: dict, cur: dict, gpus: _Gpus) -> None:
+    def _write(out: TextIO, prev: dict, cur: dict, gpus: Gpus) -> None:
         ts = cur["t"]
         dt = max(1, cur["t"] - prev["t"])
         rows: list[tuple[str, float, str, str]] = []
@@ -169,7 +202,15 @@ class Sampler:
             *gpus.sample(),
         ]
         rows += [(m, v, u, "") for m, v, u in host]
-        out.write("".join(f"{ts},{m},{v:.6g},{u},{c}\n" for m, v, u, c in rows))
+        out.write("".join(f"{ts},{m},{_number(v)},{u},{c}\n" for m, v, u, c in rows))
+
+
+def _number(value: float) -> str:
+    """Counts (bytes, GPU percents) exactly, rates to six significant digits: 6-digit ``g`` of
+    a byte count such as 85899345920 would lose the last 5 digits."""
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.6g}"
 
 
 def _container_counters(cg: ProcessCgroups) -> dict:

@@ -11,8 +11,11 @@ Keys used per service: ``image`` (required: build images first), ``entrypoint`` 
 ``command`` (run after the tracer's barrier), ``environment``, ``volumes`` (bind mounts only;
 read-write unless ``:ro``, as compose has it), ``working_dir``, ``mem_limit`` or
 ``deploy.resources.limits.memory``, ``cpus`` or ``deploy.resources.limits.cpus``,
-``shm_size``, and ``labels`` ``twintrace.daemon: "true"`` for a service that runs until the
-others are done. Every run has a private internal network of its own on which services reach
+``shm_size``, the GPU reservation ``deploy.resources.reservations.devices`` (an entry with
+``capabilities: [gpu]`` and ``count`` (a number or ``all``; neither count nor ``device_ids``
+means all, as in compose) or ``device_ids``: what docker's ``--gpus`` would ask for, see
+:func:`service_gpus`), and ``labels`` ``twintrace.daemon: "true"`` for a service that runs until
+the others are done. Every run has a private internal network of its own on which services reach
 each other by name, so ``networks``, ``ports`` and ``network_mode`` are ignored, with a
 warning, as are keys that do not apply to a traced run (``build``, ``depends_on``,
 ``restart``, ...): every service is held at the barrier and released at once.
@@ -31,7 +34,7 @@ import yaml
 
 from core.errors import UserError
 from core.units import parse_size
-from tracing.container import OUT_MOUNT, BindMount
+from tracing.container import OUT_MOUNT, BindMount, gpu_request
 from tracing.request import ContainerSpec, RunOptions, RunRequest
 
 USED_KEYS = frozenset(
@@ -157,8 +160,71 @@ def service_spec(
         # A service that mounts its own output directory keeps it (its MLLOG is copied).
         out=not any(m.target == OUT_MOUNT for m in mounts),
         daemon=str(labels.get(DAEMON_LABEL, "")).lower() in ("1", "true", "yes"),
-        gpus=run.gpus,
+        gpus=service_gpus(service, where) or run.gpus,
     )
+
+
+def service_gpus(service: Mapping[str, Any], where: str) -> str | None:
+    """The GPUs a compose service reserves, as ``--gpus`` text (``all``, a count ``N``, or
+    ``device=0,1``), or None when it reserves none.
+
+    Compose's form (``deploy.resources.reservations.devices``, as ``docker-compose config``
+    prints it)::
+
+        devices:
+          - capabilities: [gpu]     # required: entries without "gpu" are not GPUs
+            driver: nvidia          # optional
+            count: 2                # or `all`; or device_ids: ["0", "3"]; neither: all
+
+    One GPU entry per service (docker's ``--gpus`` is one request); ``count`` and ``device_ids``
+    together are refused, as docker refuses them."""
+    reservations = ((service.get("deploy") or {}).get("resources") or {}).get("reservations")
+    devices = (reservations or {}).get("devices") or []
+    if not isinstance(devices, list):
+        raise UserError(f"{where}: deploy.resources.reservations.devices must be a list")
+    gpu_entries = [
+        d for d in devices if isinstance(d, Mapping) and "gpu" in _capabilities(d, where)
+    ]
+    if not gpu_entries:
+        return None
+    if len(gpu_entries) > 1:
+        raise UserError(
+            f"{where}: {len(gpu_entries)} GPU device reservations; a traced run's container "
+            "takes one (docker's --gpus): merge them into one entry"
+        )
+    (entry,) = gpu_entries
+    count, ids = entry.get("count"), entry.get("device_ids")
+    if count is not None and ids:
+        raise UserError(f"{where}: a GPU reservation sets count or device_ids, not both")
+    if ids:
+        if not isinstance(ids, list) or not all(isinstance(i, str | int) for i in ids):
+            raise UserError(f"{where}: device_ids must be a list of GPU ids, got {ids!r}")
+        texts = [str(i).strip() for i in ids]
+        # docker's explicit form: a lone index would read as a GPU count to --gpus.
+        text = "device=" + ",".join(texts)
+    elif count is None or str(count).strip().lower() in ("all", "-1"):
+        text = "all"
+    elif (isinstance(count, int) and not isinstance(count, bool)) or str(count).isdigit():
+        text = str(count)
+    else:
+        raise UserError(f"{where}: GPU count must be a number or all, got {count!r}")
+    try:
+        gpu_request(text)
+    except UserError as exc:
+        raise UserError(f"{where}: GPU reservation: {exc}") from None
+    return text
+
+
+def _capabilities(device: Mapping[str, Any], where: str) -> list[str]:
+    """A device reservation's capabilities, flat (compose allows a list of lists, as docker's
+    API has them)."""
+    caps = device.get("capabilities") or []
+    if not isinstance(caps, list):
+        raise UserError(f"{where}: device capabilities must be a list, got {caps!r}")
+    flat: list[str] = []
+    for cap in caps:
+        flat += [str(c) for c in cap] if isinstance(cap, list) else [str(cap)]
+    return flat
 
 
 def _argv(value: Any, where: str) -> list[str] | None:

@@ -191,10 +191,28 @@ def _free_port() -> int:
 
 
 def resolve_device(config: WorkloadConfig, rank: int) -> torch.device:
-    """``auto``: CUDA when available, else CPU; one GPU per rank."""
+    """``auto``: CUDA when available, else CPU; one GPU per rank.
+
+    All ranks in one process tree (``config.rank`` None) need ``accelerators`` visible GPUs and
+    rank r computes on ``cuda:r``. A rank in a container of its own (``config.rank`` set)
+    computes on its own GPU: ``cuda:0`` when the container sees exactly one (the GPU it was
+    given, whatever its index on the host), ``cuda:r`` when it sees them all (``--gpus all``).
+    """
     if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     available = torch.cuda.device_count()
+    if available == 0 and torch.version.cuda is None:
+        raise UserError(
+            f"device {config.device}: this image's torch {torch.__version__} is the CPU build: "
+            "rebuild the images with `./cli.py build --torch cuda`"
+        )
+    if config.rank is not None and available == 1:
+        return torch.device("cuda", 0)
+    if config.rank is not None and 1 < available < config.accelerators:
+        raise UserError(
+            f"rank {rank} of {config.accelerators} sees {available} GPUs: give each rank "
+            "container one GPU of its own, or every GPU (--gpus all)"
+        )
     if available < config.accelerators:
         raise UserError(
             f"device {config.device} with {config.accelerators} accelerator(s) needs as many "
