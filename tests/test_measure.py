@@ -9,23 +9,8 @@ import pytest
 
 from datagen.registry import generate
 from experiments.measure import MeasureSettings, database_name, measure
+from tests.test_profiledb import MEASURED_DB
 from workloads.profiledb import add_measured, load_database
-
-MEASURED_DB = """
-schema_version = 1
-default_order = ["measured"]
-
-[accelerators.cpu]
-name = "CPU"
-names = ["CPU"]
-
-[sources.measured]
-title = "measured"
-cite = "measured in the test"
-kind = "measured"
-source = "made in the test"
-folder = "measured"
-"""
 
 
 @pytest.fixture(scope="module")
