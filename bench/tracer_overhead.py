@@ -20,7 +20,6 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
 
+from tracing.host import drop_caches  # noqa: E402
 from tracing.request import RunOptions, workload_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
 
@@ -43,11 +43,6 @@ def throughput(run_dir: Path) -> float:
         raise SystemExit(f"{run_dir}: only {len(steps)} steps; use more data or epochs")
     span = (steps["ts_ns"].iloc[-1] - steps["ts_ns"].iloc[0]) / 1e9
     return (len(steps) - 1) / span
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def main() -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from analysis.profiles import fit_runs
 from analysis.similarity import compare_runs
 from core.rundir import Run, load_run
 from datagen.registry import generate
+from tracing.host import drop_caches
 from tracing.request import workload_request
 from tracing.runner import trace
 from workloads.profile import SleepProfile
@@ -91,11 +91,6 @@ SETUPS: Mapping[str, Setup] = {
         "images", 100_000_000, {"image_size": 64}, {"batch_size": 16, "workers": 1, "max_steps": 50}
     ),
 }
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def dataset(root: Path, setup: Setup) -> Path:

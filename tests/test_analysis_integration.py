@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,11 @@ from analysis.compare_report import REPORT_LANES, write_comparison_report
 from analysis.similarity import compare_runs
 from core.rundir import load_run
 from tests.browser import dom, subplot_count
+from tracing.host import drop_caches
 from tracing.request import workload_request
 from tracing.runner import trace
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 from core.rundir import load_run
 from tests.conftest import REPO, bpftrace_running, traced_events
 from tracing.container import RUN_LABEL, BindMount, client
+from tracing.host import drop_caches
 from tracing.request import image_request, workload_request
 from tracing.runner import trace
 
@@ -43,8 +44,7 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(
         "        fh.read()\n"
     )
     # Cold cache, so the page-cache lane must show the files coming in.
-    subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    drop_caches()
     run_dir = trace(
         image_request(
             BASE,

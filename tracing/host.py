@@ -268,3 +268,9 @@ def host_metadata(docker_version: str | None = None) -> dict[str, Any]:
         "bpftrace_version": _first_line(["bpftrace", "--version"]),
         "python_version": platform.python_version(),
     }
+
+
+def drop_caches() -> None:
+    """Write dirty pages back, then drop the page cache (root): the next run reads cold."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
