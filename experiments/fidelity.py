@@ -166,10 +166,11 @@ def precision(run: Run, profile: SleepProfile, seed: int = 0) -> dict[str, float
     samples = step_ends(run)["value"].astype(float).astype(int).to_numpy()
     rng = emulation_rng(seed, 0)
     requested = np.array(
-        [draw_step(profile, rng, 1, profile.profile_batch(int(n), 1))[1] for n in samples]
+        [
+            draw_step(profile, rng, 1, profile.profile_batch(int(n), 1), first=i == 0)[1]
+            for i, n in enumerate(samples)
+        ]
     )
-    if requested.size:
-        requested[0] += profile.first_step_s  # the emulated first step's one-off warm-up
     measured = busy["duration_ns"].to_numpy(dtype=np.float64) / 1e9
     if len(measured) != len(requested):
         raise RuntimeError(

@@ -427,11 +427,16 @@ class SleepCompute:
         self._meta = self._meta_model()
         self._eval_batches = 0
         self._first = True
-        self._warm_up_pending = True
         self.gradient_bytes = 0
         if distributed:
             given = profile.collective.gradient_bytes
-            self.gradient_bytes = given if given is not None else 4 * parameter_count(task)
+            if given is None:  # 4 bytes per parameter, counted on the meta model made above
+                given = 4 * (
+                    sum(p.numel() for p in self._meta[0].parameters())
+                    if self._meta is not None
+                    else parameter_count(task)
+                )
+            self.gradient_bytes = given
 
     def _batch(self, batch: Any) -> int:
         return self.profile.profile_batch(self.task.batch_samples(batch), self.accelerators)
@@ -495,12 +500,12 @@ class SleepCompute:
     def train_step(self, batch: Any, marks: Marks) -> None:
         """Stage the batch and wait the host-to-device time, then the compute time."""
         b = self._batch(batch)
-        if self._first:
-            self._first = False
+        first, self._first = self._first, False
+        if first:
             self._framework_step(batch, marks)
             self._first_step(b, marks)
         t0 = time.monotonic_ns()
-        h2d, compute = draw_step(self.profile, self.rng, self.accelerators, b)
+        h2d, compute = draw_step(self.profile, self.rng, self.accelerators, b, first)
         self.staging.stage(batch)
         _sleep_until(t0 + int(h2d * 1e9))
         t1 = time.monotonic_ns()
@@ -511,9 +516,6 @@ class SleepCompute:
             parts = [("model_forward_pass", split.forward), ("model_backward_pass", split.backward)]
             if split.optimizer > 0:
                 parts.append(("model_optim_step", split.optimizer))
-        if self._warm_up_pending:  # the real first step's one-off warm-up
-            self._warm_up_pending = False
-            compute += self.profile.first_step_s
         end = t1 + int(compute * 1e9)
         start = t1
         for key, share in parts:
@@ -568,14 +570,16 @@ def emulation_rng(seed: int, rank: int) -> np.random.Generator:
 
 
 def draw_step(
-    profile: SleepProfile, rng: np.random.Generator, accelerators: int, b: int
+    profile: SleepProfile, rng: np.random.Generator, accelerators: int, b: int, first: bool
 ) -> tuple[float, float]:
     """(host-to-device, compute) seconds of one emulated training step, in the order the
-    emulator draws them: replaying the draws with :func:`emulation_rng` and each step's ``b``
-    gives the times a run requested (``bench/emulation_fidelity.py`` measures the emulator's
-    precision against them)."""
+    emulator draws them; the run's ``first`` step adds the profile's one-off warm-up
+    (``first_step_s``) to its compute. Replaying the draws with :func:`emulation_rng` and each
+    step's ``b`` gives the times a run requested (``experiments/fidelity.py`` measures the
+    emulator's precision against them)."""
     h2d = profile.sample_h2d(rng, accelerators, b)
-    return h2d, profile.sample(rng, accelerators, b)
+    compute = profile.sample(rng, accelerators, b)
+    return h2d, compute + (profile.first_step_s if first else 0.0)
 
 
 def parameter_count(task: Task) -> int:
