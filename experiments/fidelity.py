@@ -14,13 +14,20 @@ Per pair (:func:`pair_figures`):
 - ``overall``: ``./cli.py compare`` overall (goal >= 0.95), and the two lowest aspects;
 - ``cost``: container CPU seconds of ``sleep`` / ``original`` while training (the epoch;
   interpreter start-up and imports are alike in both and left out; goal <= 0.15);
-- the noise floor: the spread (max - min over median) of the ``original`` runs' median step
-  across the rounds, the same configuration run again: errors within it cannot be told from
-  the machine's own variation;
 - sleep precision: the compute times the emulator requested, replayed from its generator
   (:func:`workloads.training.draw_step`), against the ``accelerator_busy`` intervals it
   logged: ``requested_s`` and ``busy_s`` (means per step) and ``late_ms`` (median of busy -
-  requested per step; GPEmu reports 0.188 s -> 0.18824 s).
+  requested per step; GPEmu reports 0.188 s -> 0.18824 s);
+- ``own_step_error``: the emulated median step against the median of the steps it requested
+  (host-to-device plus compute): what the emulator adds or loses itself, whatever the host's
+  speed (a loader slower than the emulated compute shows here as a positive error).
+
+Per workload, the noise floor (:func:`noise`): the spread (max - min over median) of the real
+runs' median step and epoch time, every ``instrumented`` and ``original`` run of the
+measurement: the same model computing on the same data, run again minutes apart. The profile
+comes from some of those runs and the error is measured against others, so an error within
+the spread cannot be told from the machine's own variation (on the 2-core build machines a
+single-process compute loop varies by 10-20 % from one few-second window to the next).
 
 ``bench/emulation_fidelity.py`` runs every workload of the zoo and prints the table of
 ``docs/emulation.md``; ``tests/test_fidelity.py`` runs a reduced form in CI.
@@ -157,29 +164,53 @@ def cpu_seconds(run: Run) -> float:
 
 
 def precision(run: Run, profile: SleepProfile, seed: int = 0) -> dict[str, float]:
-    """Requested vs measured emulated compute per step of rank 0, epoch 1 (module doc). The
-    draws are replayed in step order; a run with evaluation would interleave other draws."""
+    """Requested vs measured emulated compute per step of rank 0, epoch 1, and the emulated
+    median step against the requested one (module doc). The draws are replayed in step order;
+    a run with evaluation would interleave other draws."""
     phases = run.phases
     busy = phases[
         (phases["key"] == "accelerator_busy") & (phases["rank"] == 0) & (phases["epoch"] == 1)
     ].sort_values("step")
     samples = step_ends(run)["value"].astype(float).astype(int).to_numpy()
     rng = emulation_rng(seed, 0)
-    requested = np.array(
+    draws = np.array(
         [
-            draw_step(profile, rng, 1, profile.profile_batch(int(n), 1), first=i == 0)[1]
+            draw_step(profile, rng, 1, profile.profile_batch(int(n), 1), first=i == 0)
             for i, n in enumerate(samples)
         ]
-    )
+    ).reshape(-1, 2)
+    requested = draws[:, 1]
     measured = busy["duration_ns"].to_numpy(dtype=np.float64) / 1e9
     if len(measured) != len(requested):
         raise RuntimeError(
             f"{run.run_id}: {len(measured)} accelerator_busy intervals for {len(requested)} steps"
         )
+    # step_times leaves the first step out: so does the requested step it is compared with.
+    requested_step = float(np.median(draws[1:].sum(axis=1)))
     return {
         "requested_s": float(requested.mean()),
         "busy_s": float(measured.mean()),
         "late_ms": float(np.median(measured - requested) * 1e3),
+        "requested_step_s": requested_step,
+        "own_step_error": float(np.median(step_times(run))) / requested_step - 1,
+    }
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / median of ``values``."""
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def noise(real_runs: list[Run]) -> dict[str, Any]:
+    """The noise floor of the real runs (module doc): their median steps and epoch times, and
+    the spread of each."""
+    steps = [float(np.median(step_times(r))) for r in real_runs]
+    epochs = [epoch_time(r) for r in real_runs]
+    return {
+        "real_steps_s": steps,
+        "real_epochs_s": epochs,
+        "step_noise": spread(steps),
+        "epoch_noise": spread(epochs),
     }
 
 
@@ -194,6 +225,7 @@ def pair_figures(real: Run, emulated: Run, profile: SleepProfile) -> dict[str, A
         "real_step_s": real_step,
         "emulated_step_s": emulated_step,
         "real_epoch_s": epoch_time(real),
+        "emulated_epoch_s": epoch_time(emulated),
         "overall": comparison.overall,
         "lowest": [(a.name, round(a.score, 3)) for a in scored[:2]],
         "cost": cpu_seconds(emulated) / cpu_seconds(real),
@@ -224,16 +256,18 @@ def measure_workload(
     profile_path = work / f"{workload}-profile.json"
     profile.save(profile_path)
     pairs = []
+    real = list(instrumented)
     for i in range(rounds):
         order = ("original", "sleep") if i % 2 == 0 else ("sleep", "original")
         done = {
             v: traced(workload, setup, v, data, runs, profile_path if v == "sleep" else None)
             for v in order
         }
+        real.append(done["original"])
         pair = pair_figures(done["original"], done["sleep"], profile)
         log(
             f"{workload} round {i + 1}/{rounds}: "
-            + ", ".join(f"{k} {pair[k]:.3f}" for k in (*GOALS, "late_ms"))
+            + ", ".join(f"{k} {pair[k]:.3f}" for k in (*GOALS, "own_step_error", "late_ms"))
         )
         pairs.append(pair)
     return {
@@ -241,6 +275,7 @@ def measure_workload(
         "profile": str(profile_path),
         "fit_warnings": warnings,
         "pairs": pairs,
+        **noise(real),
     }
 
 
@@ -248,7 +283,7 @@ def summarize(result: Mapping[str, Any]) -> str:
     """One line: medians over the rounds with their min..max."""
     pairs = result["pairs"]
 
-    def spread(key: str, pct: bool = False) -> str:
+    def median_range(key: str, pct: bool = False) -> str:
         values = [p[key] for p in pairs]
         scale = 100 if pct else 1
         fmt = "{:+.1f}%" if pct else "{:.3f}"
@@ -264,13 +299,13 @@ def summarize(result: Mapping[str, Any]) -> str:
     median = {
         k: statistics.median(p[k] for p in pairs) for k in ("requested_s", "busy_s", "late_ms")
     }
-    real = [p["real_step_s"] for p in pairs]
-    noise = (max(real) - min(real)) / statistics.median(real)
     lowest = pairs[len(pairs) // 2]["lowest"]
     return (
-        f"{result['workload']:9s} step {spread('step_error', True)}  "
-        f"epoch {spread('epoch_error', True)}  overall {spread('overall')}  "
-        f"cost {spread('cost')}  original's own step spread {noise:.1%}  "
+        f"{result['workload']:9s} step {median_range('step_error', True)}  "
+        f"epoch {median_range('epoch_error', True)}  overall {median_range('overall')}  "
+        f"cost {median_range('cost')}  own step {median_range('own_step_error', True)}  "
+        f"noise of the real runs: step {result['step_noise']:.1%}, "
+        f"epoch {result['epoch_noise']:.1%}  "
         f"sleep {median['requested_s']:.4f} s -> {median['busy_s']:.4f} s "
         f"(late {median['late_ms']:.2f} ms)  lowest {lowest}"
     )

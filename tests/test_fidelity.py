@@ -1,10 +1,17 @@
 """The emulator's fidelity, reduced form (``experiments/fidelity.py``; the full table is
 ``bench/emulation_fidelity.py``): on BERT, two ``instrumented`` runs -> ``profile fit`` -> one
-``original`` and one ``sleep`` run with that profile, caches dropped before each. The errors
-must be within twice the goals (step <= 4 %, epoch <= 10 %, overall >= 0.90, CPU cost
-<= 0.30), the emulated compute within 5 ms of what was requested per step, and the real
-runs must show what the comparison relies on: what computed the steps, and the loader
-workers' CPU."""
+``original`` and one ``sleep`` run with that profile, caches dropped before each.
+
+- Against the real runs: the emulated median step and epoch time lie within the three real
+  runs' range widened by twice the goals (4 %, 10 %); overall >= 0.90, CPU cost <= 0.30. A
+  single pair's error is not asserted: on the 2-core build machines the same real run varies
+  by up to 36 % minutes apart (BERT's original median step, 0.53-0.72 s in four alternated
+  runs), and an emulated run draws its steps from the real runs' distribution, so a pair's
+  error carries both; the range is what the real job itself shows.
+- Against itself, whatever the host's speed: the emulated median step within twice the step
+  goal of the median step it requested, the emulated compute within 5 ms of what was requested
+  per step, and the real runs must show what the comparison relies on: what computed the
+  steps, and the loader workers' CPU."""
 
 from __future__ import annotations
 
@@ -29,9 +36,15 @@ def bert_fidelity(images, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_bert_emulation_is_within_twice_the_goals(bert_fidelity: dict) -> None:
     (pair,) = bert_fidelity["pairs"]
-    print(json.dumps({k: pair[k] for k in (*GOALS, "lowest", "late_ms")}))
-    assert abs(pair["step_error"]) <= 2 * GOALS["step_error"]
-    assert abs(pair["epoch_error"]) <= 2 * GOALS["epoch_error"]
+    keys = (*GOALS, "own_step_error", "lowest", "late_ms")
+    noise = ("step_noise", "epoch_noise", "real_steps_s", "real_epochs_s")
+    print(json.dumps({**{k: pair[k] for k in keys}, **{k: bert_fidelity[k] for k in noise}}))
+    for emulated, real, goal in (
+        (pair["emulated_step_s"], bert_fidelity["real_steps_s"], GOALS["step_error"]),
+        (pair["emulated_epoch_s"], bert_fidelity["real_epochs_s"], GOALS["epoch_error"]),
+    ):
+        assert min(real) * (1 - 2 * goal) <= emulated <= max(real) * (1 + 2 * goal)
+    assert abs(pair["own_step_error"]) <= 2 * GOALS["step_error"]
     assert pair["overall"] >= 1 - 2 * (1 - GOALS["overall"])
     assert pair["cost"] <= 2 * GOALS["cost"]
     assert 0 <= pair["late_ms"] < 5
