@@ -586,6 +586,8 @@ def trace(
     outcome = run_trace(request, progress=lambda msg: err_console.print(f"[dim]{msg}[/]"))
     _print_summary(outcome.run_dir)
     outcome.check()
+    if outcome.status != "completed":  # finished, but the trace is not whole
+        err_console.print(f"[yellow]warning[/]: {outcome.error}")
     click.echo(str(outcome.run_dir))
 
 
@@ -1036,7 +1038,9 @@ def experiment_run(path: Path, out_root: Path, dry_run: bool) -> None:
     )
     table = Table("run", "status", "duration", "run directory / error")
     for o in outcomes:
-        colour = {"completed": "green", "skipped": "cyan", "failed": "red"}[o.status]
+        colour = {"completed": "green", "lossy": "yellow", "skipped": "cyan", "failed": "red"}[
+            o.status
+        ]
         table.add_row(
             o.key, f"[{colour}]{o.status}[/]", _fmt_s(o.duration_s), o.error or o.run_dir or ""
         )

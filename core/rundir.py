@@ -111,7 +111,10 @@ TABLES: Mapping[str, tuple[str, Mapping[str, str]]] = {
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
 RUN_SUBDIRS = ("raw", "ctl", "out")
-STATUSES = ("running", "completed", "failed", "interrupted")
+STATUSES = ("running", "completed", "lossy", "failed", "interrupted")
+#: Statuses of a run whose workload completed and whose trace was processed; a ``lossy`` one's
+#: tracer lost events (the summary's ``lost_events``), so its counts and bytes are lower bounds.
+FINISHED = ("completed", "lossy")
 #: Container paths under which the tracer mounts its own files (never the data measured).
 TOOL_MOUNTS = "/twintrace/"
 

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserError
-from core.rundir import load_json, write_json
+from core.rundir import FINISHED, load_json, write_json
 from core.units import parse_size
 from workloads.config import VARIANTS
 from workloads.registry import WORKLOADS
@@ -377,7 +377,7 @@ def _completed(run_dir: str | None) -> bool:
         manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return manifest.get("status") == "completed"
+    return manifest.get("status") in FINISHED
 
 
 def ensure_datasets(experiment: Experiment, data_root: Path, log: Log) -> dict[str, Path]:
@@ -423,7 +423,7 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
     total = len(experiment.runs)
     for i, spec in enumerate(experiment.runs, 1):
         entry = state["runs"].get(spec.key, {})
-        if entry.get("status") == "completed" and _completed(entry.get("run_dir")):
+        if entry.get("status") in FINISHED and _completed(entry.get("run_dir")):
             log(f"[{i}/{total}] {spec.key}: already completed, skipped")
             outcomes.append(
                 Outcome(spec.key, "skipped", entry["run_dir"], None, entry.get("duration_s"))
@@ -470,8 +470,10 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
             raise
         except UserError as exc:  # refused before a run directory existed
             status, error = "failed", str(exc)
-        if status != "completed":
+        if status not in FINISHED:
             log(f"[{i}/{total}] {spec.key} failed: {error}")
+        elif error:
+            log(f"[{i}/{total}] {spec.key} {status}: {error}")
         duration = time.monotonic() - started
         _record(state, state_path, spec, status, run_dir, error, duration)
         outcomes.append(
@@ -490,7 +492,7 @@ def produce_outputs(
     done: dict[str, Any] = {}
     for spec in experiment.runs:
         entry = state["runs"].get(spec.key, {})
-        if entry.get("status") == "completed" and _completed(entry.get("run_dir")):
+        if entry.get("status") in FINISHED and _completed(entry.get("run_dir")):
             done[spec.key] = (spec, load_run(Path(entry["run_dir"])))
     written: list[Path] = []
     by_config: dict[tuple[Any, ...], dict[str, Any]] = {}

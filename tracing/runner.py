@@ -49,10 +49,12 @@ class RunOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.status == "completed"
+        """The workload completed and its trace was processed (``lossy`` included: the run's
+        error then says what the tracer lost)."""
+        return self.status in rundir.FINISHED
 
     def check(self) -> Path:
-        """The run directory of a completed run; a UserError (naming the directory) else."""
+        """The run directory of a finished run; a UserError (naming the directory) else."""
         if not self.ok:
             raise UserError(f"{self.error} (run directory: {self.run_dir})")
         return self.run_dir
@@ -357,6 +359,15 @@ def _copy_own_mllog(spec: ContainerSpec, target: Path, start_ns: int) -> None:
             shutil.copyfile(source, target)
 
 
+def lost_message(lost: int) -> str:
+    """The error of a ``lossy`` run: what was lost and what to do."""
+    return (
+        f"the tracer lost {lost} events (bpftrace's output buffer overflowed): this run's "
+        "counts and bytes are lower bounds; trace fewer containers at once, or give the host "
+        "more CPU while tracing"
+    )
+
+
 def _process(
     run_dir: Path, manifest: dict, members: list[_Member], status: str, error: str | None
 ) -> tuple[str, str | None]:
@@ -372,6 +383,8 @@ def _process(
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
         manifest["lost_events"] = stats.lost_events
+        if status == "completed" and stats.lost_events:
+            status, error = "lossy", lost_message(stats.lost_events)
         start, end = manifest.get("start_ns"), manifest.get("end_ns")
         rundir.write_json(
             run_dir / rundir.SUMMARY,
