@@ -159,3 +159,56 @@ def test_bad_quantiles_are_named(tmp_path: Path, bad: object) -> None:
     }
     with pytest.raises(UserError, match="quantiles"):
         SleepProfile.from_dict(data)
+
+
+def test_stratified_draws_cover_every_stratum_in_each_block() -> None:
+    from workloads.profile import Stratified
+
+    draws = Stratified(np.random.default_rng(3), block=20)
+    u = np.array([draws.random() for _ in range(200)])
+    for block in u.reshape(10, 20):
+        assert sorted((block * 20).astype(int)) == list(range(20))
+    # ... in a random order, and each draw still uniform: a KS test against U(0, 1)
+    assert not np.array_equal(np.argsort(u[:20]), np.argsort(u[20:40]))
+    many = np.array([draws.random() for _ in range(20_000)])
+    assert np.abs(np.sort(many) - np.linspace(0, 1, many.size)).max() < 0.01
+    normal = np.array([draws.normal(2.0, 0.5) for _ in range(20_000)])
+    assert normal.mean() == pytest.approx(2.0, abs=0.01)
+    assert normal.std() == pytest.approx(0.5, rel=0.02)
+
+
+def test_a_run_of_stratified_draws_has_the_profiles_median() -> None:
+    """The median of a run's 49 steps drawn from a skewed measured distribution, over 50
+    seeds: i.i.d. draws miss the distribution's median by 3 % (median; up to 13 %),
+    stratified ones by half that or less (their last, partial block is not stratified
+    across)."""
+    from workloads.profile import Stratified
+
+    profile = SleepProfile.from_dict(
+        {
+            "workload": "alexnet",
+            "accelerator": "cpu",
+            "source": "test",
+            "compute": {"mean": {"const": 0.27}, "std": {"const": 0.05}},
+            "table": [
+                {
+                    "g": 1,
+                    "b": 16,
+                    "mean": 0.27,
+                    "std": 0.05,
+                    "n": 100,
+                    "quantiles": list(0.2 + 0.2 * np.linspace(0, 1, 21) ** 3),
+                }
+            ],
+        }
+    )
+    true_median = 0.2 + 0.2 * 0.5**3
+
+    def error(rng: object) -> float:
+        run = [profile.sample(rng, 1, 16) for _ in range(49)]  # type: ignore[arg-type]
+        return abs(float(np.median(run)) / true_median - 1)
+
+    iid = [error(np.random.default_rng(s)) for s in range(50)]
+    stratified = [error(Stratified(np.random.default_rng(s))) for s in range(50)]
+    assert np.median(stratified) < np.median(iid) / 2
+    assert max(stratified) < max(iid) / 2

@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader
 from core.errors import UserError
 from workloads.config import DEFAULT_MASTER_PORT, MASTER_ADDR_ENV, MASTER_PORT_ENV, WorkloadConfig
 from workloads.events import ACCELERATOR_KEY, Emitter
-from workloads.profile import SleepProfile, default_profile, load_profile
+from workloads.profile import SleepProfile, Stratified, default_profile, load_profile
 
 Marks = list[tuple[str, int, int]]
 
@@ -538,7 +538,7 @@ class SleepCompute:
 
     def eval_batch(self, batch: Any) -> None:
         """Sleep for the profile's evaluation time of one batch (0 unless it has one)."""
-        seconds = self.profile.sample_eval(self.rng, self.accelerators, self._batch(batch))
+        seconds = self.profile.sample_eval(self.rng.eval, self.accelerators, self._batch(batch))
         if seconds > 0:
             time.sleep(seconds)
         self._eval_batches += 1
@@ -564,21 +564,33 @@ class SleepCompute:
         return size
 
 
-def emulation_rng(seed: int, rank: int) -> np.random.Generator:
-    """The generator of a rank's emulated times (:class:`SleepCompute`)."""
-    return np.random.default_rng([seed, rank])
+@dataclasses.dataclass
+class EmulationDraws:
+    """A rank's emulated times (:class:`SleepCompute`): one stratified stream each for the
+    host-to-device copies, the training steps' compute and the evaluation batches, so each
+    kind of time covers its distribution evenly over a run (:class:`Stratified`)."""
+
+    h2d: Stratified
+    compute: Stratified
+    eval: Stratified
+
+
+def emulation_rng(seed: int, rank: int) -> EmulationDraws:
+    """The draws of a rank's emulated times, reproducible from (seed, rank)."""
+    h2d, compute, evaluation = np.random.default_rng([seed, rank]).spawn(3)
+    return EmulationDraws(Stratified(h2d), Stratified(compute), Stratified(evaluation))
 
 
 def draw_step(
-    profile: SleepProfile, rng: np.random.Generator, accelerators: int, b: int, first: bool
+    profile: SleepProfile, rng: EmulationDraws, accelerators: int, b: int, first: bool
 ) -> tuple[float, float]:
     """(host-to-device, compute) seconds of one emulated training step, in the order the
     emulator draws them; the run's ``first`` step adds the profile's one-off warm-up
     (``first_step_s``) to its compute. Replaying the draws with :func:`emulation_rng` and each
     step's ``b`` gives the times a run requested (``experiments/fidelity.py`` measures the
     emulator's precision against them)."""
-    h2d = profile.sample_h2d(rng, accelerators, b)
-    compute = profile.sample(rng, accelerators, b)
+    h2d = profile.sample_h2d(rng.h2d, accelerators, b)
+    compute = profile.sample(rng.compute, accelerators, b)
     return h2d, compute + (profile.first_step_s if first else 0.0)
 
 
