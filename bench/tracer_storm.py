@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Benchmark: the tracer's cost per system call, on a job that does nothing but small reads.
+
+Method: a container (the base image) writes a 64 MiB file into its own file system (so it is
+page-cached), then ``pread``s it in ``--calls`` requests of ``--size`` bytes in a loop and
+prints the loop's own time (start-up and file creation are outside it). The same job is run
+traced (``./cli.py trace --image``: bpftrace and the samplers) and untraced (the same container
+started the same way, tracing off), alternated A/B then B/A for ``--rounds`` rounds at each
+request size. Printed per size: untraced/traced loop time per round, its median and spread
+(min..max), and the traced run's pread64 count and bytes against the job's (the trace must be
+complete whatever it costs: exactly ``calls + 1`` preads of the file, one warm-up included).
+
+Goals (issue "Tracing at any event rate"): >= 0.7 at 4 KiB, >= 0.9 at 64 KiB.
+
+    python bench/tracer_storm.py --sizes 4KiB,64KiB --rounds 3 --calls 200000
+
+Run as root with the images built, on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from core.units import parse_size  # noqa: E402
+from tracing.request import RunOptions, image_request  # noqa: E402
+from tracing.runner import trace  # noqa: E402
+from workloads.config import BASE_TAG  # noqa: E402
+
+FILE = "/tmp/storm.bin"
+FILE_BYTES = 64 << 20
+#: The job: argv size, calls. Prints "STORM <seconds>" for the pread loop alone.
+JOB = f"""
+import os, sys, time
+size, calls = int(sys.argv[1]), int(sys.argv[2])
+with open({FILE!r}, "wb") as f:
+    f.write(os.urandom({FILE_BYTES}))
+fd = os.open({FILE!r}, os.O_RDONLY)
+span = {FILE_BYTES} // size
+os.pread(fd, size, 0)
+t = time.perf_counter()
+for i in range(calls):
+    os.pread(fd, size, (i % span) * size)
+print("STORM", time.perf_counter() - t, flush=True)
+"""
+_STORM_RE = re.compile(r"STORM (\S+)")
+
+
+def run_job(size: int, calls: int, runs: Path, traced: bool) -> tuple[float, Path]:
+    """One run of the job; (its loop time in seconds, its run directory)."""
+    request = image_request(
+        BASE_TAG,
+        ["python3", "-c", JOB, str(size), str(calls)],
+        runs,
+        run=RunOptions(tracing=traced),
+    )
+    run_dir = trace(request).check()
+    log = (run_dir / "raw" / "main" / "container.log").read_text()
+    match = _STORM_RE.search(log)
+    if match is None:
+        raise SystemExit(f"{run_dir}: the job printed no STORM line: {log[-500:]}")
+    return float(match.group(1)), run_dir
+
+
+def traced_preads(run_dir: Path) -> tuple[int, int]:
+    """pread64 calls on the job's file and their bytes, from the traced run's events (rows
+    weighted by their ``count``)."""
+    table = pq.read_table(run_dir / "events.parquet", columns=["kind", "path", "count", "bytes"])
+    mask = pc.and_(pc.equal(table["kind"], "pread64"), pc.equal(table["path"], FILE))
+    rows = table.filter(mask)
+    return int(pc.sum(rows["count"]).as_py() or 0), int(pc.sum(rows["bytes"]).as_py() or 0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="4KiB,64KiB")
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="twintrace-storm-"))
+    try:
+        for size_text in args.sizes.split(","):
+            size = parse_size(size_text)
+            ratios = []
+            for i in range(args.rounds):
+                times = {}
+                for traced in (True, False) if i % 2 == 0 else (False, True):
+                    times[traced], run_dir = run_job(size, args.calls, work / "runs", traced)
+                    if traced:
+                        calls, nbytes = traced_preads(run_dir)
+                    shutil.rmtree(run_dir)
+                ratios.append(times[False] / times[True])
+                expected = (args.calls + 1, (args.calls + 1) * size)
+                complete = "complete" if (calls, nbytes) == expected else "INCOMPLETE"
+                print(
+                    f"{size_text} round {i + 1}: untraced {times[False]:.3f} s, traced "
+                    f"{times[True]:.3f} s, untraced/traced {ratios[-1]:.3f}; traced preads "
+                    f"{calls} ({nbytes} B) of {expected[0]} ({expected[1]} B): {complete}",
+                    flush=True,
+                )
+            print(
+                f"{size_text}: untraced/traced = {statistics.median(ratios):.3f} "
+                f"(median of {args.rounds}; spread {min(ratios):.3f} .. {max(ratios):.3f})"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
