@@ -19,8 +19,13 @@ Per pair (:func:`pair_figures`):
   logged: ``requested_s`` and ``busy_s`` (means per step) and ``late_ms`` (median of busy -
   requested per step; GPEmu reports 0.188 s -> 0.18824 s);
 - ``own_step_error``: the emulated median step against the median of the steps it requested
-  (host-to-device plus compute): what the emulator adds or loses itself, whatever the host's
-  speed (a loader slower than the emulated compute shows here as a positive error).
+  (host-to-device plus compute): what the step takes beyond them, whatever the host's speed:
+  the data pipeline's time on the step's critical path (taking the batch from the loader,
+  which the real job spends too) and the emulator's own overhead;
+- ``fit_step_error``: the emulated median step against the mean median step of the
+  ``instrumented`` runs the profile was fitted to: how closely the emulation reproduces the
+  runs it was made from. ``step_error`` adds to it the difference between those runs and the
+  ``original`` one (the host's drift between runs, and the instrumentation's own cost).
 
 Per workload, the noise floor (:func:`noise`): the spread (max - min over median) of the real
 runs' median step and epoch time, every ``instrumented`` and ``original`` run of the
@@ -270,6 +275,9 @@ def measure_workload(
             + ", ".join(f"{k} {pair[k]:.3f}" for k in (*GOALS, "own_step_error", "late_ms"))
         )
         pairs.append(pair)
+    source = statistics.fmean(float(np.median(step_times(r))) for r in instrumented)
+    for pair in pairs:
+        pair["fit_step_error"] = pair["emulated_step_s"] / source - 1
     return {
         "workload": workload,
         "profile": str(profile_path),
@@ -304,6 +312,7 @@ def summarize(result: Mapping[str, Any]) -> str:
         f"{result['workload']:9s} step {median_range('step_error', True)}  "
         f"epoch {median_range('epoch_error', True)}  overall {median_range('overall')}  "
         f"cost {median_range('cost')}  own step {median_range('own_step_error', True)}  "
+        f"against the fitted runs {median_range('fit_step_error', True)}  "
         f"noise of the real runs: step {result['step_noise']:.1%}, "
         f"epoch {result['epoch_noise']:.1%}  "
         f"sleep {median['requested_s']:.4f} s -> {median['busy_s']:.4f} s "

@@ -8,10 +8,12 @@
   by up to 36 % minutes apart (BERT's original median step, 0.53-0.72 s in four alternated
   runs), and an emulated run draws its steps from the real runs' distribution, so a pair's
   error carries both; the range is what the real job itself shows.
-- Against itself, whatever the host's speed: the emulated median step within twice the step
-  goal of the median step it requested, the emulated compute within 5 ms of what was requested
-  per step, and the real runs must show what the comparison relies on: what computed the
-  steps, and the loader workers' CPU."""
+- Against the runs its profile was fitted to, and against itself, whatever the host's speed:
+  the emulated median step within twice the step goal of the instrumented runs' and of the
+  median step it requested (BERT's loader keeps ahead of the compute: what remains is taking
+  the batch and the emulator's own overhead), the emulated compute within 5 ms of what was
+  requested per step, and the real runs must show what the comparison relies on: what
+  computed the steps, and the loader workers' CPU."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def bert_fidelity(images, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_bert_emulation_is_within_twice_the_goals(bert_fidelity: dict) -> None:
     (pair,) = bert_fidelity["pairs"]
-    keys = (*GOALS, "own_step_error", "lowest", "late_ms")
+    keys = (*GOALS, "own_step_error", "fit_step_error", "lowest", "late_ms")
     noise = ("step_noise", "epoch_noise", "real_steps_s", "real_epochs_s")
     print(json.dumps({**{k: pair[k] for k in keys}, **{k: bert_fidelity[k] for k in noise}}))
     for emulated, real, goal in (
@@ -45,6 +47,7 @@ def test_bert_emulation_is_within_twice_the_goals(bert_fidelity: dict) -> None:
     ):
         assert min(real) * (1 - 2 * goal) <= emulated <= max(real) * (1 + 2 * goal)
     assert abs(pair["own_step_error"]) <= 2 * GOALS["step_error"]
+    assert abs(pair["fit_step_error"]) <= 2 * GOALS["step_error"]
     assert pair["overall"] >= 1 - 2 * (1 - GOALS["overall"])
     assert pair["cost"] <= 2 * GOALS["cost"]
     assert 0 <= pair["late_ms"] < 5
