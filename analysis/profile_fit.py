@@ -26,6 +26,8 @@ MIN_R2 = 0.9
 #: Quantiles a table point keeps (every 5 %), and the samples it needs to keep them.
 N_QUANTILES = 21
 MIN_QUANTILE_SAMPLES = 10
+#: A compute time this many times its configuration's median is reported as a stall.
+STALL_FACTOR = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +90,25 @@ def linear_fit(g: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[Linear, flo
     return model, (1.0 - residual / total) if total > 0 else 1.0
 
 
+def stall_warning(point: PointSamples) -> str | None:
+    """A warning when compute times of ``point`` exceed :data:`STALL_FACTOR` times their
+    median: a machine busy with other work (or paused) while the runs were measured stretches
+    single steps by seconds, and a profile drawn from those times reproduces the stalls."""
+    seconds = np.asarray(point.seconds, dtype=np.float64)
+    if seconds.size < MIN_QUANTILE_SAMPLES:
+        return None
+    median = float(np.median(seconds))
+    stalls = seconds[seconds > STALL_FACTOR * median]
+    if not stalls.size:
+        return None
+    return (
+        f"g={point.g} b={point.b}: {stalls.size} of {seconds.size} compute times exceed "
+        f"{STALL_FACTOR:g}x the median ({stalls.max():.3f} s against {median:.3f} s): the "
+        "machine likely stalled while the runs were measured, and emulated steps will draw "
+        "those stalls; measure again on an otherwise idle machine"
+    )
+
+
 def fit_points(points: Sequence[PointSamples]) -> Fit:
     """Fit the compute model to measured points (see the module doc)."""
     if not points:
@@ -123,6 +144,10 @@ def fit_points(points: Sequence[PointSamples]) -> Fit:
             + ", ".join(f"g={gg} b={bb}" for gg, bb in negative)
             + ": the table is used there"
         )
+    for p in points:
+        warning = stall_warning(p)
+        if warning:
+            warnings.append(warning)
     if any(mean_model(t.g, t.b) < 0 for t in table):
         warnings.append(
             "the mean model is negative at a measured configuration: the table is used there"

@@ -258,6 +258,8 @@ def measure_workload(
         traced(workload, setup, "instrumented", data, runs, None) for _ in range(instrumented_runs)
     ]
     profile, warnings = fit_runs(instrumented, accelerator="cpu")
+    for warning in warnings:
+        log(f"{workload}: profile fit: {warning}")
     profile_path = work / f"{workload}-profile.json"
     profile.save(profile_path)
     pairs = []

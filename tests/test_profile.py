@@ -212,3 +212,14 @@ def test_a_run_of_stratified_draws_has_the_profiles_median() -> None:
     stratified = [error(Stratified(np.random.default_rng(s))) for s in range(50)]
     assert np.median(stratified) < np.median(iid) / 2
     assert max(stratified) < max(iid) / 2
+
+
+def test_a_fit_to_stalled_steps_says_so() -> None:
+    from analysis.profile_fit import PointSamples, fit_points
+
+    steady = np.full(38, 0.37) + np.linspace(0, 0.02, 38)
+    assert not [w for w in fit_points([PointSamples(1, 2, steady)]).warnings if "stalled" in w]
+    stalled = steady.copy()
+    stalled[[5, 30]] = [4.6, 1.2]
+    (warning,) = [w for w in fit_points([PointSamples(1, 2, stalled)]).warnings if "stalled" in w]
+    assert warning.startswith("g=1 b=2: 2 of 38 compute times exceed 3x the median (4.600 s")
