@@ -22,9 +22,9 @@ Per pair (:func:`pair_figures`):
   (host-to-device plus compute): what the step takes beyond them, whatever the host's speed:
   the data pipeline's time on the step's critical path (taking the batch from the loader,
   which the real job spends too) and the emulator's own overhead;
-- ``fit_step_error``: the emulated median step against the mean median step of the
-  ``instrumented`` runs the profile was fitted to: how closely the emulation reproduces the
-  runs it was made from. ``step_error`` adds to it the difference between those runs and the
+- ``fit_step_error``: the emulated median step against the median of every step of the
+  ``instrumented`` runs the profile was fitted to (pooled, as the fit pools their compute
+  times): how closely the emulation reproduces the runs it was made from. ``step_error`` adds to it the difference between those runs and the
   ``original`` one (the host's drift between runs, and the instrumentation's own cost).
 
 Per workload, the noise floor (:func:`noise`): the spread (max - min over median) of the real
@@ -277,7 +277,7 @@ def measure_workload(
             + ", ".join(f"{k} {pair[k]:.3f}" for k in (*GOALS, "own_step_error", "late_ms"))
         )
         pairs.append(pair)
-    source = statistics.fmean(float(np.median(step_times(r))) for r in instrumented)
+    source = float(np.median(np.concatenate([step_times(r) for r in instrumented])))
     for pair in pairs:
         pair["fit_step_error"] = pair["emulated_step_s"] / source - 1
     return {

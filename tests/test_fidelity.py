@@ -13,7 +13,9 @@
   median step it requested (BERT's loader keeps ahead of the compute: what remains is taking
   the batch and the emulator's own overhead), the emulated compute within 5 ms of what was
   requested per step, and the real runs must show what the comparison relies on: what
-  computed the steps, and the loader workers' CPU."""
+  computed the steps, and the loader workers' CPU.
+
+A measurement during which the machine stalled is made again (``ATTEMPTS``)."""
 
 from __future__ import annotations
 
@@ -27,13 +29,29 @@ from experiments.fidelity import GOALS, measure_workload
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
 
+#: Measurements made while the machine stalled (other virtual machines on the host can stop
+#: this one's cores for seconds: BERT steps of 0.5 s took 3 s) say nothing about the emulator:
+#: the measurement is made again, at most this many times in all.
+ATTEMPTS = 2
+
+
+def stalled(result: dict) -> bool:
+    """The profile fit found stalled steps, or the real runs' median steps spread by more
+    than half."""
+    return result["step_noise"] > 0.5 or any("stalled" in w for w in result["fit_warnings"])
+
+
 @pytest.fixture(scope="module")
 def bert_fidelity(images, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("fidelity")
-    lines: list[str] = []
-    result = measure_workload("bert", 1, root, root / "runs", lines.append)
-    print("\n".join(lines))
-    return result
+    for attempt in range(1, ATTEMPTS + 1):
+        root = tmp_path_factory.mktemp("fidelity")
+        lines: list[str] = []
+        result = measure_workload("bert", 1, root, root / "runs", lines.append)
+        print("\n".join(lines))
+        if not stalled(result):
+            return result
+        print(f"attempt {attempt} of {ATTEMPTS}: the machine stalled during the measurement")
+    pytest.fail(f"the machine stalled in all {ATTEMPTS} attempts: the emulator was not measured")
 
 
 def test_bert_emulation_is_within_twice_the_goals(bert_fidelity: dict) -> None:
