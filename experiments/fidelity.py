@@ -24,8 +24,9 @@ Per pair (:func:`pair_figures`):
   which the real job spends too) and the emulator's own overhead;
 - ``fit_step_error``: the emulated median step against the median of every step of the
   ``instrumented`` runs the profile was fitted to (pooled, as the fit pools their compute
-  times): how closely the emulation reproduces the runs it was made from. ``step_error`` adds to it the difference between those runs and the
-  ``original`` one (the host's drift between runs, and the instrumentation's own cost).
+  times): how closely the emulation reproduces the runs it was made from. ``step_error``
+  adds to it the difference between those runs and the ``original`` one (the host's drift
+  between runs, and the instrumentation's own cost).
 
 Per workload, the noise floor (:func:`noise`): the spread (max - min over median) of the real
 runs' median step and epoch time, every ``instrumented`` and ``original`` run of the
