@@ -114,7 +114,7 @@ class Stratified:
     def random(self) -> float:
         if not self._queue:
             strata = self.rng.permutation(self.block) + self.rng.random(self.block)
-            self._queue = list(strata[::-1] / self.block)
+            self._queue = list(strata / self.block)
         return float(self._queue.pop())
 
     def normal(self, loc: float, scale: float) -> float:
