@@ -35,8 +35,10 @@ from core.errors import UserError
 
 #: The layout version of every file this code reads and writes. Version 2 added the
 #: ``container`` column (the role of the run's container an event, sample or phase came from)
-#: and the manifest's ``containers`` list, for runs of several containers.
-SCHEMA_VERSION = 2
+#: and the manifest's ``containers`` list, for runs of several containers. Version 3 added
+#: aggregated syscall rows (``count`` calls in one row; ``bytes`` and ``latency_ns`` their totals)
+#: and the ``latency_max_ns`` column.
+SCHEMA_VERSION = 3
 
 #: Event kinds by what they do (``kind`` column of events).
 READ_KINDS: tuple[str, ...] = ("read", "pread64", "readv")
@@ -74,6 +76,7 @@ EVENTS_COLUMNS: Mapping[str, str] = {
     "ret": "int64",
     "offset": "int64",
     "latency_ns": "int64",
+    "latency_max_ns": "int64",
     "dev": "string",
     "in_container": "bool",
     "container": "string",

@@ -43,6 +43,7 @@ EVENT_DEFAULTS: dict[str, Any] = {
     "ret": 0,
     "offset": -1,
     "latency_ns": 1000,
+    "latency_max_ns": None,  # same as latency_ns
     "dev": None,
     "in_container": True,
     "container": "main",
@@ -65,6 +66,8 @@ def events_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
             record["ts_ns"] = START_NS + round(record.pop("t") * SEC)
         if record["tid"] is None:
             record["tid"] = record["pid"]
+        if record["latency_max_ns"] is None:
+            record["latency_max_ns"] = record["latency_ns"]
         if record["kind"] in ("read", "write", "pread64", "pwrite64", "readv", "writev"):
             record.setdefault("ret", record["bytes"])
         records.append(record)

@@ -227,6 +227,7 @@ def test_many_events_in_many_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "ret": rng.integers(-(2**62), 2**62, n),
             "offset": rng.integers(-1, 2**62, n),
             "latency_ns": rng.integers(0, 10**10, n),
+            "latency_max_ns": 0,
             "dev": pd.array(np.where(is_block, "8:0", None), dtype="string"),
             "in_container": rng.random(n) < 0.5,
             "container": "main",

@@ -106,6 +106,7 @@ def events_frame(columns: Mapping[str, Any]) -> pd.DataFrame:
         "count": np.ones(n, dtype=np.int64),
         "offset": np.full(n, -1),
         "latency_ns": np.full(n, 1000),
+        "latency_max_ns": np.full(n, 1000),
         "dev": [None] * n,
         "in_container": np.ones(n, dtype=bool),
         "container": ["main"] * n,

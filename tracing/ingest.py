@@ -135,6 +135,7 @@ def parse_syscalls(path: Path, stats: ParseStats) -> pd.DataFrame:
                 is_pos, arg, np.where((kind == "lseek").to_numpy() & (ret >= 0), ret, -1)
             ),
             "latency_ns": df["latency_ns"],
+            "latency_max_ns": df["latency_ns"],
             "dev": None,
             "in_container": True,
         }
@@ -171,6 +172,7 @@ def parse_block(path: Path, stats: ParseStats) -> pd.DataFrame:
             "ret": np.zeros(len(df), dtype=np.int64),
             "offset": df["sector"] * 512,
             "latency_ns": df["latency_ns"],
+            "latency_max_ns": df["latency_ns"],
             "dev": dev_str.to_numpy() if len(df) else None,
             "in_container": df["in_container"].to_numpy() == 1,
         }
@@ -214,6 +216,7 @@ def parse_cache(path: Path, stats: ParseStats) -> pd.DataFrame:
             "ret": np.zeros(n, dtype=np.int64),
             "offset": np.full(n, -1, dtype=np.int64),
             "latency_ns": np.zeros(n, dtype=np.int64),
+            "latency_max_ns": np.zeros(n, dtype=np.int64),
             "dev": None,
             "in_container": True,
         }
@@ -238,6 +241,7 @@ def parse_proc(path: Path, stats: ParseStats) -> pd.DataFrame:
             "ret": df["child"].astype(np.int64),
             "offset": np.full(n, -1, dtype=np.int64),
             "latency_ns": np.zeros(n, dtype=np.int64),
+            "latency_max_ns": np.zeros(n, dtype=np.int64),
             "dev": None,
             "in_container": True,
         }
