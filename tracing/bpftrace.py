@@ -26,6 +26,11 @@ STRLEN = 200
 # Perf ring buffer pages per CPU (default 64): a deeper buffer rides out bursts of small reads
 # without losing events while bpftrace's user-space side catches up.
 PERF_RB_PAGES = 1024
+# Keys per map (bpftrace's default is 4096). syscalls.bt's aggregate maps hold the keys of one
+# 100 ms period (thread x file x 10 ms bin x size and latency bucket); an update to a full map
+# is lost, so leave room: a loader with 16 workers that each open 500 files a second uses
+# about 16 x 50 x 2 = 1600 keys a period.
+MAP_KEYS_MAX = 32768
 
 
 def script_path(name: str) -> Path:
@@ -93,7 +98,11 @@ class Tracer:
 
     def start(self, timeout: float = 60.0) -> None:
         """Start every script and wait until all probes of all of them are attached."""
-        env = {"BPFTRACE_STRLEN": str(STRLEN), "BPFTRACE_PERF_RB_PAGES": str(PERF_RB_PAGES)}
+        env = {
+            "BPFTRACE_STRLEN": str(STRLEN),
+            "BPFTRACE_PERF_RB_PAGES": str(PERF_RB_PAGES),
+            "BPFTRACE_MAP_KEYS_MAX": str(MAP_KEYS_MAX),
+        }
         ready = {}
         for name in self.scripts:
             ready[name] = self.ctl_dir / f"{name}.ready"
