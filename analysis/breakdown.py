@@ -297,7 +297,9 @@ def _reads_in(
     reads: pd.DataFrame, start_ns: np.ndarray, end_ns: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bytes and summed latency (s) of ``reads`` (sorted by time) completing in each
-    ``(start, end]``, by prefix sums (vectorised)."""
+    ``(start, end]``, by prefix sums (vectorised). Both are totals, so an aggregated row (its
+    calls' bytes and summed latency, docs/run-format.md) counts as its calls would; it falls
+    in the slice holding its time, its last call's exit."""
     ts = reads["ts_ns"].to_numpy()
     nbytes = np.concatenate([[0], np.cumsum(reads["bytes"].to_numpy())])
     latency = np.concatenate([[0], np.cumsum(reads["latency_ns"].to_numpy())])

@@ -12,6 +12,14 @@ release have negative times. What becomes what:
 - syscalls: complete events (``X``) on their thread, from entry (``ts_ns - latency_ns``) to
   exit, named after the call, category ``syscall``, ``args``: ``path``, ``bytes``, ``fd``,
   ``offset``, ``ret``; ``fork``/``exec``/``exit``: thread instants (``i``), category ``process``;
+- aggregated syscall rows (``count`` > 1: that many reads or writes of one thread in one row,
+  docs/run-format.md): one complete event each, not one per call, named after the call,
+  category ``syscall``, ending at the row's ``ts_ns`` (its last call's exit) and lasting its
+  summed latency, the thread's time in those calls drawn back to back; it starts no earlier
+  than the thread's previous syscall's exit, since slices on one thread must nest (so a row
+  whose calls interleaved with other calls is drawn shorter: ``args.latency_ns`` keeps the
+  sum). ``args``: ``path``, ``bytes`` (total), ``fd``, ``offset`` (-1), ``ret``, ``count``,
+  ``latency_ns`` and ``latency_max_ns``; the metadata counts them as ``aggregated syscall``;
 - block requests: ``X`` events (issue to completion), category ``block``, on a pseudo-process
   ``block device <dev>`` per device. Requests overlap (queue depth > 1) while the format allows
   only perfectly nested slices on one thread, so they are packed onto ``queue slot <k>``
@@ -223,21 +231,59 @@ def _times(tid: np.ndarray, ts: np.ndarray, dur: np.ndarray | None = None) -> li
     return fields if dur is None else [*fields, const(',"dur":'), *micros(dur)]
 
 
-def _syscall_group(events: pd.DataFrame, origin: int) -> _Group | None:
+def after_previous(
+    start: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.ndarray
+) -> np.ndarray:
+    """``start``, moved to no earlier than the end of the previous interval (by end) of the same
+    thread ``(pid, tid)``: then no two intervals of a thread overlap without nesting."""
+    order = np.lexsort((end, tid, pid))
+    earliest = np.full(len(end), np.iinfo(np.int64).min)
+    same = (pid[order][1:] == pid[order][:-1]) & (tid[order][1:] == tid[order][:-1])
+    earliest[order[1:]] = np.where(same, end[order][:-1], earliest[0])
+    return np.maximum(start, earliest)
+
+
+def _syscall_groups(events: pd.DataFrame, origin: int) -> list[_Group]:
+    """Syscalls traced one by one, then aggregated rows (``count`` > 1), each with its count."""
     rows = _kind_rows(events, SYSCALL_KINDS)
     if len(rows) == 0:
-        return None
+        return []
     end = _column(events, "ts_ns", rows).astype(np.int64) - origin
     duration = _column(events, "latency_ns", rows).astype(np.int64).clip(min=0)
     start = end - duration
+    folded = _column(events, "count", rows) > 1
+    if folded.any():  # slices on a thread must nest: no earlier than the thread's last exit
+        pid, tid = _column(events, "pid", rows), _column(events, "tid", rows)
+        start = np.where(folded, after_previous(start, end, pid, tid), start)
+        duration = end - start
+    path, paths = texts_of(events["path"])
+    extra = ("count", "latency_ns", "latency_max_ns")
+    return [
+        _syscall_group(events, rows[mine], start[mine], duration[mine], path, paths, more)
+        for mine, more in ((~folded, ()), (folded, extra))
+        if mine.any()
+    ]
+
+
+def _syscall_group(
+    events: pd.DataFrame,
+    rows: np.ndarray,
+    start: np.ndarray,
+    duration: np.ndarray,
+    path: np.ndarray,
+    paths: Texts,
+    extra: Sequence[str],
+) -> _Group:
+    """Complete events of the syscall ``rows`` (``args`` with the ``extra`` columns too)."""
     order = np.argsort(start, kind="stable")
     rows, start, duration = rows[order], start[order], duration[order]
     kind, kinds = _kinds(events, rows)
-    path, paths = texts_of(events["path"])
-    cols = {c: _column(events, c, rows) for c in ("pid", "tid", "bytes", "fd", "offset", "ret")}
+    names = ("pid", "tid", "bytes", "fd", "offset", "ret", *extra)
+    cols = {c: _column(events, c, rows) for c in names}
     path = path[rows]
 
     def fields(at: np.ndarray) -> list[Field]:
+        more = [f for c in extra for f in (const(f',"{c}":'), ints(cols[c][at]))]
         return [
             *_head('"ph":"X","cat":"syscall"', kinds.field(kind[at]), cols["pid"][at]),
             *_times(cols["tid"][at], start[at], duration[at]),
@@ -251,10 +297,12 @@ def _syscall_group(events: pd.DataFrame, origin: int) -> _Group | None:
             ints(cols["offset"][at]),
             const(',"ret":'),
             ints(cols["ret"][at]),
+            *more,
             const("}}"),
         ]
 
-    return _Group("syscall", len(rows), fields, row_bytes(fields(np.arange(1))) + paths.width)
+    name = "aggregated syscall" if extra else "syscall"
+    return _Group(name, len(rows), fields, row_bytes(fields(np.arange(1))) + paths.width)
 
 
 def _process_group(events: pd.DataFrame, origin: int) -> _Group | None:
@@ -541,7 +589,7 @@ def export_perfetto(run: Run, out_path: Path) -> Path:
     events, samples, phases = run.events, run.samples, run.phases
     groups_of = _Groups(tuple(run_roles(run)))
     meta = _process_names(events, groups_of)
-    groups = [_syscall_group(events, origin), _process_group(events, origin)]
+    groups = [*_syscall_groups(events, origin), _process_group(events, origin)]
     block, block_meta = _block_group(events, origin)
     phase_groups, phase_meta = _phase_groups(phases, origin, groups_of)
     counters, counter_meta = _counter_group(samples, origin, groups_of)

@@ -51,7 +51,8 @@ def classify_processes(
     5. **other**: everything else (launcher, shell, helpers such as nvidia-smi).
 
     Block rows are ignored (they are device-wide and their pid is whoever issued the request).
-    Returns columns ``pid, comm, parent, group, read_bytes, write_bytes, io_events, first_ns``,
+    Returns columns ``pid, comm, parent, group, read_bytes, write_bytes, io_events, first_ns``
+    (``io_events``: read and write calls, each row weighted by its ``count``),
     sorted by group (main, loader worker, other) then by first appearance. The per-event work
     is vectorised; only the per-process rules (a few hundred processes at most) are Python.
     """
@@ -78,6 +79,7 @@ def classify_processes(
     is_read = kind.isin(READ_KINDS).to_numpy()[keep]
     is_write = kind.isin(WRITE_KINDS).to_numpy()[keep]
     nbytes = events["bytes"].to_numpy()[keep]
+    calls = events["count"].to_numpy()[keep]
     ts = events["ts_ns"].to_numpy()[keep]
     uniq, inv = np.unique(pid, return_inverse=True)
     k = len(uniq)
@@ -112,7 +114,7 @@ def classify_processes(
         {
             "read_bytes": total(np.where(is_read, nbytes, 0)),
             "write_bytes": total(np.where(is_write, nbytes, 0)),
-            "io_events": total((is_read | is_write).astype(np.float64)),
+            "io_events": total(np.where(is_read | is_write, calls, 0)),
             "first_ns": first_ns,
             "comm": comm,
         },

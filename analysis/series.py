@@ -144,19 +144,29 @@ def binned_rate(ts_ns: ArrayLike, weights: ArrayLike, bins: Bins) -> np.ndarray:
     return binned_sum(ts_ns, weights, bins) / bins.width_s
 
 
-def _totals(ts_ns: ArrayLike, values: ArrayLike, bins: Bins) -> tuple[np.ndarray, np.ndarray]:
-    """Sum and number of ``values`` per bin."""
+def _totals(
+    ts_ns: ArrayLike, values: ArrayLike, bins: Bins, counts: ArrayLike | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of ``values`` and number of items per bin (``counts`` items per value, else 1)."""
     idx = bins.index(ts_ns)
     inside = idx >= 0
     total = np.bincount(
         idx[inside], weights=np.asarray(values, dtype=np.float64)[inside], minlength=bins.count
     )
-    return total, np.bincount(idx[inside], minlength=bins.count)
+    weights = None if counts is None else np.asarray(counts, dtype=np.float64)[inside]
+    return total, np.bincount(idx[inside], weights=weights, minlength=bins.count)
 
 
-def binned_mean(ts_ns: ArrayLike, values: ArrayLike, bins: Bins) -> np.ndarray:
-    """Mean of ``values`` per bin; NaN where a bin has none (a gap in a plotted line)."""
-    total, count = _totals(ts_ns, values, bins)
+def binned_mean(
+    ts_ns: ArrayLike, values: ArrayLike, bins: Bins, counts: ArrayLike | None = None
+) -> np.ndarray:
+    """Mean of ``values`` per bin; NaN where a bin has none (a gap in a plotted line).
+
+    ``counts``: how many items each value is the sum of (the events' ``count``: an aggregated
+    row's ``latency_ns`` is the sum over its calls), so the mean is sum(values) / sum(counts)
+    per bin, the mean per item.
+    """
+    total, count = _totals(ts_ns, values, bins, counts)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / count, np.nan)
 

@@ -17,6 +17,13 @@ never as one shape or trace per event.
 
 Units: bandwidths are MiB/s (2**20 bytes per second), memory GiB, CPU percent; every axis says so.
 
+Aggregated syscall rows (``count`` calls in one row, docs/run-format.md) are drawn by what they
+total: their bytes go to the bin of the row's time (its last call's exit, at most one tracer bin
+of 10 ms after its first), like any call's; in the process lane a row is one interval ending at
+its ``ts_ns`` and as long as its summed latency (a thread's calls are sequential, so this is the
+time the thread spent in them, drawn back to back); mean latencies are per call (summed latency
+over summed ``count``).
+
 Example::
 
     fig = timeline_figure([load_run("runs/A"), load_run("runs/B")])
@@ -449,7 +456,8 @@ def _block_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
         rate = binned_rate(t[mask], nbytes[mask], bins) / MIB
         lane.add(_rate_trace(bins, clock, rate, name, color))
     latency_ms = events["latency_ns"].to_numpy()[is_block] * 1e-6
-    mean = binned_mean(t[is_block], latency_ms, bins)
+    # Per request: a row's latency_ns is the sum over its ``count`` requests.
+    mean = binned_mean(t[is_block], latency_ms, bins, events["count"].to_numpy()[is_block])
     trace = _rate_trace(bins, clock, mean, "mean latency (ms)", "#555555", dash="dot")
     lane.add(trace, secondary=True)
     lane.yaxis = {"title": {"text": "MiB/s (device)"}, "rangemode": "tozero"}

@@ -70,15 +70,22 @@ def dtw_similarity(
     return float(np.clip(1.0 - distance / bound, 0.0, 1.0)), distance
 
 
-def log2_buckets(nbytes: np.ndarray) -> np.ndarray:
-    """Counts per power-of-two bucket (:data:`N_SIZE_BUCKETS` long) of byte sizes.
+def log2_buckets(nbytes: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+    """Counts per power-of-two bucket (:data:`N_SIZE_BUCKETS` long, int64) of request sizes.
 
     Bucket ``k`` holds sizes in ``[2**k, 2**(k+1))``; 0 (an EOF read) and 1 byte are bucket 0.
     ``np.frexp`` gives the exponent exactly, without the rounding of ``log2`` at powers of two.
+    ``counts``: the calls each row stands for (the events' ``count``): a row is ``counts``
+    requests of ``nbytes / counts`` bytes each. An aggregated row's calls all fall in one
+    power-of-two bucket, so their mean size falls in it too and the histogram is exact.
     """
-    sizes = np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0)
-    _, exponent = np.frexp(sizes)
-    return np.bincount(exponent - 1, minlength=N_SIZE_BUCKETS)[:N_SIZE_BUCKETS]
+    sizes = np.asarray(nbytes, dtype=np.float64)
+    if counts is not None:
+        counts = np.asarray(counts, dtype=np.int64)
+        sizes = sizes / np.maximum(counts, 1)
+    _, exponent = np.frexp(np.maximum(sizes, 1.0))
+    histogram = np.bincount(exponent - 1, weights=counts, minlength=N_SIZE_BUCKETS)
+    return histogram[:N_SIZE_BUCKETS].astype(np.int64)
 
 
 def js_similarity(p: np.ndarray, q: np.ndarray) -> float:

@@ -53,9 +53,12 @@ class RunProfile:
     data inside its span. Block series and totals (``block_read``, ``block_write``) count only
     requests the container issued (``in_container``); ``totals["block_<kind>_other_bytes"]``
     holds the rest (other processes on the device, kernel writeback), which is evidence only.
-    ``read_gaps_ns``: every read inter-arrival time. ``files_read``: bytes read per path
+    ``read_gaps_ns``: every read inter-arrival time (between the completions of successive read
+    calls of all threads, :func:`call_completions`). ``files_read``: bytes read per path
     (non-empty reads), in first-read order; ``opens``: successful opens per path; ``readers``:
-    bytes of those reads per thread id; all three limited to ``file_scope``. Durations are
+    bytes of those reads per thread id; all three limited to ``file_scope``. Counts (request
+    sizes, ``*_count`` totals, opens) are of calls: each row weighs its ``count`` (an
+    aggregated syscall row stands for ``count`` calls, docs/run-format.md). Durations are
     seconds. ``containers``: the roles of the containers profiled. ``accelerators``: what
     computed the steps, as the ranks logged it (``cpu``, ``cuda:0``, ``emulated: CARD``;
     ``workloads.training.accelerator_label``), distinct values in order; empty for runs that
@@ -171,6 +174,11 @@ def reads_in_flight(end_ns: np.ndarray, latency_ns: np.ndarray, weights: np.ndar
     A read is in flight from ``end - latency`` to ``end``; the count at ``t`` is the number of
     starts at or before ``t`` minus the ends before it (two ``searchsorted``). Evidence of the
     queue depth the storage saw; 0 without reads. ``end_ns`` must be sorted.
+
+    An aggregated row (``count`` calls of one thread, ``latency`` their sum) is one read in
+    flight from ``end - latency`` to ``end``: its calls are sequential, so the thread never has
+    more than one of them in flight, and that interval holds their total time in flight; its
+    depth at ``end`` weighs all its bytes.
     """
     if len(end_ns) == 0 or not weights.sum() > 0:
         return 0.0
@@ -179,6 +187,50 @@ def reads_in_flight(end_ns: np.ndarray, latency_ns: np.ndarray, weights: np.ndar
         end_ns, end_ns, side="left"
     )
     return float(np.average(depth, weights=weights))
+
+
+def call_completions(
+    ts_ns: np.ndarray,
+    tid: np.ndarray,
+    count: np.ndarray,
+    latency_ns: np.ndarray,
+    keep: np.ndarray,
+) -> np.ndarray:
+    """The completion time of every call of the rows ``keep``, sorted: one per call, not per row.
+
+    The arguments are the columns of a run's read and write rows (the kinds the tracer
+    aggregates), sorted by ``ts_ns``. A row of ``count`` 1 is one call at ``ts_ns``. An
+    aggregated row's ``n`` calls are spread evenly over ``(start, ts_ns]``, the ``k``-th
+    completing at ``start + k (ts_ns - start) / n`` (the last at ``ts_ns``, its last call's
+    exit), where ``start`` is the exit of the thread's latest earlier call traced one by one
+    (``count`` 1): the tracer prints a thread's first calls of each 10 ms bin one by one and
+    aggregates only the rest of that bin, so this is where the aggregated calls began; two rows
+    of one bin (two size buckets) share it, as their calls interleave. ``start`` is never later
+    than ``ts_ns - latency_ns`` (the calls, one after the other, took that long), which is also
+    the start without such a call. Calls evenly spaced in each thread are restored exactly.
+
+    Vectorised: the anchors by a running maximum over the rows sorted by thread, the calls by
+    ``np.repeat``; memory is a few int64 per aggregated call (what one row per call would take).
+    """
+    ts_ns = np.asarray(ts_ns, dtype=np.int64)
+    count = np.asarray(count, dtype=np.int64)
+    folded = keep & (count > 1)
+    if not folded.any():
+        return ts_ns[keep]
+    order = np.argsort(tid, kind="stable")  # by thread, then by time
+    position = np.arange(len(order))
+    latest = np.maximum.accumulate(np.where(count[order] == 1, position, -1))
+    at = np.maximum(latest, 0)
+    own = (latest >= 0) & (np.asarray(tid)[order][at] == np.asarray(tid)[order])
+    anchor = np.empty(len(order), dtype=np.int64)
+    anchor[order] = np.where(own, ts_ns[order][at], np.iinfo(np.int64).max)
+    end = ts_ns[folded]
+    start = np.minimum(anchor[folded], end - np.maximum(np.asarray(latency_ns)[folded], 0))
+    n = count[folded]
+    step = np.repeat((end - start) / n, n)
+    k = np.arange(1, int(n.sum()) + 1) - np.repeat(np.cumsum(n) - n, n)
+    spread = np.repeat(start, n) + np.rint(k * step).astype(np.int64)
+    return np.sort(np.concatenate([ts_ns[keep & ~folded], spread]), kind="stable")
 
 
 def in_scope(paths: pd.Index, scope: Sequence[str]) -> np.ndarray:
@@ -277,6 +329,7 @@ def run_profile(
         ts = events["ts_ns"].to_numpy()
     mask = KindMask(events["kind"])
     nbytes = events["bytes"].to_numpy()
+    calls = events["count"].to_numpy()  # each row's weight: the calls (pages) it stands for
     ok = events["ret"].to_numpy() >= 0
     # The block tables cover the whole device: on a shared machine, other jobs' requests (GBs)
     # would swamp the container's. Kernel writeback of the container's own writes is not
@@ -298,7 +351,7 @@ def run_profile(
         groups[name] &= own
     for name, rows in groups.items():
         totals[f"{name}_bytes"] = float(nbytes[rows].sum())
-        totals[f"{name}_count"] = float(rows.sum())
+        totals[f"{name}_count"] = float(calls[rows].sum())
         if totals[f"{name}_bytes"] > 0:
             binned = binned_sum(ts[rows], nbytes[rows], bins)
             if binned.sum() > 0:  # not all of it outside the span
@@ -314,9 +367,9 @@ def run_profile(
     has_path = events["path"].notna().to_numpy()
     data_reads = reads & ok & (nbytes > 0) & has_path
     is_open = mask(("openat",)) & ok & has_path
-    totals["opens"] = float(is_open.sum())
-    totals["failed_opens"] = float((mask(("openat",)) & ~ok).sum())
-    totals["closes"] = float((mask(("close",)) & ok).sum())
+    totals["opens"] = float(calls[is_open].sum())
+    totals["failed_opens"] = float(calls[mask(("openat",)) & ~ok].sum())
+    totals["closes"] = float(calls[mask(("close",)) & ok].sum())
 
     phases = tables.phases
     is_interval = is_value(phases["kind"], "interval")
@@ -337,7 +390,7 @@ def run_profile(
     totals["reads_in_flight"] = reads_in_flight(
         ts[data_reads][rows], events["latency_ns"].to_numpy()[data_reads][rows], data_bytes[rows]
     )
-    opens = _per_path(events["path"][is_open])
+    opens = _per_path(events["path"][is_open], calls[is_open])
     opens = opens[in_scope(opens.index, file_scope)]
     return RunProfile(
         run_id=run.run_id,
@@ -345,9 +398,9 @@ def run_profile(
         points=points,
         series=series,
         totals=totals,
-        read_sizes=log2_buckets(nbytes[reads & ok]),
-        write_sizes=log2_buckets(nbytes[writes & ok]),
-        read_gaps_ns=np.diff(ts[reads]),
+        read_sizes=log2_buckets(nbytes[reads & ok], calls[reads & ok]),
+        write_sizes=log2_buckets(nbytes[writes & ok], calls[writes & ok]),
+        read_gaps_ns=np.diff(_read_completions(events, mask, reads)),
         files_read=files_read,
         opens=opens,
         readers=readers,
@@ -358,6 +411,13 @@ def run_profile(
         containers=tuple(containers) if containers is not None else tuple(run_roles(run)),
         accelerators=_accelerators(phases),
     )
+
+
+def _read_completions(events: pd.DataFrame, mask: KindMask, reads: np.ndarray) -> np.ndarray:
+    """:func:`call_completions` of the ``reads`` rows, among all read and write rows."""
+    rw = mask(READ_KINDS + WRITE_KINDS)
+    columns = (events[c].to_numpy()[rw] for c in ("ts_ns", "tid", "count", "latency_ns"))
+    return call_completions(*columns, keep=reads[rw])
 
 
 def _accelerators(phases: pd.DataFrame) -> tuple[str, ...]:
