@@ -186,6 +186,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                     progress("attaching bpftrace probes")
                     tracer = bpftrace.Tracer(raw, ctl, [m.cgroups.v2_id for m in members])
                     tracer.start()
+                    sampler.watch({f"tracer_rss_{n}": c.pid for n, c in tracer.children.items()})
                 for m in members:  # back to back: every container starts within ~1 ms
                     container.release(m.barrier)
                 manifest["start_ns"] = time.monotonic_ns()

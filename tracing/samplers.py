@@ -15,6 +15,12 @@ them ``pt_data_worker``; from each process's ``/proc/PID/stat`` CPU time, in clo
 ``container_mem_rss`` and ``container_mem_cache`` (bytes). The loader share lets a
 comparison tell the data pipeline's CPU from the model's on a host whose accelerator is its
 CPU (docs/similarity.md).
+
+The tool's own memory, host-wide rows (no container): ``sampler_rss``, the resident set of the
+twintrace process whose thread samples (the runner's process), and ``tracer_rss_<script>``,
+that of each bpftrace process, given with :meth:`Sampler.watch` once started (bytes, from
+``/proc/PID/statm``: one small read per process and sample). A long run shows with them that
+the tracer's memory stays flat (docs/run-format.md, "Budget of a long run").
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ _HOST_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq"
 #: Process names (``/proc/PID/comm``) of data-loader workers (as analysis.processes has them).
 LOADER_COMMS = ("pt_data_worker",)
 _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+#: The metric of the sampling process's own resident set.
+SAMPLER_RSS = "sampler_rss"
 
 
 def _read_int(path: Path) -> int | None:
@@ -135,6 +144,14 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.samples = 0
+        # metric -> pid of each process whose RSS is sampled; replaced whole (never mutated)
+        # by watch(), so the sampling thread always reads a consistent mapping.
+        self._processes: dict[str, int] = {SAMPLER_RSS: os.getpid()}
+
+    def watch(self, processes: Mapping[str, int]) -> None:
+        """Also sample the resident set of these processes (metric name -> pid), in bytes,
+        from the next sample on; a process that has exited gives no more rows."""
+        self._processes = {**self._processes, **processes}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="twintrace-sampler", daemon=True)
@@ -168,6 +185,7 @@ class Sampler:
             "t": time.monotonic_ns(),
             "containers": {role: _container_counters(cg) for role, cg in self.cgroups.items()},
             "host": _host_cpu_times(),
+            "processes": {metric: process_rss(pid) for metric, pid in self._processes.items()},
         }
 
     @staticmethod
@@ -200,6 +218,7 @@ class Sampler:
             ("host_cpu_iowait", 100.0 * by_name["iowait"] / total, "percent"),
             ("host_cpu_idle", 100.0 * by_name["idle"] / total, "percent"),
             *gpus.sample(),
+            *((m, rss, "bytes") for m, rss in cur.get("processes", {}).items() if rss is not None),
         ]
         rows += [(m, v, u, "") for m, v, u in host]
         out.write("".join(f"{ts},{m},{_number(v)},{u},{c}\n" for m, v, u, c in rows))
@@ -232,6 +251,15 @@ def _container_counters(cg: ProcessCgroups) -> dict:
         "mem": {"rss": stat.get("anon"), "cache": stat.get("file")},
         "loaders": loaders,
     }
+
+
+def process_rss(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """Resident set size of process ``pid`` in bytes (the second field of ``/proc/PID/statm``,
+    in pages); None when it cannot be read (the process has exited)."""
+    try:
+        return int((proc / str(pid) / "statm").read_text().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def loader_ticks(procs: Path, proc: Path = Path("/proc")) -> dict[int, int] | None:
