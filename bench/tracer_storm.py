@@ -25,6 +25,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +35,7 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from core.units import parse_size  # noqa: E402
+from tracing.container import BindMount  # noqa: E402
 from tracing.request import RunOptions, image_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
 from workloads.config import BASE_TAG  # noqa: E402
@@ -57,12 +59,23 @@ print("STORM", time.perf_counter() - t, flush=True)
 _STORM_RE = re.compile(r"STORM (\S+)")
 
 
-def run_job(size: int, calls: int, runs: Path, traced: bool) -> tuple[float, Path]:
-    """One run of the job; (its loop time in seconds, its run directory)."""
+def run_job(
+    size: int,
+    calls: int,
+    runs: Path,
+    traced: bool,
+    *,
+    environment: Mapping[str, str] | None = None,
+    mounts: Sequence[BindMount] = (),
+) -> tuple[float, Path]:
+    """One run of the job; (its loop time in seconds, its run directory). ``environment`` and
+    ``mounts`` are the container's (bench/tracer_peers.py runs another tracer inside it)."""
     request = image_request(
         BASE_TAG,
         ["python3", "-c", JOB, str(size), str(calls)],
         runs,
+        mounts=mounts,
+        environment=environment,
         run=RunOptions(tracing=traced),
     )
     run_dir = trace(request).check()
