@@ -15,6 +15,11 @@ belongs to it (the last event of a run often completes at ``end_ns``).
 
 Every function is vectorised (``np.bincount``): millions of events cost a few milliseconds.
 
+Aggregated syscall rows (``count`` reads or writes of one thread in one row, docs/run-format.md)
+are placed as calls: :func:`call_starts` says when a row's calls began, and its ``count`` calls
+complete evenly spaced from there to its ``ts_ns`` (:func:`call_times`); :func:`binned_calls`
+bins a row's bytes by those completion times, without making a row per call.
+
 Example::
 
     bins = Bins.covering(run.start_ns, 0.0, 60.0, default_bin_s(60.0))
@@ -28,6 +33,7 @@ import math
 
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
 
 from core.errors import UserError
 
@@ -94,6 +100,19 @@ class Bins:
         """The ``count + 1`` bin edges in seconds since ``origin_ns``."""
         return (self.start_ns - int(origin_ns)) / 1e9 + self.width_s * np.arange(self.count + 1)
 
+    def edges_ns(self) -> np.ndarray:
+        """The ``count + 1`` bin edges in whole nanoseconds, as :meth:`index` draws them: bin
+        ``i`` holds the times ``edges[i] <= t < edges[i + 1]``; the last edge is ``end + 1``
+        (``end`` is in the last bin)."""
+        span = self.end_ns - self.start_ns
+        self.index(np.zeros(0, dtype=np.int64))  # the same overflow check
+        divisor = math.gcd(span, self.count)
+        num, den = span // divisor, self.count // divisor
+        # The first time t with (t - start) * den // num >= i: start + ceil(i * num / den).
+        edges = self.start_ns - (-np.arange(self.count + 1, dtype=np.int64) * num // den)
+        edges[-1] += 1
+        return edges
+
     def index(self, ts_ns: ArrayLike) -> np.ndarray:
         """The bin of each time (int64), -1 for times outside the bins.
 
@@ -137,6 +156,115 @@ def binned_sum(ts_ns: ArrayLike, weights: ArrayLike, bins: Bins) -> np.ndarray:
     as iostat counts a request when it completes).
     """
     return _totals(ts_ns, weights, bins)[0]
+
+
+def call_starts(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Per row of ``events`` (sorted by ``ts_ns``), when the calls it stands for began: its
+    ``ts_ns`` except for the aggregated rows among ``rows`` (bool mask: the run's reads and
+    writes, the kinds the tracer aggregates), whose calls began at the later of
+
+    - the exit of the thread's latest earlier call traced one by one (``count`` 1): the tracer
+      prints a thread's first calls of each 10 ms bin one by one and aggregates only the rest
+      of the bin, so the aggregated calls come after it;
+    - the ``ts_ns`` of the thread's latest earlier aggregated row on another file (``fd`` or
+      ``path``): a thread reads its files one after the other;
+
+    so rows of one file in one bin (other size or latency buckets, whose calls interleave)
+    share their start, and rows of successive files follow each other. The start is never later
+    than ``ts_ns - latency_ns`` (the calls, one after the other, took that long), which is also
+    the start when neither exists. Vectorised: running maxima over the rows sorted by thread.
+    """
+    ts = events["ts_ns"].to_numpy(dtype=np.int64)
+    starts = ts.copy()
+    if not (events["count"].to_numpy()[rows] > 1).any():
+        return starts
+    columns = ["ts_ns", "tid", "fd", "path", "count", "latency_ns"]
+    rw = events.loc[rows, columns]
+    ts, count = ts[rows], rw["count"].to_numpy(dtype=np.int64)
+    none = np.iinfo(np.int64).min
+    order = np.argsort(rw["tid"].to_numpy(), kind="stable")  # by thread, then by time
+    tid, ts_o = rw["tid"].to_numpy()[order], ts[order]
+    # The thread's latest call traced one by one, at or before each row.
+    single = np.maximum.accumulate(np.where(count[order] == 1, np.arange(len(order)), -1))
+    at = np.maximum(single, 0)
+    anchor = np.where((single >= 0) & (tid[at] == tid), ts_o[at], none)
+    # The aggregated row before the run of the thread's aggregated rows on one file.
+    agg = order[count[order] > 1]
+    path, fd = pd.factorize(rw["path"].iloc[agg])[0], rw["fd"].to_numpy()[agg]
+    tid_a, ts_a = rw["tid"].to_numpy()[agg], ts[agg]
+    same = (tid_a[1:] == tid_a[:-1]) & (path[1:] == path[:-1]) & (fd[1:] == fd[:-1])
+    first = np.maximum.accumulate(np.where(np.append(True, ~same), np.arange(len(agg)), 0))
+    before = np.maximum(first - 1, 0)
+    other = np.where((first > 0) & (tid_a[before] == tid_a), ts_a[before], none)
+    anchored = np.empty(len(order), dtype=np.int64)
+    anchored[order] = anchor
+    anchored[agg] = np.maximum(anchored[agg], other)
+    latest = ts - np.maximum(rw["latency_ns"].to_numpy(dtype=np.int64), 0)
+    mine = np.where(anchored > none, np.minimum(anchored, latest), latest)
+    starts[rows] = np.where(count > 1, mine, ts)
+    return starts
+
+
+def call_times(ts_ns: ArrayLike, start_ns: ArrayLike, count: ArrayLike) -> np.ndarray:
+    """The completion time of each call of the rows, row after row: a row's ``n = count``
+    calls complete at ``start + floor(k (ts - start) / n)`` for ``k = 1..n``, evenly spaced
+    after its start, the last at its ``ts_ns`` (a row of one call: at ``ts_ns``). Integer
+    arithmetic, so calls evenly spaced in whole nanoseconds come back exactly."""
+    ts = np.asarray(ts_ns, dtype=np.int64)
+    start = np.asarray(start_ns, dtype=np.int64)
+    n = np.maximum(np.asarray(count, dtype=np.int64), 1)
+    k = np.arange(1, int(n.sum()) + 1) - np.repeat(np.cumsum(n) - n, n)
+    return np.repeat(start, n) + k * np.repeat(ts - start, n) // np.repeat(n, n)
+
+
+def call_completions(
+    ts_ns: np.ndarray, start_ns: np.ndarray, count: np.ndarray, keep: np.ndarray
+) -> np.ndarray:
+    """The completion times of every call of the rows ``keep`` (:func:`call_times`), sorted:
+    one per call, not per row. Rows of one call need no copy of their own beyond ``ts_ns``."""
+    folded = keep & (np.asarray(count) > 1)
+    if not folded.any():
+        return np.asarray(ts_ns)[keep]
+    spread = call_times(ts_ns[folded], start_ns[folded], count[folded])
+    return np.sort(np.concatenate([ts_ns[keep & ~folded], spread]), kind="stable")
+
+
+def binned_calls(
+    ts_ns: ArrayLike, weights: ArrayLike, bins: Bins, start_ns: ArrayLike, count: ArrayLike
+) -> np.ndarray:
+    """:func:`binned_sum` with each row's weight shared equally by its ``count`` calls, each
+    in the bin of its completion time (:func:`call_times`).
+
+    Exact and without a row per call: per (row, bin it touches), the number of its calls in
+    the bin is a difference of two counts ``#{k: start + floor(k span / n) < edge}``, each a
+    ceiling division. An aggregated row spans at most a tracer bin (10 ms), so few pieces.
+    """
+    ts = np.asarray(ts_ns, dtype=np.int64)
+    values = np.asarray(weights, dtype=np.float64)
+    start = np.asarray(start_ns, dtype=np.int64)
+    n = np.asarray(count, dtype=np.int64)
+    spread = (n > 1) & (start < ts)
+    total = binned_sum(ts[~spread], values[~spread], bins)
+    first = start + (ts - start) // np.maximum(n, 1)  # the first call's completion
+    spread &= (ts >= bins.start_ns) & (first <= bins.end_ns)
+    if not spread.any():
+        return total
+    ts, start, n, values, first = (a[spread] for a in (ts, start, n, values, first))
+    lo = bins.index(np.clip(first, bins.start_ns, bins.end_ns))
+    hi = bins.index(np.clip(ts, bins.start_ns, bins.end_ns))
+    pieces = hi - lo + 1
+    row = np.repeat(np.arange(len(lo)), pieces)
+    at = lo[row] + np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    edges = bins.edges_ns()
+    s, span, calls = start[row], (ts - start)[row], n[row]
+
+    def before(edge: np.ndarray) -> np.ndarray:
+        """Calls of each piece's row completing before ``edge``: ceil(d n / span) - 1."""
+        d = np.clip(edge - s, 0, span + 1)
+        return np.clip(-(-d * calls // span) - 1, 0, calls)
+
+    inside = before(edges[at + 1]) - before(edges[at])
+    return total + np.bincount(at, weights=values[row] / calls * inside, minlength=bins.count)
 
 
 def binned_rate(ts_ns: ArrayLike, weights: ArrayLike, bins: Bins) -> np.ndarray:

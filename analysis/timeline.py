@@ -17,12 +17,13 @@ never as one shape or trace per event.
 
 Units: bandwidths are MiB/s (2**20 bytes per second), memory GiB, CPU percent; every axis says so.
 
-Aggregated syscall rows (``count`` calls in one row, docs/run-format.md) are drawn by what they
-total: their bytes go to the bin of the row's time (its last call's exit, at most one tracer bin
-of 10 ms after its first), like any call's; in the process lane a row is one interval ending at
-its ``ts_ns`` and as long as its summed latency (a thread's calls are sequential, so this is the
-time the thread spent in them, drawn back to back); mean latencies are per call (summed latency
-over summed ``count``).
+Aggregated syscall rows (``count`` reads or writes of one thread in one row, docs/run-format.md)
+are drawn as their calls: in the bandwidth lane each call's share of the row's bytes goes to the
+bin of its completion, the calls spread evenly over the stretch the row covers
+(:func:`analysis.series.binned_calls`), so a bin finer than the tracer's 10 ms shows no comb; in
+the process lane a row is one interval ending at its ``ts_ns`` and as long as its summed latency
+(a thread's calls are sequential: the time the thread spent in them, drawn back to back); mean
+latencies are per call (summed latency over summed ``count``).
 
 Example::
 
@@ -43,7 +44,14 @@ import plotly.graph_objects as go
 from plotly.basedatatypes import BaseTraceType
 
 from analysis.processes import classify_processes
-from analysis.series import Bins, binned_mean, binned_rate, default_bin_s
+from analysis.series import (
+    Bins,
+    binned_calls,
+    binned_mean,
+    binned_rate,
+    call_starts,
+    default_bin_s,
+)
 from analysis.tables import (
     BLOCK_KINDS,
     container_rows,
@@ -391,8 +399,11 @@ def _syscall_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
         return lane
     t = events["ts_ns"].to_numpy()
     nbytes = events["bytes"].to_numpy()
+    calls = events["count"].to_numpy()
+    starts = call_starts(events, is_read | is_write)  # an aggregated row's calls, spread
     for mask, name, color in ((is_read, "read", READ_COLOR), (is_write, "write", WRITE_COLOR)):
-        rate = binned_rate(t[mask], nbytes[mask], bins) / MIB
+        total = binned_calls(t[mask], nbytes[mask], bins, starts[mask], calls[mask])
+        rate = total / bins.width_s / MIB
         lane.add(_rate_trace(bins, clock, rate, name, color))
     lane.yaxis = {"title": {"text": "MiB/s"}, "rangemode": "tozero"}
     return lane

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +27,7 @@ from core.rundir import (
     arrow_schema,
     empty_frame,
 )
+from tracing.aggregates import BIN_NS, KIND_CODES, LINES_PER_BIN
 
 START_NS = 5_000_000_000_000  # boot-relative, like CLOCK_MONOTONIC on a host up ~83 minutes
 SEC = 1_000_000_000
@@ -73,6 +75,47 @@ def events_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         records.append(record)
     frame = pd.DataFrame(records, columns=list(EVENTS_COLUMNS))
     return frame.sort_values("ts_ns", kind="stable").astype(dict(EVENTS_COLUMNS))
+
+
+def fold_calls(calls: pd.DataFrame) -> pd.DataFrame:
+    """``calls`` (one row per call) as the tracer records them once a thread's rate is high
+    (tracing/bpf/syscalls.bt): the first :data:`LINES_PER_BIN` reads and writes of each thread
+    in each :data:`BIN_NS` bin (by exit time) and every failed one stay rows of their own; the
+    rest are folded into aggregated rows, one per (pid, tid, fd, path, kind, bin, power-of-two
+    size bucket, power-of-two latency bucket): ``count`` calls, their total ``bytes`` (also
+    ``ret``), summed ``latency_ns``, longest ``latency_max_ns``, the last call's ``ts_ns`` and
+    ``comm``, ``offset`` -1. Other rows are kept as they are."""
+    calls = calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)
+    bin_ = calls["ts_ns"] // BIN_NS
+    rw = calls["kind"].isin(KIND_CODES).to_numpy()
+    rank = calls[rw].groupby([calls["tid"][rw], bin_[rw]]).cumcount()
+    folded = np.zeros(len(calls), dtype=bool)
+    folded[np.flatnonzero(rw)] = (rank >= LINES_PER_BIN).to_numpy()
+    folded &= calls["ret"].to_numpy() >= 0
+    rows = calls[folded]
+
+    def bucket(values: pd.Series) -> np.ndarray:
+        return np.frexp(np.maximum(values.to_numpy(dtype=np.float64), 1.0))[1] - 1
+
+    keys = [rows[c] for c in ("pid", "tid", "fd", "path", "kind", "container")]
+    keys += [bin_[folded], pd.Series(bucket(rows["bytes"]), index=rows.index)]
+    keys += [pd.Series(bucket(rows["latency_ns"]), index=rows.index)]
+    grouped = rows.groupby(keys, dropna=False, sort=False, observed=True)
+    aggregated = grouped.agg(
+        ts_ns=("ts_ns", "max"),
+        comm=("comm", "last"),
+        bytes=("bytes", "sum"),
+        count=("count", "sum"),
+        latency_ns=("latency_ns", "sum"),
+        latency_max_ns=("latency_max_ns", "max"),
+        in_container=("in_container", "first"),
+    ).reset_index(level=[0, 1, 2, 3, 4, 5])
+    aggregated = aggregated.reset_index(drop=True).assign(
+        ret=lambda f: f["bytes"], offset=-1, dev=None
+    )
+    merged = pd.concat([calls[~folded], aggregated[list(EVENTS_COLUMNS)]], ignore_index=True)
+    merged = merged.sort_values("ts_ns", kind="stable").reset_index(drop=True)
+    return merged.astype(dict(EVENTS_COLUMNS))
 
 
 def samples_frame(rows: Iterable[tuple[Any, ...]]) -> pd.DataFrame:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.series import Bins, binned_sum, filled_mean
+from analysis.series import Bins, binned_calls, call_completions, call_starts, filled_mean
 from analysis.similarity.measures import log2_buckets
 from analysis.tables import KindMask, is_value, run_roles, select_containers, step_intervals
 from core.errors import UserError
@@ -54,11 +54,13 @@ class RunProfile:
     requests the container issued (``in_container``); ``totals["block_<kind>_other_bytes"]``
     holds the rest (other processes on the device, kernel writeback), which is evidence only.
     ``read_gaps_ns``: every read inter-arrival time (between the completions of successive read
-    calls of all threads, :func:`call_completions`). ``files_read``: bytes read per path
+    calls of all threads: an aggregated row's calls spread as :func:`analysis.series.call_times`
+    places them). ``files_read``: bytes read per path
     (non-empty reads), in first-read order; ``opens``: successful opens per path; ``readers``:
     bytes of those reads per thread id; all three limited to ``file_scope``. Counts (request
     sizes, ``*_count`` totals, opens) are of calls: each row weighs its ``count`` (an
-    aggregated syscall row stands for ``count`` calls, docs/run-format.md). Durations are
+    aggregated syscall row stands for ``count`` calls, docs/run-format.md); the I/O series bin
+    each call's share of its row's bytes (:func:`analysis.series.binned_calls`). Durations are
     seconds. ``containers``: the roles of the containers profiled. ``accelerators``: what
     computed the steps, as the ranks logged it (``cpu``, ``cuda:0``, ``emulated: CARD``;
     ``workloads.training.accelerator_label``), distinct values in order; empty for runs that
@@ -189,50 +191,6 @@ def reads_in_flight(end_ns: np.ndarray, latency_ns: np.ndarray, weights: np.ndar
     return float(np.average(depth, weights=weights))
 
 
-def call_completions(
-    ts_ns: np.ndarray,
-    tid: np.ndarray,
-    count: np.ndarray,
-    latency_ns: np.ndarray,
-    keep: np.ndarray,
-) -> np.ndarray:
-    """The completion time of every call of the rows ``keep``, sorted: one per call, not per row.
-
-    The arguments are the columns of a run's read and write rows (the kinds the tracer
-    aggregates), sorted by ``ts_ns``. A row of ``count`` 1 is one call at ``ts_ns``. An
-    aggregated row's ``n`` calls are spread evenly over ``(start, ts_ns]``, the ``k``-th
-    completing at ``start + k (ts_ns - start) / n`` (the last at ``ts_ns``, its last call's
-    exit), where ``start`` is the exit of the thread's latest earlier call traced one by one
-    (``count`` 1): the tracer prints a thread's first calls of each 10 ms bin one by one and
-    aggregates only the rest of that bin, so this is where the aggregated calls began; two rows
-    of one bin (two size buckets) share it, as their calls interleave. ``start`` is never later
-    than ``ts_ns - latency_ns`` (the calls, one after the other, took that long), which is also
-    the start without such a call. Calls evenly spaced in each thread are restored exactly.
-
-    Vectorised: the anchors by a running maximum over the rows sorted by thread, the calls by
-    ``np.repeat``; memory is a few int64 per aggregated call (what one row per call would take).
-    """
-    ts_ns = np.asarray(ts_ns, dtype=np.int64)
-    count = np.asarray(count, dtype=np.int64)
-    folded = keep & (count > 1)
-    if not folded.any():
-        return ts_ns[keep]
-    order = np.argsort(tid, kind="stable")  # by thread, then by time
-    position = np.arange(len(order))
-    latest = np.maximum.accumulate(np.where(count[order] == 1, position, -1))
-    at = np.maximum(latest, 0)
-    own = (latest >= 0) & (np.asarray(tid)[order][at] == np.asarray(tid)[order])
-    anchor = np.empty(len(order), dtype=np.int64)
-    anchor[order] = np.where(own, ts_ns[order][at], np.iinfo(np.int64).max)
-    end = ts_ns[folded]
-    start = np.minimum(anchor[folded], end - np.maximum(np.asarray(latency_ns)[folded], 0))
-    n = count[folded]
-    step = np.repeat((end - start) / n, n)
-    k = np.arange(1, int(n.sum()) + 1) - np.repeat(np.cumsum(n) - n, n)
-    spread = np.repeat(start, n) + np.rint(k * step).astype(np.int64)
-    return np.sort(np.concatenate([ts_ns[keep & ~folded], spread]), kind="stable")
-
-
 def in_scope(paths: pd.Index, scope: Sequence[str]) -> np.ndarray:
     """Which ``paths`` lie under one of the directories ``scope`` (all when it is empty)."""
     if not scope:
@@ -330,6 +288,7 @@ def run_profile(
     mask = KindMask(events["kind"])
     nbytes = events["bytes"].to_numpy()
     calls = events["count"].to_numpy()  # each row's weight: the calls (pages) it stands for
+    starts = call_starts(events, mask(READ_KINDS + WRITE_KINDS))  # when a row's calls began
     ok = events["ret"].to_numpy() >= 0
     # The block tables cover the whole device: on a shared machine, other jobs' requests (GBs)
     # would swamp the container's. Kernel writeback of the container's own writes is not
@@ -353,7 +312,7 @@ def run_profile(
         totals[f"{name}_bytes"] = float(nbytes[rows].sum())
         totals[f"{name}_count"] = float(calls[rows].sum())
         if totals[f"{name}_bytes"] > 0:
-            binned = binned_sum(ts[rows], nbytes[rows], bins)
+            binned = binned_calls(ts[rows], nbytes[rows], bins, starts[rows], calls[rows])
             if binned.sum() > 0:  # not all of it outside the span
                 series[name] = binned
     # Page-cache inserts (misses) in the container's context: with the bytes read, evidence
@@ -400,7 +359,7 @@ def run_profile(
         totals=totals,
         read_sizes=log2_buckets(nbytes[reads & ok], calls[reads & ok]),
         write_sizes=log2_buckets(nbytes[writes & ok], calls[writes & ok]),
-        read_gaps_ns=np.diff(_read_completions(events, mask, reads)),
+        read_gaps_ns=np.diff(call_completions(ts, starts, calls, reads)),
         files_read=files_read,
         opens=opens,
         readers=readers,
@@ -411,13 +370,6 @@ def run_profile(
         containers=tuple(containers) if containers is not None else tuple(run_roles(run)),
         accelerators=_accelerators(phases),
     )
-
-
-def _read_completions(events: pd.DataFrame, mask: KindMask, reads: np.ndarray) -> np.ndarray:
-    """:func:`call_completions` of the ``reads`` rows, among all read and write rows."""
-    rw = mask(READ_KINDS + WRITE_KINDS)
-    columns = (events[c].to_numpy()[rw] for c in ("ts_ns", "tid", "count", "latency_ns"))
-    return call_completions(*columns, keep=reads[rw])
 
 
 def _accelerators(phases: pd.DataFrame) -> tuple[str, ...]:
