@@ -217,6 +217,13 @@ def call_times(ts_ns: ArrayLike, start_ns: ArrayLike, count: ArrayLike) -> np.nd
     return np.repeat(start, n) + k * np.repeat(ts - start, n) // np.repeat(n, n)
 
 
+def first_calls(ts_ns: ArrayLike, start_ns: ArrayLike, count: ArrayLike) -> np.ndarray:
+    """The completion time of each row's first call (:func:`call_times` with ``k = 1``)."""
+    ts = np.asarray(ts_ns, dtype=np.int64)
+    start = np.asarray(start_ns, dtype=np.int64)
+    return start + (ts - start) // np.maximum(np.asarray(count, dtype=np.int64), 1)
+
+
 def call_completions(
     ts_ns: np.ndarray, start_ns: np.ndarray, count: np.ndarray, keep: np.ndarray
 ) -> np.ndarray:
@@ -244,8 +251,10 @@ def binned_calls(
     start = np.asarray(start_ns, dtype=np.int64)
     n = np.asarray(count, dtype=np.int64)
     spread = (n > 1) & (start < ts)
+    if not spread.any():
+        return binned_sum(ts, values, bins)
     total = binned_sum(ts[~spread], values[~spread], bins)
-    first = start + (ts - start) // np.maximum(n, 1)  # the first call's completion
+    first = first_calls(ts, start, n)
     spread &= (ts >= bins.start_ns) & (first <= bins.end_ns)
     if not spread.any():
         return total

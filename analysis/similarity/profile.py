@@ -25,7 +25,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.series import Bins, binned_calls, call_completions, call_starts, filled_mean
+from analysis.series import (
+    Bins,
+    binned_calls,
+    call_completions,
+    call_starts,
+    filled_mean,
+    first_calls,
+)
 from analysis.similarity.measures import log2_buckets
 from analysis.tables import KindMask, is_value, run_roles, select_containers, step_intervals
 from core.errors import UserError
@@ -56,7 +63,8 @@ class RunProfile:
     ``read_gaps_ns``: every read inter-arrival time (between the completions of successive read
     calls of all threads: an aggregated row's calls spread as :func:`analysis.series.call_times`
     places them). ``files_read``: bytes read per path
-    (non-empty reads), in first-read order; ``opens``: successful opens per path; ``readers``:
+    (non-empty reads), in order of first read (an aggregated row's first call, as placed by
+    :func:`analysis.series.call_times`); ``opens``: successful opens per path; ``readers``:
     bytes of those reads per thread id; all three limited to ``file_scope``. Counts (request
     sizes, ``*_count`` totals, opens) are of calls: each row weighs its ``count`` (an
     aggregated syscall row stands for ``count`` calls, docs/run-format.md); the I/O series bin
@@ -345,6 +353,11 @@ def run_profile(
     scoped = in_scope(files_read.index, file_scope)
     files_read = files_read[scoped]
     rows = scoped[codes]
+    if (calls[data_reads] > 1).any():  # order files by their first call, not their first row
+        first_seen = np.full(len(uniques), np.iinfo(np.int64).max)
+        first = first_calls(ts[data_reads], starts[data_reads], calls[data_reads])
+        np.minimum.at(first_seen, codes, first)
+        files_read = files_read.iloc[np.argsort(first_seen[scoped], kind="stable")]
     readers = _reader_bytes(events["tid"].to_numpy()[data_reads][rows], data_bytes[rows])
     totals["reads_in_flight"] = reads_in_flight(
         ts[data_reads][rows], events["latency_ns"].to_numpy()[data_reads][rows], data_bytes[rows]
