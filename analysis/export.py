@@ -231,7 +231,7 @@ def _times(tid: np.ndarray, ts: np.ndarray, dur: np.ndarray | None = None) -> li
     return fields if dur is None else [*fields, const(',"dur":'), *micros(dur)]
 
 
-def after_previous(
+def _after_previous(
     start: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.ndarray
 ) -> np.ndarray:
     """``start``, moved to no earlier than the end of the previous interval (by end) of the same
@@ -254,7 +254,7 @@ def _syscall_groups(events: pd.DataFrame, origin: int) -> list[_Group]:
     folded = _column(events, "count", rows) > 1
     if folded.any():  # slices on a thread must nest: no earlier than the thread's last exit
         pid, tid = _column(events, "pid", rows), _column(events, "tid", rows)
-        start = np.where(folded, after_previous(start, end, pid, tid), start)
+        start = np.where(folded, _after_previous(start, end, pid, tid), start)
         duration = end - start
     path, paths = texts_of(events["path"])
     extra = ("count", "latency_ns", "latency_max_ns")

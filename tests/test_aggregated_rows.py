@@ -32,6 +32,7 @@ import pytest
 from analysis.breakdown import step_values, storage_demand
 from analysis.export import export_perfetto
 from analysis.processes import classify_processes
+from analysis.report import container_counts
 from analysis.series import (
     Bins,
     binned_calls,
@@ -184,6 +185,9 @@ def test_summary_counts_calls_not_rows(calls: pd.DataFrame, folded: pd.DataFrame
     }
     assert syscalls["write"] == {"count": CKPT_WRITES, "bytes": CKPT_WRITES * MIB}
     assert _summary(folded)["page_cache"]["cache_add"] == {"count": 3, "bytes": 3 * 4096}
+    # And `show`'s per-container lines.
+    counts = [container_counts(e, model_phases(), ["main"]) for e in (calls, folded)]
+    pd.testing.assert_frame_equal(counts[1], counts[0])
 
 
 # ---------------------------------------------------------------------------------------------
