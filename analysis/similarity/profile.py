@@ -61,18 +61,17 @@ class RunProfile:
     requests the container issued (``in_container``); ``totals["block_<kind>_other_bytes"]``
     holds the rest (other processes on the device, kernel writeback), which is evidence only.
     ``read_gaps_ns``: every read inter-arrival time (between the completions of successive read
-    calls of all threads: an aggregated row's calls spread as :func:`analysis.series.call_times`
-    places them). ``files_read``: bytes read per path
-    (non-empty reads), in order of first read (an aggregated row's first call, as placed by
-    :func:`analysis.series.call_times`); ``opens``: successful opens per path; ``readers``:
-    bytes of those reads per thread id; all three limited to ``file_scope``. Counts (request
-    sizes, ``*_count`` totals, opens) are of calls: each row weighs its ``count`` (an
-    aggregated syscall row stands for ``count`` calls, docs/run-format.md); the I/O series bin
-    each call's share of its row's bytes (:func:`analysis.series.binned_calls`). Durations are
-    seconds. ``containers``: the roles of the containers profiled. ``accelerators``: what
-    computed the steps, as the ranks logged it (``cpu``, ``cuda:0``, ``emulated: CARD``;
-    ``workloads.training.accelerator_label``), distinct values in order; empty for runs that
-    do not log it.
+    calls of all threads, an aggregated row's calls placed by :func:`analysis.series.call_times`).
+    ``files_read``: bytes read per path (non-empty reads), in order of first read (for an
+    aggregated row, its first call); ``opens``: successful opens per path; ``readers``: bytes of
+    those reads per thread id; all three limited to ``file_scope``. Counts (request sizes,
+    ``*_count`` totals, opens) are of calls: each row weighs its ``count`` (an aggregated
+    syscall row stands for ``count`` calls, docs/run-format.md); the I/O series bin each call's
+    share of its row's bytes (:func:`analysis.series.binned_calls`). Durations are seconds.
+    ``containers``: the roles of the containers profiled. ``accelerators``: what computed the
+    steps, as the ranks logged it (``cpu``, ``cuda:0``, ``emulated: CARD``;
+    ``workloads.training.accelerator_label``), distinct values in order; empty for runs that do
+    not log it.
     """
 
     run_id: str
