@@ -19,13 +19,14 @@ against ground truth, for the main process and the loader workers apart: opens o
 files and the bytes read from them. Truth: the storm opens its file twice (written, then read)
 and preads ``calls + 1`` times (one warm-up); the UNet3D epoch opens every file of the dataset's
 manifest once in a loader worker and reads all its bytes, and the main process opens none.
-Bytes count as found per file up to the file's truth (a tracer at the system-call level also
-sees numpy read a file's first page twice). twintrace's rows are weighted by ``count``; a
+Bytes count as found per file up to the file's truth (at the system-call level numpy reads
+4,224 bytes of an .npy file twice: the header's page, then the header again). twintrace's rows are weighted by ``count``; a
 DFTracer ``-fork`` trace file is a forked process's (a loader worker), its other files the main
-process's. ``--tracers`` adds ``dftracer-agg`` (DFTracer's own aggregation,
-``DFTRACER_ENABLE_AGGREGATION=1``: one row per call name and interval, without file names).
+process's. Tracers (``--tracers``): ``dftracer`` (every call one event, as it is used
+today), ``dftracer-agg`` (its own aggregation, ``DFTRACER_ENABLE_AGGREGATION=1``: one row per
+call name and second, without file names) and ``twintrace``.
 
-    python bench/tracer_peers.py --rounds 3
+    python bench/tracer_peers.py --rounds 5 --json tracer-peers.json
 
 DFTracer is installed on the host, pinned, and mounted read-only into the containers:
 
@@ -164,7 +165,8 @@ class Completeness:
 
     def describe(self) -> str:
         share = f" ({100 * self.covered / self.bytes_true:.1f} %)" if self.bytes_true else ""
-        extra = "" if self.per_file else ", no file names"
+        extra = f", {self.bytes} read" if self.bytes != self.covered else ""
+        extra += "" if self.per_file else ", no file names"
         return (
             f"{self.role}: opens {self.opens}/{self.opens_true}, bytes "
             f"{self.covered}/{self.bytes_true}{share}{extra}"
@@ -196,9 +198,16 @@ def completeness(found: Found, truth: Mapping[tuple[str, str], Counts]) -> list[
     return result
 
 
-def twintrace_found(run_dir: Path, paths: Collection[str]) -> Found:
+def twintrace_found(run_dir: Path, paths: Collection[str]) -> tuple[Found, list[str]]:
     """Opens and reads of ``paths`` in a twintrace run's events.parquet, rows weighted by
-    ``count``; a process named ``pt_data_worker`` is a loader worker, any other the main one."""
+    ``count`` (a process named ``pt_data_worker`` is a loader worker, any other the main one),
+    and what its summary says it lost or could not parse."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    notes = [
+        f"twintrace {key.replace('_', ' ')}: {summary[key]}"
+        for key in ("lost_events", "skipped_lines")
+        if summary.get(key)
+    ]
     events = pd.read_parquet(
         run_dir / "events.parquet", columns=["kind", "comm", "path", "count", "bytes", "ret"]
     )
@@ -215,15 +224,15 @@ def twintrace_found(run_dir: Path, paths: Collection[str]) -> Found:
             "bytes": events["bytes"].where(is_read, 0),
         }
     )
-    return _found(frame)
+    return _found(frame), notes
 
 
 def dftracer_found(out_dir: Path, paths: Collection[str]) -> tuple[Found, list[str]]:
     """Opens and reads of ``paths`` in the DFTracer trace files of a container's output
-    directory, and the names of the files that could not be read (truncated: their process
-    did not exit normally). An empty file is a process that exec'd before writing anything
-    (the container's start-up shell) and is skipped."""
-    frames, damaged = [], []
+    directory, and a note for each file that could not be read (truncated: its process did
+    not exit normally). An empty file is a process that exec'd before writing anything (the
+    container's start-up shell) and is skipped."""
+    frames, notes = [], []
     options = pa_json.ParseOptions(explicit_schema=DFT_SCHEMA, unexpected_field_behavior="ignore")
     for path in sorted(out_dir.glob("dftracer-*.pfw.gz")):
         if path.stat().st_size == 0:
@@ -233,13 +242,13 @@ def dftracer_found(out_dir: Path, paths: Collection[str]) -> tuple[Found, list[s
                 pa.input_stream(path, compression="gzip"), parse_options=options
             )
         except (pa.ArrowInvalid, OSError, EOFError):
-            damaged.append(path.name)
+            notes.append(f"DFTracer file {path.name} unreadable")
             continue
         frame = table.flatten().to_pandas()
         frame["role"] = "workers" if path.name.endswith("-fork.pfw.gz") else "main"
         frames.append(frame)
     if not frames:
-        return {}, damaged
+        return {}, notes
     lines = pd.concat(frames, ignore_index=True)
     names = lines[lines["name"] == "FH"]
     hashes = dict(zip(names["args.value"], names["args.name"], strict=True))
@@ -260,7 +269,7 @@ def dftracer_found(out_dir: Path, paths: Collection[str]) -> tuple[Found, list[s
             "bytes": (returned * item).astype("int64").where(is_read, 0),
         }
     )
-    return _found(frame), damaged
+    return _found(frame), notes
 
 
 def _found(frame: pd.DataFrame) -> Found:
@@ -377,7 +386,7 @@ class Result:
 
     seconds: list[float] = dataclasses.field(default_factory=list)
     completeness: list[list[Completeness]] = dataclasses.field(default_factory=list)
-    damaged: list[str] = dataclasses.field(default_factory=list)
+    notes: set[str] = dataclasses.field(default_factory=set)
 
 
 def measure(
@@ -398,14 +407,14 @@ def measure(
             seconds, run_dir = case.run(tracer, work / "runs", environment, mounts)
             result = results[mode]
             result.seconds.append(seconds)
-            if tracer.dftracer:
-                found, damaged = dftracer_found(run_dir / "out" / "main", paths)
-                result.damaged.extend(damaged)
-                result.completeness.append(completeness(found, case.truth))
-            elif tracer.twintrace:
-                result.completeness.append(
-                    completeness(twintrace_found(run_dir, paths), case.truth)
+            if tracer.dftracer or tracer.twintrace:
+                found, notes = (
+                    dftracer_found(run_dir / "out" / "main", paths)
+                    if tracer.dftracer
+                    else twintrace_found(run_dir, paths)
                 )
+                result.completeness.append(completeness(found, case.truth))
+                result.notes.update(notes)
             shutil.rmtree(run_dir)
         base = results["untraced"].seconds[-1]
         parts = [f"untraced {base:.3f} s"]
@@ -443,7 +452,7 @@ def summary(case: Case, results: dict[str, Result]) -> list[dict[str, object]]:
                 "rounds": len(ratios),
                 "completeness": [{**dataclasses.asdict(c), "complete": c.complete} for c in last],
                 "describe": "; ".join(c.describe() for c in last),
-                "damaged_files": result.damaged,
+                "notes": sorted(result.notes),
             }
         )
     return rows
@@ -453,7 +462,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="storm,unet3d", help="storm, unet3d or both")
     parser.add_argument(
-        "--tracers", default="dftracer,twintrace", help="dftracer, dftracer-agg, twintrace"
+        "--tracers",
+        default="dftracer,dftracer-agg,twintrace",
+        help="dftracer, dftracer-agg, twintrace",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size", default="4KiB", help="storm: bytes per pread")
@@ -498,11 +509,7 @@ def main() -> None:
             f"{row['case']} {row['tracer']}: untraced/traced = {row['median']:.3f} (median of "
             f"{row['rounds']}; spread {row['min']:.3f} .. {row['max']:.3f}); complete in "
             f"{row['complete_rounds']}/{row['rounds']} rounds; {row['describe']}"
-            + (
-                f"; unreadable trace files: {len(row['damaged_files'])}"
-                if row["damaged_files"]
-                else ""
-            )
+            + "".join(f"; {note}" for note in row["notes"])
         )
     if args.json:
         args.json.write_text(
