@@ -286,3 +286,62 @@ def _daemon_memlock_bytes() -> int:
         if line.startswith("Max locked memory"):
             return int(line.split()[4])
     raise AssertionError("no locked-memory limit for dockerd")
+
+
+def test_small_reads_at_storm_rate_are_aggregated_and_still_exact(
+    images, tmp_path: Path, runs_root: Path
+) -> None:
+    """Thousands of 4 KiB reads a second: beyond the first calls of each 10 ms bin the tracer
+    folds them into aggregated rows, and every file still shows its opens, its read calls and
+    its bytes exactly, although the files follow each other on the same descriptor number
+    within a bin (the descriptor generation keeps them apart)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    sizes = [(1 << 20) + 7 * i for i in range(12)]
+    for i, size in enumerate(sizes):
+        (data / f"f{i:02d}.bin").write_bytes(os.urandom(size))
+    script = (
+        "import os\n"
+        "names = sorted(os.listdir('/data'))\n"
+        "for rep in range(2):\n"
+        "    for name in names:\n"
+        "        fd = os.open(os.path.join('/data', name), os.O_RDONLY)\n"
+        "        while os.read(fd, 4096):\n"
+        "            pass\n"
+        "        os.close(fd)\n"
+        "fd = os.open('/data/' + names[0], os.O_RDONLY)\n"
+        "for i in range(20000):\n"
+        "    os.pread(fd, 4096, (i % 256) * 4096)\n"
+        "os.close(fd)\n"
+    )
+    run_dir = trace(
+        image_request(
+            BASE, ["python3", "-c", script], runs_root, mounts=(BindMount(data, "/data", True),)
+        )
+    ).check()
+    manifest = _manifest(run_dir)
+    assert manifest["status"] == "completed" and manifest["lost_events"] == 0
+    events = traced_events(run_dir)
+    for i, size in enumerate(sizes):
+        path = f"/data/f{i:02d}.bin"
+        opens = events[(events["kind"] == "openat") & (events["path"] == path)]
+        assert len(opens) == 2 + (i == 0), path
+        reads = events[(events["kind"] == "read") & (events["path"] == path)]
+        # Each pass: ceil(size / 4096) reads with data and one at the end of the file.
+        assert reads["count"].sum() == 2 * (-(-size // 4096) + 1), path
+        assert reads["bytes"].sum() == 2 * size, path
+    preads = events[events["kind"] == "pread64"]
+    assert preads["count"].sum() == 20000 and preads["bytes"].sum() == 20000 * 4096
+    assert set(preads["path"]) == {"/data/f00.bin"}
+    # Both kinds of rows are there, and aggregated rows keep their calls' bucket and maximum.
+    data_reads = events[events["kind"].isin(["read", "pread64"]) & events["path"].notna()]
+    aggregated = data_reads[data_reads["count"] > 1]
+    assert len(aggregated) and (data_reads["count"] == 1).any()
+    assert (aggregated["bytes"] <= aggregated["count"] * 4096).all()
+    assert (aggregated["latency_max_ns"] <= aggregated["latency_ns"]).all()
+    assert (aggregated["latency_max_ns"] * aggregated["count"] >= aggregated["latency_ns"]).all()
+    # Far fewer rows than calls, and the summary counts calls, not rows.
+    calls = int(data_reads["count"].sum())
+    assert len(data_reads) < calls / 10
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["syscalls"]["pread64"]["count"] == int(preads["count"].sum())
