@@ -485,6 +485,9 @@ def main() -> None:
             raise SystemExit(
                 f"unknown tracer {name!r}: choose from dftracer, dftracer-agg, twintrace"
             )
+    for name in cases:
+        if name not in ("storm", "unet3d"):
+            raise SystemExit(f"unknown case {name!r}: choose storm or unet3d")
     if any(TRACERS[t].dftracer for t in tracers):
         check_dftracer(args.dftracer)
     work = Path(tempfile.mkdtemp(prefix="twintrace-peers-"))
@@ -493,11 +496,9 @@ def main() -> None:
         for name in cases:
             if name == "storm":
                 case = storm_case(parse_size(args.size), args.calls)
-            elif name == "unet3d":
+            else:
                 data = args.data or dataset(args.data_root, SETUPS["unet3d"])
                 case = unet3d_case(data, args.workers, args.compute_s, work)
-            else:
-                raise SystemExit(f"unknown case {name!r}: choose storm or unet3d")
             rows += summary(case, measure(case, tracers, args.rounds, work, args.dftracer))
     except UserError as exc:
         raise SystemExit(str(exc)) from None
