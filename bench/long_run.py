@@ -264,22 +264,29 @@ def traced_counts(run: LongRun) -> dict[tuple[str, str], tuple[int, int]]:
 
 
 _INGEST = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 from tracing import ingest
+
+def status(key):  # kiB
+    line = next(l for l in open("/proc/self/status") if l.startswith(key + ":"))
+    return int(line.split()[1])
+
 raw, roots = Path(sys.argv[1]), {int(k): v for k, v in json.loads(sys.argv[2]).items()}
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = status("VmRSS")
+Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here on
 t = time.perf_counter()
 events, stats = ingest.build_events(raw, roots)
 samples = ingest.build_samples(raw)
 print(json.dumps({"seconds": time.perf_counter() - t, "rows": events.num_rows,
-                  "base_kib": base, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+                  "base_kib": base, "peak_kib": status("VmHWM")}))
 """
 
 
 def ingest_cost(run: LongRun) -> dict:
     """Time and peak memory of tracing.ingest on the run's raw files, in a fresh process:
-    ``seconds``, ``rows`` (events), ``base_kib`` (after imports) and ``peak_kib``."""
+    ``seconds``, ``rows`` (events), ``base_kib`` (resident after imports) and ``peak_kib`` (the
+    peak resident set while ingesting: VmHWM, reset once the modules are imported)."""
     manifest = json.loads((run.run_dir / "manifest.json").read_text())
     roots = {str(c["main_pid"]): c["role"] for c in manifest["containers"] if c["main_pid"]}
     result = subprocess.run(
