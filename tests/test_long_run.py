@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -78,6 +79,33 @@ def test_the_sampler_records_its_own_and_watched_processes_rss(tmp_path: Path) -
     # Plausible sizes: this Python process holds tens of MiB, sleep well under that.
     assert own["value"].min() > 10 * 2**20
     assert 0 < watched["value"].max() < own["value"].min()
+
+
+def test_the_sampler_records_watched_processes_cpu(tmp_path: Path) -> None:
+    """A watched process that spins shows most of a core; one that sleeps, none of it."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen(["sleep", "30"])
+    try:
+        sampler = Sampler(raw / "samples.csv", {}, interval=0.05)
+        sampler.watch({"tracer_rss_busy": busy.pid, "tracer_rss_idle": idle.pid})
+        sampler.start()
+        time.sleep(1.5)
+        sampler.stop()
+    finally:
+        busy.kill()
+        idle.kill()
+        busy.wait()
+        idle.wait()
+    assert sampler.error is None
+    samples = build_samples(raw)
+    metric = samples["metric"]
+    cpu = samples[(metric == "sampler_cpu") | metric.str.startswith("tracer_cpu_")]
+    means = cpu.groupby("metric")["value"].mean()
+    assert set(means.index) == {"sampler_cpu", "tracer_cpu_busy", "tracer_cpu_idle"}
+    assert set(cpu["unit"]) == {"percent"} and cpu["container"].isna().all()
+    assert means["tracer_cpu_busy"] > 40 and means["tracer_cpu_idle"] == 0
 
 
 def test_process_rss_reads_statm_in_pages(tmp_path: Path) -> None:

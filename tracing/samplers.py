@@ -20,7 +20,9 @@ The tool's own memory, host-wide rows (no container): ``sampler_rss``, the resid
 twintrace process whose thread samples (the runner's process), and ``tracer_rss_<script>``,
 that of each bpftrace process, given with :meth:`Sampler.watch` once started (bytes, from
 ``/proc/PID/statm``: one small read per process and sample). A long run shows with them that
-the tracer's memory stays flat (docs/run-format.md, "Budget of a long run").
+the tracer's memory stays flat (docs/run-format.md, "Budget of a long run"). And their CPU:
+``sampler_cpu`` and ``tracer_cpu_<script>`` (percent of one core, from ``/proc/PID/stat``
+clock ticks): the tracer's own cost, which a container's CPU time does not include.
 """
 
 from __future__ import annotations
@@ -186,6 +188,7 @@ class Sampler:
             "containers": {role: _container_counters(cg) for role, cg in self.cgroups.items()},
             "host": _host_cpu_times(),
             "processes": {metric: process_rss(pid) for metric, pid in self._processes.items()},
+            "ticks": {cpu_metric(m): process_ticks(pid) for m, pid in self._processes.items()},
         }
 
     @staticmethod
@@ -219,6 +222,11 @@ class Sampler:
             ("host_cpu_idle", 100.0 * by_name["idle"] / total, "percent"),
             *gpus.sample(),
             *((m, rss, "bytes") for m, rss in cur.get("processes", {}).items() if rss is not None),
+            *(
+                (m, 100.0 * max(0, ticks - before) * _TICK_NS / dt, "percent")
+                for m, ticks in cur.get("ticks", {}).items()
+                if ticks is not None and (before := prev.get("ticks", {}).get(m)) is not None
+            ),
         ]
         rows += [(m, v, u, "") for m, v, u in host]
         out.write("".join(f"{ts},{m},{_number(v)},{u},{c}\n" for m, v, u, c in rows))
@@ -253,6 +261,12 @@ def _container_counters(cg: ProcessCgroups) -> dict:
     }
 
 
+def cpu_metric(rss_metric: str) -> str:
+    """The CPU metric of a process watched under ``rss_metric`` (``tracer_rss_syscalls`` ->
+    ``tracer_cpu_syscalls``, ``sampler_rss`` -> ``sampler_cpu``)."""
+    return rss_metric.replace("_rss", "_cpu", 1)
+
+
 def process_rss(pid: int, proc: Path = Path("/proc")) -> int | None:
     """Resident set size of process ``pid`` in bytes (the second field of ``/proc/PID/statm``,
     in pages); None when it cannot be read (the process has exited)."""
@@ -275,12 +289,23 @@ def loader_ticks(procs: Path, proc: Path = Path("/proc")) -> dict[int, int] | No
         try:
             if not (proc / str(pid) / "comm").read_text().startswith(LOADER_COMMS):
                 continue
-            # utime and stime are fields 14 and 15; the name (field 2) may hold spaces.
-            fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-            out[pid] = int(fields[11]) + int(fields[12])
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
+        ticks = process_ticks(pid, proc)
+        if ticks is not None:
+            out[pid] = ticks
     return out
+
+
+def process_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """CPU time of process ``pid`` (user + system clock ticks, all its threads); None when it
+    cannot be read (the process has exited)."""
+    try:
+        # utime and stime are fields 14 and 15; the name (field 2) may hold spaces.
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def loader_cpu_percent(before: dict[int, int], now: dict[int, int], dt_ns: int) -> float:
