@@ -1,22 +1,42 @@
 #!/usr/bin/env python3
-"""Benchmark: parsing a raw bpftrace trace into events.parquet.
+"""Benchmark: a raw bpftrace trace into events.parquet, against a bare ``pandas.read_csv``.
 
-Method: build a raw run directory whose syscalls.txt holds N events (default 5,000,000) by
-repeating the real bpftrace output saved in tests/data/raw/syscalls.txt with shifted timestamps
-and pids (so the fd -> path join has real work to do). Then, alternating A/B for --rounds rounds:
-  A: tracing.ingest.build_events + writing events.parquet (the full ingest path)
-  B: a plain pandas.read_csv of the same file (tab-separated, no further processing)
-Prints events/s of A and the ratio time(B) / time(A) (> 1 means ingest is faster than plain
-pandas parsing even though it does more).
+Method: synthesize the raw directory of a busy training container (:func:`make_raw`): N lines of
+raw/syscalls.txt (default 5,000,000) as tracing/bpf/syscalls.bt prints them, with block, cache
+and process files beside. Six DataLoader worker processes, forked by the main process at each
+epoch (they inherit its descriptors and pread64 its index file through them), open an image
+among 200,000, read it whole, read its end, close it (one in 50 through a dup of the
+descriptor, one in 5 with an lseek first); the main process maps shared memory and checkpoints
+every 30 s (many 1 MiB writes, an fsync). The tracer's aggregation is applied as syscalls.bt
+does it: beyond 4 reads or writes of a thread in a 10 ms bin, calls are folded into
+``@agg`` rows per (descriptor generation, size and latency buckets), printed by a 100 ms
+interval probe; lines come out of per-CPU buffers polled every ms, so the file is out of
+time order by up to a few ms (aggregated rows by up to ~110 ms). A "Lost N events" line and a
+last line cut short complete it.
 
-Usage: python bench/trace_ingest.py [--events 5000000] [--rounds 3] [--dir /tmp/ingest-bench]
+Then, in one process, alternating for --rounds rounds (the order flips every round):
+  A: tracing.ingest.write_events: parse, merge, descriptor join, events.parquet written;
+  B: pandas.read_csv of raw/syscalls.txt (tab-separated, no further processing).
+Prints each round, the median and spread (min-max) of time(B) / time(A) (>= 0.5 is the goal:
+the whole ingest in at most twice the time of a bare parse), and the peak RSS of an ingest run
+alone in a child process (:func:`peak_rss`).
+
+Measured on the 2-vCPU AMD EPYC VM of the project (other jobs running, hence the spread), with
+LZ4 and row groups of 256 Ki rows:
+
+  events   ratio (median, min-max)   ingest      pandas.read_csv   ingest peak RSS
+  5 M      see docs/run-format.md ("Ingest")
+
+Usage: python bench/trace_ingest.py [--events 5000000] [--rounds 5] [--dir DIR] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,52 +45,273 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 
-from core.rundir import EVENTS_COLUMNS, write_table  # noqa: E402
-from tracing import ingest  # noqa: E402
+from tracing import aggregates, ingest  # noqa: E402
 
-SAMPLE = REPO / "tests" / "data" / "raw" / "syscalls.txt"
+MAIN_PID = 4000
+WORKERS = 6
+EPOCH_S = 60.0
+SLICE_S = 10.0
+LINES_PER_S = 24_000  # one-by-one and aggregated lines of the whole container, roughly
+BIN_NS = aggregates.BIN_NS
+AGG_INTERVAL_NS = 100_000_000
+CPUS = 4
 
 
-def make_raw(raw: Path, n_events: int) -> int:
-    lines = [line for line in SAMPLE.read_text().splitlines() if line[:1].isdigit()]
-    rows = [line.split("\t") for line in lines]
-    t0 = int(rows[0][0])
-    span = int(rows[-1][0]) - t0 + 1000
+def _fmt(columns: list[pa.Array | np.ndarray | str]) -> pa.Array:
+    """Tab-joined text lines from columns (numbers or strings)."""
+    parts = []
+    for col in columns:
+        if isinstance(col, str):
+            parts.append(col)
+        elif isinstance(col, np.ndarray) and col.dtype.kind in "iu":
+            parts.append(pc.cast(pa.array(col), pa.string()))
+        else:
+            parts.append(pa.array(col, type=pa.string()))
+    return pc.binary_join_element_wise(*parts, "\t")
+
+
+class _Slice:
+    """The calls of SLICE_S seconds of the container (see the module doc), as columns."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.cols: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("ts", "kind", "pid", "tid", "fd", "ret", "arg", "lat")
+        }
+        self.paths: list[np.ndarray] = []
+
+    def add(self, ts, kind, pid, tid, fd, ret, arg, lat, path=None) -> None:
+        n = len(ts)
+        for key, value in zip(self.cols, (ts, kind, pid, tid, fd, ret, arg, lat), strict=True):
+            self.cols[key].append(np.broadcast_to(np.asarray(value), n).copy())
+        self.paths.append(
+            np.broadcast_to(np.asarray("" if path is None else path, dtype=object), n).copy()
+        )
+
+    def frame(self) -> pd.DataFrame:
+        df = pd.DataFrame({k: np.concatenate(v) for k, v in self.cols.items()})
+        df["path"] = np.concatenate(self.paths)
+        return df
+
+
+def _worker_calls(s: _Slice, t0: int, t1: int, pid: int, index_fd: int, rng) -> None:
+    """One DataLoader worker from t0 to t1 (ns): samples back to back."""
+    mean_gap = 5.5e6  # decode and transform of one image, ns
+    n = int((t1 - t0) / mean_gap * 1.1) + 4
+    gaps = rng.lognormal(np.log(mean_gap), 0.5, n).astype(np.int64)
+    start = t0 + np.cumsum(gaps)
+    start = start[start < t1 - 2_000_000]
+    n = len(start)
+    size = rng.lognormal(np.log(110_000), 0.4, n).astype(np.int64)
+    image = rng.integers(0, 200_000, n)
+    paths = np.array(
+        [f"/data/imagenet/train/n{c // 1300:08d}/n{c // 1300:08d}_{c:06d}.JPEG" for c in image],
+        dtype=object,
+    )
+    lat = rng.lognormal(np.log(9000), 0.6, (n, 6)).astype(np.int64)
+    fd = 7
+    # pread64 of the index (a descriptor inherited from the main process)
+    s.add(start, "pread64", pid, pid, index_fd, 64, image * 64, lat[:, 5])
+    t = start + lat[:, 5] + 3000
+    s.add(t, "openat", pid, pid, -1, fd, -1, lat[:, 0], paths)
+    seek = rng.random(n) < 0.2
+    t_seek = t + 2000
+    s.add(t_seek[seek], "lseek", pid, pid, fd, 0, -1, 600)
+    dup = rng.random(n) < 0.02
+    s.add(t[dup] + 2500, "dup", pid, pid, fd, fd + 1, -1, 900)
+    read_fd = np.where(dup, fd + 1, fd)
+    t = t + lat[:, 1] + 4000
+    s.add(t, "read", pid, pid, read_fd, size, -1, lat[:, 1])
+    t = t + lat[:, 2] + 1500
+    s.add(t, "read", pid, pid, read_fd, 0, -1, lat[:, 2] // 4)
+    t = t + 2000
+    s.add(t[dup], "close", pid, pid, fd + 1, 0, -1, 1500)
+    s.add(t + 500, "close", pid, pid, fd, 0, -1, lat[:, 3] // 4)
+
+
+def _main_calls(s: _Slice, t0: int, t1: int, rng, epoch_start: bool, ckpt: bool) -> None:
+    pid = MAIN_PID
+    steps = np.arange(t0 + 5_000_000, t1, 100_000_000)
+    n = len(steps)
+    shm = np.array([f"/dev/shm/torch_{pid}_{rng.integers(1 << 30)}_{i}" for i in range(n)])
+    lat = rng.lognormal(np.log(8000), 0.5, (n, 4)).astype(np.int64)
+    s.add(steps, "openat", pid, pid + 2, -1, 30, -1, lat[:, 0], shm)
+    s.add(steps + 20_000, "mmap", pid, pid + 2, 30, 0x7F0000000000, 1 << 22, lat[:, 1])
+    s.add(steps + 40_000, "close", pid, pid + 2, 30, 0, -1, lat[:, 2] // 4)
+    s.add(steps + 60_000, "write", pid, pid, 1, 96, -1, lat[:, 3])
+    if ckpt:  # 2000 writes of 1 MiB over ~2 s, then fsync
+        t = t0 + 1_000_000_000
+        s.add([t], "openat", pid, pid, -1, 31, -1, 40_000, "/ckpt/model-latest.pt")
+        n_w = 2000
+        w_lat = rng.lognormal(np.log(600_000), 0.3, n_w).astype(np.int64)
+        wt = t + np.cumsum(w_lat + 400_000)
+        s.add(wt, "write", pid, pid, 31, 1 << 20, -1, w_lat)
+        s.add([wt[-1] + 1_000_000], "fsync", pid, pid, 31, 0, -1, 90_000_000)
+        s.add([wt[-1] + 92_000_000], "close", pid, pid, 31, 0, -1, 4000)
+
+
+def _aggregate(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Split calls into one-by-one lines and aggregated rows as syscalls.bt does."""
+    df = df.sort_values("ts", kind="stable", ignore_index=True)
+    changes = df["kind"].isin(["openat", "close", "dup"]).astype(np.int64)
+    df["gen"] = changes.groupby(df["pid"]).cumsum()
+    df["bin"] = df["ts"] // BIN_NS
+    foldable = df["kind"].isin(aggregates.KIND_CODES)
+    rank = foldable.astype(np.int64).groupby([df["tid"], df["bin"]]).cumsum()
+    folded = foldable & (rank > aggregates.LINES_PER_BIN)
+    one = df[~folded]
+    agg = df[folded].copy()
+    nbytes = np.maximum(agg["ret"].to_numpy(), 0)
+    agg["size"] = np.floor(np.log2(np.maximum(nbytes, 1))).astype(np.int64)
+    agg["latb"] = np.floor(np.log2(np.maximum(agg["lat"].to_numpy(), 1))).astype(np.int64)
+    agg["code"] = agg["kind"].map({k: i for i, k in enumerate(aggregates.KIND_CODES)})
+    agg["nbytes"] = nbytes
+    keys = ["pid", "tid", "fd", "code", "gen", "bin", "size", "latb"]
+    rows = (
+        agg.groupby(keys, sort=False)
+        .agg(
+            count=("ts", "size"),
+            bytes=("nbytes", "sum"),
+            lat_sum=("lat", "sum"),
+            lat_max=("lat", "max"),
+            last=("ts", "max"),
+        )
+        .reset_index()
+    )
+    return one, rows
+
+
+def _slice_lines(df: pd.DataFrame, rng) -> tuple[pa.Array, np.ndarray]:
+    """The text lines of one slice and the times they are printed at (the file order)."""
+    one, agg = _aggregate(df)
+    comm = np.where(
+        one["pid"].to_numpy() == MAIN_PID,
+        np.where(one["tid"].to_numpy() == MAIN_PID, "python3", "pt_main_thread"),
+        "pt_data_worker",
+    )
+    lines = _fmt(
+        [
+            one["ts"].to_numpy(),
+            one["kind"].to_numpy(dtype=object),
+            one["pid"].to_numpy(),
+            one["tid"].to_numpy(),
+            one["fd"].to_numpy(),
+            one["ret"].to_numpy(),
+            one["arg"].to_numpy(),
+            one["lat"].to_numpy(),
+            comm,
+            one["path"].to_numpy(dtype=object),
+        ]
+    )
+    # per-CPU buffers polled every ms: a line waits for its CPU's next poll
+    cpu = (one["tid"].to_numpy() * 7 + one["ts"].to_numpy() // 50_000_000) % CPUS
+    phase = cpu * (1_000_000 // CPUS)
+    ts = one["ts"].to_numpy()
+    printed = (ts - phase) // 1_000_000 * 1_000_000 + 1_000_000 + phase
+    agg_lines = pc.binary_join_element_wise(
+        pc.cast(pa.array(np.full(len(agg), "@agg0[")), pa.string()),
+        pc.binary_join_element_wise(
+            *[pc.cast(pa.array(agg[k].to_numpy()), pa.string()) for k in agg.columns[:8]], ", "
+        ),
+        "]: (",
+        pc.binary_join_element_wise(
+            *[
+                pc.cast(pa.array(agg[k].to_numpy()), pa.string())
+                for k in ("count", "bytes", "lat_sum", "lat_max", "last")
+            ],
+            ", ",
+        ),
+        ")",
+        "",
+    )
+    bin_end = (agg["bin"].to_numpy() + 1) * BIN_NS
+    agg_printed = (bin_end // AGG_INTERVAL_NS + 1) * AGG_INTERVAL_NS + 5_000
+    return (
+        pa.concat_arrays([lines, agg_lines]),
+        np.concatenate([printed, agg_printed]),
+    )
+
+
+def make_raw(raw: Path, n_lines: int, seed: int = 1) -> dict[str, int]:
+    """Write a synthetic raw directory with ``n_lines`` lines of events in syscalls.txt."""
+    rng = np.random.default_rng(seed)
     raw.mkdir(parents=True, exist_ok=True)
-    written = 0
+    t_start = 1_000_000_000_000
+    written = aggregated = 0
+    pids = [MAIN_PID]
+    proc_lines = []
+    block_lines = []
+    cache_lines = []
+    slice_no = 0
     with open(raw / "syscalls.txt", "w") as out:
-        out.write("Attaching 26 probes...\nREADY 1\n")
-        rep = 0
-        while written < n_events:
-            shift = rep * span
-            pid_shift = rep * 100_000
-            chunk = []
-            for r in rows:
-                if written >= n_events:
-                    break
-                chunk.append(
-                    "\t".join(
-                        [
-                            str(int(r[0]) + shift),
-                            r[1],
-                            str(int(r[2]) + pid_shift),
-                            str(int(r[3]) + pid_shift),
-                            *r[4:],
-                        ]
+        out.write(f"Attaching 30 probes...\nREADY {t_start}\n")
+        out.write(
+            f"{t_start + 1000}\topenat\t{MAIN_PID}\t{MAIN_PID}\t-1\t5\t-1\t9000\tpython3\t"
+            "/data/imagenet/train.index\n"
+        )
+        while written < n_lines:
+            t0 = t_start + int(slice_no * SLICE_S * 1e9)
+            t1 = t0 + int(SLICE_S * 1e9)
+            s = _Slice(rng)
+            epoch_start = slice_no % int(EPOCH_S / SLICE_S) == 0
+            if epoch_start:
+                if slice_no:
+                    for p in pids[1:]:
+                        proc_lines.append(f"{t0 + 100}\texit\t{p}\t{p}\t-1\tpt_data_worker\t")
+                base = MAIN_PID + 100 + slice_no * 10
+                pids = [MAIN_PID] + [base + w for w in range(WORKERS)]
+                for k, p in enumerate(pids[1:]):
+                    proc_lines.append(
+                        f"{t0 + 1000 + k}\tfork\t{MAIN_PID}\t{MAIN_PID}\t{p}\tpython3\t"
                     )
+                    proc_lines.append(
+                        f"{t0 + 1500 + k}\tfork\t{p}\t{p}\t{p + 5000}\tpt_data_worker\t"
+                    )
+            for p in pids[1:]:
+                _worker_calls(s, t0 + 2_000_000, t1, p, 5, rng)
+            _main_calls(s, t0, t1, rng, epoch_start, slice_no % 3 == 1)
+            lines, printed = _slice_lines(s.frame(), rng)
+            order = np.argsort(printed, kind="stable")
+            lines = lines.take(pa.array(order))
+            if written + len(lines) > n_lines:
+                lines = lines.slice(0, n_lines - written)
+            aggregated += int(pc.sum(pc.starts_with(lines, "@agg")).as_py() or 0)
+            written += len(lines)
+            text = "\n".join(lines.to_pylist())
+            if slice_no == 1:
+                out.write("Lost 12 events\n")
+            out.write(text + "\n")
+            # block requests and page cache, a few per ms / per 100 ms
+            n_b = int(SLICE_S * 300)
+            bt = np.sort(rng.integers(t0, t1, n_b))
+            for t, sec in zip(bt.tolist(), rng.integers(0, 1 << 30, n_b).tolist(), strict=True):
+                block_lines.append(
+                    f"{t}\tRA\t266338304\t{sec}\t131072\t180000\t{pids[-1]}\t1\tpt_data_worker"
                 )
-                written += 1
-            out.write("\n".join(chunk) + "\n")
-            rep += 1
-    return written
+            for tick in range(t0, t1, 100_000_000):
+                cache_lines.append(f"T {tick}")
+                for p in pids[1:]:
+                    cache_lines.append(f"@add[{p}, pt_data_worker]: {int(rng.integers(100, 900))}")
+            slice_no += 1
+        out.write(f"{t1}\tread\t{MAIN_PID}\t{MAIN_PID}\t3")  # cut short when bpftrace stopped
+    (raw / "proc.txt").write_text("Attaching 4 probes...\nREADY 1\n" + "\n".join(proc_lines) + "\n")
+    (raw / "block.txt").write_text(
+        "Attaching 4 probes...\nREADY 1\n" + "\n".join(block_lines) + "\n"
+    )
+    (raw / "cache.txt").write_text(
+        "Attaching 5 probes...\nREADY 1\n" + "\n".join(cache_lines) + "\n"
+    )
+    return {"lines": written, "aggregated": aggregated}
 
 
 def run_ingest(raw: Path, out: Path) -> float:
     t = time.perf_counter()
-    table, _ = ingest.build_events(raw)
-    write_table(out, table, EVENTS_COLUMNS)
+    ingest.write_events(raw, out, {MAIN_PID: "main"})
     return time.perf_counter() - t
 
 
@@ -80,35 +321,81 @@ def run_pandas(raw: Path) -> float:
         raw / "syscalls.txt",
         sep="\t",
         header=None,
-        names=list(ingest._SYSCALL_COLUMNS),
+        names=list(ingest.SYSCALL_FIELDS),
         skiprows=2,
         quoting=3,
         keep_default_na=False,
+        on_bad_lines="skip",
     )
     return time.perf_counter() - t
+
+
+def peak_rss(raw: Path, out: Path) -> dict:
+    """Peak RSS (MiB) and time of one write_events alone in a fresh process."""
+    code = (
+        "import json, resource, sys, time; from pathlib import Path; "
+        f"sys.path.insert(0, {str(REPO)!r}); from tracing import ingest; "
+        "ingest._compile(); before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+        "t = time.perf_counter(); "
+        f"ingest.write_events(Path({str(raw)!r}), Path({str(out)!r}), {{{MAIN_PID}: 'main'}}); "
+        "print(json.dumps({'seconds': time.perf_counter() - t, 'rss_mib': "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "
+        "'rss_before_mib': before / 1024}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=5_000_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true", help="reuse/keep the raw trace in --dir")
     args = parser.parse_args()
     base = args.dir or Path(tempfile.mkdtemp(prefix="twintrace-ingest-bench-"))
-    raw = base / "raw"
+    raw = base / f"raw-{args.events}"
     try:
-        n = make_raw(raw, args.events)
+        if not (args.keep and (raw / "syscalls.txt").exists()):
+            shutil.rmtree(raw, ignore_errors=True)
+            t = time.perf_counter()
+            made = make_raw(raw, args.events)
+            print(
+                f"synthesized {made['lines']} lines ({made['aggregated']} aggregated) "
+                f"in {time.perf_counter() - t:.0f} s"
+            )
         size = (raw / "syscalls.txt").stat().st_size
-        print(f"raw trace: {n} events, {size / 1e6:.0f} MB")
-        a_times, b_times = [], []
+        print(f"raw/syscalls.txt: {size / 1e6:.0f} MB")
+        ingest._compile()  # numba's compilation or cache load is not part of a round
+        run_ingest(raw, base / "events.parquet")  # warm: page cache, allocator
+        ratios, a_times, b_times = [], [], []
         for i in range(args.rounds):
-            a_times.append(run_ingest(raw, base / "events.parquet"))
-            b_times.append(run_pandas(raw))
-            print(f"round {i + 1}: ingest {a_times[-1]:.2f} s, pandas.read_csv {b_times[-1]:.2f} s")
-        a, b = statistics.median(a_times), statistics.median(b_times)
-        print(f"ingest: {n / a / 1e6:.2f} M events/s (median of {args.rounds})")
-        print(f"pandas.read_csv: {n / b / 1e6:.2f} M events/s")
-        print(f"ratio pandas_time / ingest_time = {b / a:.2f}")
+            if i % 2 == 0:
+                a, b = run_ingest(raw, base / "events.parquet"), run_pandas(raw)
+            else:
+                b, a = run_pandas(raw), run_ingest(raw, base / "events.parquet")
+            a_times.append(a)
+            b_times.append(b)
+            ratios.append(b / a)
+            print(f"round {i + 1}: ingest {a:.2f} s, pandas.read_csv {b:.2f} s, ratio {b / a:.2f}")
+        rows = ingest.pq.ParquetFile(base / "events.parquet").metadata.num_rows
+        print(
+            f"events.parquet: {rows} rows, {(base / 'events.parquet').stat().st_size / 1e6:.0f} MB"
+        )
+        print(
+            f"ratio pandas_time / ingest_time: median {statistics.median(ratios):.2f} "
+            f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {args.rounds} rounds)"
+        )
+        print(
+            f"ingest median {statistics.median(a_times):.2f} s "
+            f"({rows / statistics.median(a_times) / 1e6:.1f} M rows/s), "
+            f"pandas.read_csv median {statistics.median(b_times):.2f} s"
+        )
+        alone = peak_rss(raw, base / "events.parquet")
+        print(
+            f"ingest alone in a fresh process: {alone['seconds']:.2f} s, peak RSS "
+            f"{alone['rss_mib']:.0f} MiB ({alone['rss_before_mib']:.0f} MiB after imports)"
+        )
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

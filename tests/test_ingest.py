@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from core.rundir import PHASES_COLUMNS, empty_frame
-from tracing import ingest
+from tracing import aggregates, ingest
 
 RAW = Path(__file__).parent / "data" / "raw"
 
@@ -167,43 +167,151 @@ def test_reads_through_a_dup_of_the_descriptor_are_resolved() -> None:
     assert writes["bytes"].sum() == 800_128  # 128-byte header + 100000 float64
 
 
-def test_a_closed_descriptor_number_reused_by_an_untraced_call_gets_no_path() -> None:
+def _raw(
+    tmp_path: Path, syscalls: list[tuple], proc: list[str] = (), extra: list[str] = ()
+) -> Path:
+    """A raw directory: syscall lines (ts, kind, pid, fd, ret, path[, tid]) and proc lines."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = []
+    for row in syscalls:
+        ts, kind, pid, fd, ret, path = row[:6]
+        tid = row[6] if len(row) > 6 else pid
+        lines.append(f"{ts}\t{kind}\t{pid}\t{tid}\t{fd}\t{ret}\t-1\t10\tc{tid}\t{path or ''}")
+    (raw / "syscalls.txt").write_text("\n".join([*lines, *extra]) + "\n")
+    (raw / "proc.txt").write_text("".join(f"{line}\n" for line in proc))
+    return raw
+
+
+def _paths(raw: Path, **kw) -> list[str]:
+    table, _ = ingest.build_events(raw, **kw)
+    df = table.to_pandas()
+    return list(df.loc[df["kind"].astype(str) != "fork", "path"].fillna("-"))
+
+
+def test_a_closed_descriptor_number_reused_by_an_untraced_call_gets_no_path(
+    tmp_path: Path,
+) -> None:
     # A DataLoader worker reads an image on fd 19 and closes it; fd 19 is then reused for a
     # socket (socket() is not traced) whose reads must not be counted as the image's.
-    import pandas as pd
+    raw = _raw(
+        tmp_path,
+        [
+            (10, "openat", 7, -1, 19, "/data/a.jpg"),
+            (11, "read", 7, 19, 900, None),
+            (13, "close", 7, 19, 0, None),
+            (14, "read", 7, 19, 4, None),  # a socket on the reused number
+            (15, "openat", 7, -1, 19, "/data/b.jpg"),
+            (16, "read", 7, 19, 700, None),
+            # pid 8 was forked from 7 at ts 12 (fd 19 = a.jpg then); it reads the inherited
+            # descriptor, closes it, and reads a reused fd 19 again.
+            (17, "read", 8, 19, 50, None),
+            (18, "close", 8, 19, 0, None),
+            (19, "read", 8, 19, 4, None),
+        ],
+        ["12\tfork\t7\t7\t8\tpython\t"],
+    )
+    assert _paths(raw) == [
+        "/data/a.jpg",
+        "/data/a.jpg",
+        "/data/a.jpg",
+        "-",
+        "/data/b.jpg",
+        "/data/b.jpg",
+        "/data/a.jpg",
+        "/data/a.jpg",
+        "-",
+    ]
 
-    rows = [
-        # ts, kind, pid, fd, ret, path
-        (10, "openat", 7, 19, 19, "/data/a.jpg"),
-        (11, "read", 7, 19, 900, None),
-        (12, "close", 7, 19, 0, None),
-        (13, "read", 7, 19, 4, None),  # a socket on the reused number
-        (14, "openat", 7, 19, 19, "/data/b.jpg"),
-        (15, "read", 7, 19, 700, None),
-        # pid 8 was forked from 7 at ts 11 (fd 19 = a.jpg then); it reads the inherited
-        # descriptor, closes it, and reads a reused fd 19 again.
-        (16, "read", 8, 19, 50, None),
-        (17, "close", 8, 19, 0, None),
-        (18, "read", 8, 19, 4, None),
-    ]
-    sys = pd.DataFrame(rows, columns=["ts_ns", "kind", "pid", "fd", "ret", "path"]).astype(
-        {"pid": "int32", "fd": "int32", "path": "string"}
+
+def test_descriptors_follow_the_process_tree_in_time_order(tmp_path: Path) -> None:
+    # Fixed with the streaming join (the merge_asof join of before got these wrong or
+    # unresolved): a fork's child inherits its parent's table as it is at the fork, so a call
+    # of the child's pid before the fork inherits nothing; a grandchild inherits what its
+    # parent inherited; a dup of an inherited descriptor copies it; dup of a dup of a dup.
+    raw = _raw(
+        tmp_path,
+        [
+            (10, "openat", 7, -1, 5, "/data/a"),
+            (11, "read", 8, 5, 1, None),  # pid 8 before it was forked: nothing inherited
+            (13, "read", 8, 5, 1, None),  # inherited
+            (14, "dup", 8, 5, 6, None),  # a copy of an inherited descriptor
+            (15, "read", 8, 6, 1, None),
+            (17, "read", 9, 5, 1, None),  # the grandchild
+            (18, "dup", 7, 5, 9, None),
+            (19, "dup", 7, 9, 10, None),
+            (20, "dup", 7, 10, 11, None),
+            (21, "dup", 7, 11, 11, None),  # dup2(fd, fd)
+            (22, "read", 7, 11, 1, None),
+            (23, "dup", 7, 1, 11, None),  # a copy of a descriptor of unknown file
+            (24, "read", 7, 11, 1, None),
+        ],
+        ["12\tfork\t7\t7\t8\tpython\t", "16\tfork\t8\t8\t9\tpython\t"],
     )
-    forks = pd.DataFrame({"ts_ns": [11], "kind": ["fork"], "pid": [7], "ret": [8]}).astype(
-        {"pid": "int32"}
+    assert _paths(raw) == ["/data/a", "-", *["/data/a"] * 9, "-", "-"]
+
+
+def test_aggregated_rows_are_joined_like_calls(tmp_path: Path) -> None:
+    agg = "@agg1[7, 71, 5, 3, 2, 1, 20, 13]: (50, 52428800, 500000, 20000, {ts})"
+    raw = _raw(
+        tmp_path,
+        [
+            (100, "openat", 7, -1, 5, "/ckpt/model.pt", 71),
+            (110, "write", 7, 5, 4096, None, 71),
+            (500, "close", 7, 5, 0, None, 71),
+            (510, "write", 7, 5, 7, None, 72),  # another thread, after the close
+        ],
+        extra=[
+            agg.format(ts=400),  # printed after later lines: within the reorder window
+            agg.replace("[7, 71", "[7, 72").format(ts=520),
+            agg.replace("[7, 71", "[7, 73").format(ts=530),  # a thread without a line
+            "@agg1[7, 71, 5, 3, 2, 1, 20",  # cut short
+        ],
     )
-    out = ingest.resolve_paths(sys, forks)
-    assert list(out["path"].fillna("-")) == [
-        "/data/a.jpg",
-        "/data/a.jpg",
-        "/data/a.jpg",
-        "-",
-        "/data/b.jpg",
-        "/data/b.jpg",
-        "/data/a.jpg",
-        "/data/a.jpg",
-        "-",
-    ]
+    table, stats = ingest.build_events(raw)
+    df = table.to_pandas()
+    df["kind"] = df["kind"].astype(str)
+    assert list(df["ts_ns"]) == [100, 110, 400, 500, 510, 520, 530]
+    rows = df[df["count"] == 50]
+    assert list(rows["path"].fillna("-")) == ["/ckpt/model.pt", "-", "-"]
+    assert list(rows["comm"]) == ["c71", "c72", ""]
+    assert (rows["kind"] == "write").all() and (rows["bytes"] == 52428800).all()
+    assert (rows["ret"] == 52428800).all() and (rows["offset"] == -1).all()
+    assert (rows["latency_ns"] == 500000).all() and (rows["latency_max_ns"] == 20000).all()
+    lines = df[df["count"] == 1]
+    assert (lines["latency_max_ns"] == lines["latency_ns"]).all()
+    assert stats.skipped_lines == 1
+    totals, _ = ingest.write_events(raw, tmp_path / "events.parquet")
+    assert totals.per_kind()["write"] == (2 + 150, 4096 + 7 + 3 * 52428800)
+
+
+def test_the_fast_aggregate_parser_agrees_with_tracing_aggregates(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    lines = []
+    for _ in range(300):
+        f = rng.integers(0, 10**9, 13)
+        line = (
+            f"@agg{f[0] % 7}[{f[0]}, {f[1]}, {f[2] - 500}, {f[3] % 6}, {f[4]}, {f[5]}, "
+            f"{f[6] % 40}, {f[7] % 40}]: ({f[8]}, {f[9] - 10}, {f[10]}, {f[11]}, {f[12]})"
+        )
+        if rng.random() < 0.2:
+            line = line[: int(rng.integers(1, len(line)))]  # cut short
+        elif rng.random() < 0.1:
+            line = line.replace(", ", ",", 1)
+        lines.append(line)
+    (tmp_path / "syscalls.txt").write_text("\n".join(lines) + "\n")
+    stats = ingest.ParseStats()
+    got = ingest.parse_syscalls(tmp_path / "syscalls.txt", stats)
+    want, bad = aggregates.parse_aggregate_lines(lines)
+    assert stats.skipped_lines == len(bad) > 0
+    for column in aggregates.COLUMNS:
+        assert got[column].tolist() == want[column].tolist(), column
+
+
+def test_an_aggregated_row_of_an_unknown_kind_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "syscalls.txt").write_text("@agg0[1, 1, 3, 9, 0, 0, 0, 0]: (1, 1, 1, 1, 1)\n")
+    with pytest.raises(ValueError, match="unknown kind code 9"):
+        ingest.parse_syscalls(tmp_path / "syscalls.txt", ingest.ParseStats())
 
 
 def _proc_rows(rows: list[tuple[int, str, int, int]]) -> pd.DataFrame:

@@ -1,23 +1,56 @@
 """Turn a run's raw tracer output into events.parquet, samples.parquet and phases.parquet.
 
-Parsing is vectorised: pyarrow's multithreaded CSV reader does the text work, pandas does the
-fd -> path join with ``merge_asof``. Lines that are not events (bpftrace's "Attaching N probes",
-"READY", blank lines, a line cut short when bpftrace was stopped) are skipped; "Lost N events"
-lines are counted.
+The events are streamed: :func:`write_events` never holds a whole trace in memory, so an hour of
+a busy container ingests in a few hundred MiB. Its stages, each on the time order of the trace:
+
+1. **Parse** (a reader thread). ``raw/syscalls.txt`` is read in ~8 MB blocks cut at line ends
+   and each block is parsed by one compiled pass (numba, :func:`_parse_syscall_block`): the
+   numeric fields, the derived columns (an openat's descriptor, bytes, offset), the call kind
+   and thread name as small integer codes, an openat's path copied aside, the aggregated rows
+   (``@agg`` lines, :mod:`tracing.aggregates`), "Lost N events" lines, and the lines that are
+   no events (bpftrace's "Attaching N probes", "READY", blank lines, a line cut short when
+   bpftrace was stopped). ``raw/block.txt`` is read in blocks too (pyarrow's CSV reader);
+   ``raw/proc.txt`` and ``raw/cache.txt`` are a few lines per 100 ms and are read whole.
+2. **Merge** in time order, in rounds. bpftrace's per-CPU buffers deliver lines slightly out of
+   order and the aggregated rows are printed up to ~300 ms after their last call, so a row is
+   released once every streamed file has reached a time :data:`REORDER_NS` later; each round
+   is sorted by ``ts_ns`` (stable: ties keep the file order, syscalls before block, cache and
+   process rows). A line later than the window (never seen in real traces) is still kept: it
+   is put in its place by a final pass over the written file.
+3. **Join** each fd-based call to the path of its descriptor (:func:`_join_descriptors`, one
+   compiled pass in time order over a (pid, fd) -> path table carried from round to round):
+   an openat names the descriptor it returns, a successful close unnames it, a dup (dup, dup2,
+   dup3, fcntl F_DUPFD) makes the new descriptor a copy of the old one, and a fork gives the
+   child a copy of its parent's table (descriptors are inherited). An aggregated row is
+   resolved like a call traced one by one at its ``ts_ns``; its ``comm`` is that of the
+   latest line of its thread.
+4. **Write** row groups of :data:`ROW_GROUP_ROWS` rows (a writer thread; LZ4, plain encodings:
+   the fastest to write, and read by every Parquet reader), and add each round to the
+   :class:`EventTotals` the summary needs.
+
+:func:`build_events` runs the same stages into one in-memory table (tests, small traces).
+bench/trace_ingest.py measures the whole against a bare ``pandas.read_csv`` of the same file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
+from core.atomic import atomic_path
 from core.rundir import (
     EVENTS_COLUMNS,
     FD_KINDS,
@@ -29,24 +62,54 @@ from core.rundir import (
     conform,
     empty_frame,
 )
+from tracing import aggregates
 
 PAGE_SIZE = 4096
 
 # Column order and Arrow types of events.parquet: the single definition lives in core.rundir.
 EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
+#: The string columns of few values that are written as dictionaries (the file's Arrow schema
+#: still says string: readers get EVENTS_SCHEMA), and the schema of the tables written.
+_ENCODED = ("comm", "dev", "container")
+_WRITE_SCHEMA = pa.schema(
+    [
+        pa.field(f.name, pa.dictionary(pa.int32(), pa.string()), nullable=f.nullable)
+        if f.name in _ENCODED
+        else f
+        for f in EVENTS_SCHEMA
+    ]
+)
 
-_SYSCALL_COLUMNS = {
-    "ts_ns": pa.int64(),
-    "kind": pa.string(),
-    "pid": pa.int32(),
-    "tid": pa.int32(),
-    "fd": pa.int32(),
-    "ret": pa.int64(),
-    "arg": pa.int64(),
-    "latency_ns": pa.int64(),
-    "comm": pa.string(),
-    "path": pa.string(),
-}
+#: Rows per Parquet row group of events.parquet.
+ROW_GROUP_ROWS = 256 * 1024
+#: Bytes of raw text parsed at a time.
+BLOCK_BYTES = 8 << 20
+#: How far behind the latest line of every streamed file a row must be before it is released:
+#: bpftrace's per-CPU buffers reorder lines by a few ms, aggregated rows come up to ~300 ms late.
+REORDER_NS = 1_000_000_000
+#: Compression of events.parquet (LZ4: a third of the size of plain, several times faster to
+#: write than zstd for a few percent more bytes).
+COMPRESSION = "lz4"
+
+#: The fields of one raw/syscalls.txt line (tracing/bpf/syscalls.bt).
+SYSCALL_FIELDS = ("ts_ns", "kind", "pid", "tid", "fd", "ret", "arg", "latency_ns", "comm", "path")
+#: Syscall kinds with fixed codes 0..12 in the parser (any other kind is interned after them).
+SYSCALL_KINDS: tuple[str, ...] = (*READ_KINDS, *WRITE_KINDS, "openat", "close", "lseek")
+SYSCALL_KINDS += ("fsync", "fdatasync", "mmap", "dup")
+_N_FIXED_KINDS = len(SYSCALL_KINDS)
+#: Every kind the tracer writes, in the order of events.parquet's ``kind`` dictionary.
+KINDS: tuple[str, ...] = (
+    *SYSCALL_KINDS,
+    "block_read",
+    "block_write",
+    "block_other",
+    "cache_add",
+    "cache_delete",
+    "fork",
+    "exec",
+    "exit",
+)
+
 _BLOCK_COLUMNS = {
     "ts_ns": pa.int64(),
     "rwbs": pa.string(),
@@ -78,6 +141,14 @@ class ParseStats:
     lost_events: int = 0
     skipped_lines: int = 0
     skipped_examples: list[str] = field(default_factory=list)
+    #: Rows that came later than the reorder window (put in place by a second pass).
+    late_rows: int = 0
+
+    def skip(self, text: str) -> None:
+        """Count one line that is no event (and keep the first few)."""
+        self.skipped_lines += 1
+        if len(self.skipped_examples) < 5:
+            self.skipped_examples.append(text[:200])
 
     def handler(self, row: pacsv.InvalidRow) -> str:
         text = row.text or ""
@@ -85,18 +156,911 @@ class ParseStats:
         if match:
             self.lost_events += int(match.group(1))
         elif not (text.startswith(("READY ", "Attaching ")) or text.strip() == ""):
-            self.skipped_lines += 1
-            if len(self.skipped_examples) < 5:
-                self.skipped_examples.append(text[:200])
+            self.skip(text)
         return "skip"
+
+
+@dataclass
+class EventTotals:
+    """Rows, counts and bytes of events.parquet per (container, kind): what the summary needs,
+    added up while the table is written."""
+
+    #: (container role or None, kind) -> [rows, count, bytes]
+    by_key: dict[tuple[str | None, str], list[int]] = field(default_factory=dict)
+
+    def add(self, container: str | None, kind: str, rows: int, count: int, nbytes: int) -> None:
+        entry = self.by_key.setdefault((container, kind), [0, 0, 0])
+        entry[0] += rows
+        entry[1] += count
+        entry[2] += nbytes
+
+    @property
+    def containers(self) -> set[str]:
+        return {c for c, _ in self.by_key if c is not None}
+
+    def per_kind(self, container: str | None = ..., /) -> dict[str, tuple[int, int]]:  # type: ignore[assignment]
+        """kind -> (count, bytes), over every row (no argument) or the rows of one container."""
+        out: dict[str, list[int]] = {}
+        for (role, kind), (rows, count, nbytes) in self.by_key.items():
+            if rows == 0 or (container is not ... and role != container):
+                continue
+            entry = out.setdefault(kind, [0, 0])
+            entry[0] += count
+            entry[1] += nbytes
+        return {kind: (c, b) for kind, (c, b) in out.items()}
+
+    @classmethod
+    def of_table(cls, events: pa.Table) -> EventTotals:
+        """The totals of an events table (as :func:`build_events` returns it)."""
+        totals = cls()
+        df = events.select(["kind", "bytes", "count", "container"]).to_pandas()
+        df["kind"] = df["kind"].astype(str)
+        df["container"] = df["container"].astype(object).where(df["container"].notna(), None)
+        grouped = df.groupby(["container", "kind"], dropna=False, observed=True).agg(
+            rows=("count", "size"), count=("count", "sum"), bytes=("bytes", "sum")
+        )
+        for (role, kind), row in grouped.iterrows():
+            role = None if role is None or pd.isna(role) else str(role)
+            totals.add(role, str(kind), int(row["rows"]), int(row["count"]), int(row["bytes"]))
+        return totals
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled kernels (numba, imported and loaded on first use: the CLI does not pay for it)
+
+_KERNELS: dict[str, Callable[..., Any]] = {}
+_COMPILED = False
+_COMPILE_LOCK = threading.Lock()
+
+
+def _kernel(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Register a numba kernel; :func:`_compile` replaces the module global by the compiled one
+    (kernels call each other by their global names)."""
+    _KERNELS[function.__name__] = function
+    return function
+
+
+def _compile() -> None:
+    """Compile (or load from numba's on-disk cache) every kernel, once per process."""
+    global _COMPILED
+    with _COMPILE_LOCK:
+        if _COMPILED:
+            return
+        import numba
+
+        for name, function in _KERNELS.items():
+            try:
+                jitted = numba.njit(cache=True, nogil=True)(function)
+            except RuntimeError as exc:  # no writable cache directory: compile in memory
+                if "no locator available" not in str(exc):
+                    raise
+                jitted = numba.njit(nogil=True)(function)
+            globals()[name] = jitted
+        _COMPILED = True
+
+
+_U64_GOLDEN = 0x9E3779B97F4A7C15
+_U64_MIX = 0xBF58476D1CE4E5B9
+
+
+@_kernel
+def _name_slot(table: np.ndarray, names: np.ndarray, w0: Any, w1: Any, length: int) -> int:
+    """The slot of an interned name of at most 16 bytes (packed little-endian in w0, w1) in an
+    open-addressing table of codes (-1: empty): where it is, or the empty slot to put it in."""
+    h = (w0 ^ (w1 * np.uint64(_U64_GOLDEN)) ^ np.uint64(length)) * np.uint64(_U64_MIX)
+    mask = np.uint64(len(table) - 1)
+    slot = (h >> np.uint64(32)) & mask
+    while True:
+        code = table[slot]
+        if code < 0:
+            return np.int64(slot)
+        if names[code, 0] == w0 and names[code, 1] == w1 and names[code, 2] == length:
+            return np.int64(slot)
+        slot = (slot + np.uint64(1)) & mask
+
+
+@_kernel
+def _intern(table: np.ndarray, names: np.ndarray, count: np.ndarray, w0: Any, w1: Any, n: int):
+    """The code of a name (see :func:`_name_slot`), added when new; -1 when the table is full."""
+    slot = _name_slot(table, names, w0, w1, n)
+    code = table[slot]
+    if code >= 0:
+        return code
+    code = count[0]
+    if code >= len(names) or 2 * code >= len(table):
+        return -1
+    names[code, 0] = w0
+    names[code, 1] = w1
+    names[code, 2] = np.uint64(n)
+    table[slot] = code
+    count[0] = code + 1
+    return code
+
+
+@_kernel
+def _read_name(buf: np.ndarray, p: int) -> tuple[int, Any, Any]:
+    """Scan a field up to the next tab or newline: (end, first 8 bytes, next 8 bytes)."""
+    w0 = np.uint64(0)
+    w1 = np.uint64(0)
+    start = p
+    c = buf[p]
+    while c != 9 and c != 10:
+        k = p - start
+        if k < 8:
+            w0 |= np.uint64(c) << np.uint64(8 * k)
+        elif k < 16:
+            w1 |= np.uint64(c) << np.uint64(8 * (k - 8))
+        p += 1
+        c = buf[p]
+    return p, w0, w1
+
+
+@_kernel
+def _read_int(buf: np.ndarray, p: int, signed: bool) -> tuple[int, int, bool]:
+    """An integer at ``p``: (value, position after it, whether there were digits)."""
+    negative = False
+    if signed and buf[p] == 45:  # '-'
+        negative = True
+        p += 1
+    start = p
+    value = 0
+    c = buf[p]
+    while c >= 48 and c <= 57:
+        value = value * 10 + (c - 48)
+        p += 1
+        c = buf[p]
+    if negative:
+        value = -value
+    return value, p, p > start
+
+
+@_kernel
+def _expect(buf: np.ndarray, p: int, text: np.ndarray) -> int:
+    """The position after ``text`` when the bytes at ``p`` are ``text``, else -1."""
+    for i in range(len(text)):
+        if buf[p + i] != text[i]:
+            return -1
+    return p + len(text)
+
+
+# The rows of events while they are merged: int64 arrays of _N_COLS columns, a row per event.
+# kind, comm and dev are codes (global tables of names), path the number of a path in the
+# round's path heap (-1: none), line 1 for a one-by-one syscall line, 2 for an aggregated row.
+_C_TS, _C_KIND, _C_PID, _C_TID, _C_COMM, _C_FD, _C_PATH, _C_BYTES = 0, 1, 2, 3, 4, 5, 6, 7
+_C_RET, _C_OFFSET, _C_LAT, _C_COUNT, _C_LATMAX, _C_DEV, _C_INC, _C_LINE = range(8, 16)
+_N_COLS = 16
+_END = np.iinfo(np.int64).max
+# info slots of the parser
+_I_ROWS, _I_AGGS, _I_PATHS, _I_HEAP, _I_LOST, _I_SKIPPED, _I_STATUS, _I_BAD_KIND = range(8)
+_FULL_NAMES, _BAD_AGG_KIND, _FULL_ROWS = 1, 2, 3
+_I_EXAMPLES = 8  # then (start, end) of up to 5 skipped lines
+_AGG_SEP = np.frombuffer(b", ", dtype=np.uint8)
+_AGG_OPEN = np.frombuffer(b"]: (", dtype=np.uint8)
+_WORD_LOST = np.frombuffer(b"Lost ", dtype=np.uint8)
+_WORD_EVENTS = np.frombuffer(b" events", dtype=np.uint8)
+_WORD_READY = np.frombuffer(b"READY ", dtype=np.uint8)
+_WORD_ATTACHING = np.frombuffer(b"Attaching ", dtype=np.uint8)
+_WORD_AGG = np.frombuffer(b"@agg", dtype=np.uint8)
+# Kind codes (fixed in the parser's kind table, see SYSCALL_KINDS)
+_K_RW_END, _K_PREAD, _K_PWRITE, _K_OPENAT, _K_LSEEK, _K_MMAP = 6, 1, 4, 6, 8, 11
+
+
+@_kernel
+def _parse_agg(buf: np.ndarray, p: int, aggs: np.ndarray, j: int, agg_kinds: np.ndarray) -> int:
+    """Parse the aggregated row at ``p`` (just after "@agg") into ``aggs[j]`` (grammar of
+    tracing.aggregates); returns 1, 0 when the line is not one, -1 - code for an unknown kind."""
+    value, p, ok = _read_int(buf, p, False)
+    if not ok or buf[p] != 91:  # '['
+        return 0
+    p += 1
+    fields = np.empty(13, dtype=np.int64)
+    for f in range(13):
+        if f == 8:
+            p = _expect(buf, p, _AGG_OPEN)
+            if p < 0:
+                return 0
+        elif f > 0:
+            p = _expect(buf, p, _AGG_SEP)
+            if p < 0:
+                return 0
+        value, p, ok = _read_int(buf, p, f == 2 or f == 9)
+        if not ok:
+            return 0
+        fields[f] = value
+    if buf[p] != 41 or buf[p + 1] != 10:  # ')' and the end of the line
+        return 0
+    code = fields[3]
+    if code >= len(agg_kinds):
+        return -1 - code
+    aggs[j, _C_TS] = fields[12]
+    aggs[j, _C_KIND] = agg_kinds[code]
+    aggs[j, _C_PID] = fields[0]
+    aggs[j, _C_TID] = fields[1]
+    aggs[j, _C_COMM] = -1
+    aggs[j, _C_FD] = fields[2]
+    aggs[j, _C_PATH] = -1
+    aggs[j, _C_BYTES] = fields[9]
+    aggs[j, _C_RET] = fields[9]
+    aggs[j, _C_OFFSET] = -1
+    aggs[j, _C_LAT] = fields[10]
+    aggs[j, _C_COUNT] = fields[8]
+    aggs[j, _C_LATMAX] = fields[11]
+    aggs[j, _C_DEV] = -1
+    aggs[j, _C_INC] = 1
+    aggs[j, _C_LINE] = 2
+    return 1
+
+
+@_kernel
+def _noise_line(buf: np.ndarray, p: int, info: np.ndarray) -> bool:
+    """Whether the line at ``p`` is bpftrace's own (counted when it is "Lost N events")."""
+    q = _expect(buf, p, _WORD_LOST)
+    if q >= 0:
+        value, q, ok = _read_int(buf, q, False)
+        if ok and _expect(buf, q, _WORD_EVENTS) >= 0:
+            info[_I_LOST] += value
+            return True
+    if _expect(buf, p, _WORD_READY) >= 0 or _expect(buf, p, _WORD_ATTACHING) >= 0:
+        return True
+    while buf[p] != 10:  # blank (only white space)
+        c = buf[p]
+        if c != 32 and c != 9 and c != 13 and c != 11 and c != 12:
+            return False
+        p += 1
+    return True
+
+
+@_kernel
+def _parse_syscall_block(
+    buf: np.ndarray,
+    pos: int,
+    end: int,
+    rows: np.ndarray,
+    aggs: np.ndarray,
+    offsets: np.ndarray,
+    heap: np.ndarray,
+    kind_table: np.ndarray,
+    kind_names: np.ndarray,
+    kind_count: np.ndarray,
+    comm_table: np.ndarray,
+    comm_names: np.ndarray,
+    comm_count: np.ndarray,
+    agg_kinds: np.ndarray,
+    seen: np.ndarray,
+    info: np.ndarray,
+) -> int:
+    """Parse the lines of ``buf[pos:end]`` (``buf[end - 1]`` is a newline) of raw/syscalls.txt.
+
+    One-by-one lines become columns of ``rows`` (see ``_C_*``), with the derived values of
+    events.parquet: an openat's fd is its return value (-1 when it failed), bytes are a read's
+    or write's return value (0 on error) or an mmap's length, offset a pread64/pwrite64's
+    argument or an lseek's result (-1 else); an openat's path is copied to ``heap`` (its end
+    in ``offsets``, its number in the path column). Aggregated rows go to ``aggs``. The pid
+    of every row is marked in ``seen`` (the thread-group leaders, by pid). Returns
+    the position reached: ``end``, or the start of a line with ``info[_I_STATUS]``
+    ``_FULL_NAMES`` or ``_FULL_ROWS`` when a name table or the output is full (grow it and
+    call again from there), ``_BAD_AGG_KIND`` for an aggregated row of an unknown kind code
+    (``info[_I_BAD_KIND]``)."""
+    n = info[_I_ROWS]
+    n_agg = info[_I_AGGS]
+    n_paths = info[_I_PATHS]
+    hp = info[_I_HEAP]
+    info[_I_STATUS] = 0
+    while pos < end:
+        if n >= rows.shape[0] or n_agg >= aggs.shape[0]:
+            info[_I_STATUS] = _FULL_ROWS
+            break
+        ok = False
+        ts, p, digits = _read_int(buf, pos, False)
+        if digits and buf[p] == 9:
+            kind_start = p + 1
+            p, w0, w1 = _read_name(buf, kind_start)
+            ok = buf[p] == 9 and p - kind_start <= 16
+            if ok:
+                kind = _intern(kind_table, kind_names, kind_count, w0, w1, p - kind_start)
+                if kind < 0:
+                    info[_I_STATUS] = _FULL_NAMES
+                    break
+                pid, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                tid, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                fd, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                ret, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                arg, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                lat, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                comm_start = p + 1
+                p, w0, w1 = _read_name(buf, comm_start)
+                ok = buf[p] == 9 and p - comm_start <= 16
+            if ok:
+                comm = _intern(comm_table, comm_names, comm_count, w0, w1, p - comm_start)
+                if comm < 0:
+                    info[_I_STATUS] = _FULL_NAMES
+                    break
+                path_start = p + 1
+                p = path_start
+                c = buf[p]
+                while c != 9 and c != 10:
+                    p += 1
+                    c = buf[p]
+                ok = c == 10
+            if ok:
+                rows[n, _C_TS] = ts
+                rows[n, _C_KIND] = kind
+                rows[n, _C_PID] = pid
+                rows[n, _C_TID] = tid
+                rows[n, _C_COMM] = comm
+                rows[n, _C_RET] = ret
+                rows[n, _C_LAT] = lat
+                rows[n, _C_COUNT] = 1
+                rows[n, _C_LATMAX] = lat
+                rows[n, _C_DEV] = -1
+                rows[n, _C_INC] = 1
+                rows[n, _C_LINE] = 1
+                if kind == _K_OPENAT:
+                    rows[n, _C_FD] = ret if ret >= 0 else -1
+                else:
+                    rows[n, _C_FD] = fd
+                if kind < _K_RW_END:
+                    rows[n, _C_BYTES] = ret if ret > 0 else 0
+                elif kind == _K_MMAP:
+                    rows[n, _C_BYTES] = arg
+                else:
+                    rows[n, _C_BYTES] = 0
+                if kind in (_K_PREAD, _K_PWRITE):
+                    rows[n, _C_OFFSET] = arg
+                elif kind == _K_LSEEK and ret >= 0:
+                    rows[n, _C_OFFSET] = ret
+                else:
+                    rows[n, _C_OFFSET] = -1
+                if p > path_start:
+                    for i in range(path_start, p):
+                        heap[hp] = buf[i]
+                        hp += 1
+                    n_paths += 1
+                    offsets[n_paths] = hp
+                    rows[n, _C_PATH] = n_paths - 1
+                else:
+                    rows[n, _C_PATH] = -1
+                if 0 <= pid < len(seen):
+                    seen[pid] = 1
+                n += 1
+        if not ok:
+            found = 0
+            if _expect(buf, pos, _WORD_AGG) >= 0:
+                found = _parse_agg(buf, pos + 4, aggs, n_agg, agg_kinds)
+                if found < 0:
+                    info[_I_STATUS] = _BAD_AGG_KIND
+                    info[_I_BAD_KIND] = -1 - found
+                    break
+                if found == 1:
+                    pid = aggs[n_agg, _C_PID]
+                    if 0 <= pid < len(seen):
+                        seen[pid] = 1
+                n_agg += found
+            if found == 0 and not _noise_line(buf, pos, info):
+                k = info[_I_SKIPPED]
+                if k < 5:
+                    line_end = pos
+                    while buf[line_end] != 10:
+                        line_end += 1
+                    info[_I_EXAMPLES + 2 * k] = pos
+                    info[_I_EXAMPLES + 2 * k + 1] = line_end
+                info[_I_SKIPPED] = k + 1
+            p = pos
+            while buf[p] != 10:
+                p += 1
+        pos = p + 1
+    info[_I_ROWS] = n
+    info[_I_AGGS] = n_agg
+    info[_I_PATHS] = n_paths
+    info[_I_HEAP] = hp
+    return pos
+
+
+@_kernel
+def _slot(keys: np.ndarray, key: int) -> int:
+    """The slot of ``key`` in an open-addressing table of int64 keys (-1: empty), or the empty
+    slot where it would go."""
+    mask = np.uint64(len(keys) - 1)
+    slot = ((np.uint64(key) * np.uint64(_U64_GOLDEN)) >> np.uint64(29)) & mask
+    while True:
+        k = keys[slot]
+        if k == key or k == -1:
+            return np.int64(slot)
+        slot = (slot + np.uint64(1)) & mask
+
+
+@_kernel
+def _put(keys: np.ndarray, values: np.ndarray, used: np.ndarray, key: int, value: int) -> None:
+    """Set ``key`` to ``value`` (the table must have room: see :func:`_rehash`)."""
+    slot = _slot(keys, key)
+    if keys[slot] == -1:
+        keys[slot] = key
+        used[0] += 1
+    values[slot] = value
+
+
+@_kernel
+def _get(keys: np.ndarray, values: np.ndarray, key: int) -> int:
+    slot = _slot(keys, key)
+    return values[slot] if keys[slot] == key else -1
+
+
+@_kernel
+def _rehash(keys: np.ndarray, values: np.ndarray, size: int):
+    """The table with ``size`` slots (a power of two)."""
+    new_keys = np.full(size, -1, dtype=np.int64)
+    new_values = np.empty(size, dtype=np.int64)
+    for s in range(len(keys)):
+        if keys[s] != -1:
+            t = _slot(new_keys, keys[s])
+            new_keys[t] = keys[s]
+            new_values[t] = values[s]
+    return new_keys, new_values
+
+
+# What the descriptor join does with a row (by its kind), see _join_round.
+_A_NONE, _A_OPEN, _A_CLOSE, _A_DUP, _A_USE, _A_FORK = 0, 1, 2, 3, 4, 5
+# Rows of the join's int64 and int32 outputs (the columns of events.parquet; path: a number).
+_O_TS, _O_BYTES, _O_COUNT, _O_RET, _O_OFFSET, _O_LAT, _O_LATMAX, _O_PATH = range(8)
+_O_PID, _O_TID, _O_FD, _O_COMM, _O_DEV, _O_CONTAINER = range(6)
+#: Task ids are below this (the kernel's PID_MAX_LIMIT): dense tables are indexed by them.
+_PID_LIMIT = 1 << 22
+# join state slots: rows done, rows written, descriptor table entries
+_S_DONE, _S_WRITTEN, _S_USED = 0, 1, 2
+
+
+@_kernel
+def _join_round(
+    rows: np.ndarray,
+    order: np.ndarray,
+    action: np.ndarray,
+    leaders: np.ndarray,
+    owners: np.ndarray,
+    fd_keys: np.ndarray,
+    fd_values: np.ndarray,
+    tid_comms: np.ndarray,
+    state: np.ndarray,
+    out64: np.ndarray,
+    out32: np.ndarray,
+    out_kind: np.ndarray,
+    out_inside: np.ndarray,
+    totals: np.ndarray,
+) -> bool:
+    """Join one round of merge rows, taken in time order (``rows[order[j]]``; ``order``
+    empty: as they are), into the output columns, from row ``state[_S_DONE]`` on; returns
+    False when the descriptor table is half full (grow it and call again), True when done.
+
+    The path of an fd-based call is looked up in the (pid, fd) -> path table (``fd_keys``,
+    ``fd_values``), which the calls update as they go: ``action[kind]`` says whether a row
+    opens (an openat names its descriptor), closes (a successful close unnames it; the close
+    itself still resolves to the file), copies (a dup resolves the old descriptor and gives the
+    new one the same name, or none), uses (resolved) or forks (the child, ``ret``, gets a copy
+    of its parent's table). A fork whose child is no thread-group leader (``leaders[child]``
+    0: a thread) is left out. An aggregated row takes the comm of the latest one-by-one line
+    of its thread (``tid_comms``: comm + 1 by tid), -1 when there was none. ``owners``: the
+    container (code + 1) of an in-container pid, 0 for none; ``owners[_PID_LIMIT]`` applies
+    to every pid (one container). ``totals[container + 1, kind]`` adds up rows, count, bytes."""
+    n = rows.shape[0]
+    sorted_already = len(order) == 0
+    every_pid = owners[len(owners) - 1]
+    m = state[_S_WRITTEN]
+    room = len(fd_keys) // 2
+    for j in range(state[_S_DONE], n):
+        if state[_S_USED] + 2 > room:
+            state[_S_DONE] = j
+            state[_S_WRITTEN] = m
+            return False
+        i = j if sorted_already else order[j]
+        kind = rows[i, _C_KIND]
+        what = action[kind]
+        pid = rows[i, _C_PID]
+        tid = rows[i, _C_TID]
+        comm = rows[i, _C_COMM]
+        path = rows[i, _C_PATH]
+        line = rows[i, _C_LINE]
+        if line == 1:
+            if 0 <= tid < len(tid_comms):
+                tid_comms[tid] = comm + 1
+        elif line == 2:
+            comm = tid_comms[tid] - 1 if 0 <= tid < len(tid_comms) else -1
+        if what == _A_FORK:
+            child = rows[i, _C_RET]
+            if 0 <= child < len(leaders) and leaders[child] == 0:
+                continue  # a thread
+            if child != pid and child >= 0:
+                copies = 0
+                for s in range(len(fd_keys)):
+                    k = fd_keys[s]
+                    if k != -1 and (k >> 32) == pid:
+                        copies += 1
+                if state[_S_USED] + copies + 2 > room:
+                    state[_S_DONE] = j
+                    state[_S_WRITTEN] = m
+                    return False
+                for s in range(len(fd_keys)):
+                    k = fd_keys[s]
+                    if k != -1 and (k >> 32) == child:
+                        fd_values[s] = -1
+                for s in range(len(fd_keys)):
+                    k = fd_keys[s]
+                    if k != -1 and (k >> 32) == pid:
+                        _put(
+                            fd_keys,
+                            fd_values,
+                            state[_S_USED:],
+                            (child << 32) | (k & 0xFFFFFFFF),
+                            fd_values[s],
+                        )
+        elif what != _A_NONE:
+            fd = rows[i, _C_FD]
+            if fd >= 0:
+                key = (pid << 32) | fd
+                if what == _A_OPEN:
+                    _put(fd_keys, fd_values, state[_S_USED:], key, path)
+                else:
+                    path = _get(fd_keys, fd_values, key)
+                    if what == _A_CLOSE:
+                        if rows[i, _C_RET] == 0 and path != -1:
+                            _put(fd_keys, fd_values, state[_S_USED:], key, -1)
+                    elif what == _A_DUP:
+                        new_fd = rows[i, _C_RET]
+                        if new_fd >= 0:
+                            new_key = (pid << 32) | new_fd
+                            if path != -1 or _get(fd_keys, fd_values, new_key) != -1:
+                                _put(fd_keys, fd_values, state[_S_USED:], new_key, path)
+        inside = rows[i, _C_INC] != 0
+        container = -1
+        if inside:
+            if every_pid:
+                container = every_pid - 1
+            elif 0 <= pid < _PID_LIMIT:
+                container = owners[pid] - 1
+        nbytes = rows[i, _C_BYTES]
+        count = rows[i, _C_COUNT]
+        totals[container + 1, kind, 0] += 1
+        totals[container + 1, kind, 1] += count
+        totals[container + 1, kind, 2] += nbytes
+        out64[_O_TS, m] = rows[i, _C_TS]
+        out64[_O_BYTES, m] = nbytes
+        out64[_O_COUNT, m] = count
+        out64[_O_RET, m] = rows[i, _C_RET]
+        out64[_O_OFFSET, m] = rows[i, _C_OFFSET]
+        out64[_O_LAT, m] = rows[i, _C_LAT]
+        out64[_O_LATMAX, m] = rows[i, _C_LATMAX]
+        out64[_O_PATH, m] = path
+        out32[_O_PID, m] = pid
+        out32[_O_TID, m] = tid
+        out32[_O_FD, m] = rows[i, _C_FD]
+        out32[_O_COMM, m] = comm
+        out32[_O_DEV, m] = rows[i, _C_DEV]
+        out32[_O_CONTAINER, m] = container
+        out_kind[m] = kind
+        out_inside[m] = inside
+        m += 1
+    state[_S_DONE] = n
+    state[_S_WRITTEN] = m
+    return True
+
+
+@_kernel
+def _absorb(rows: np.ndarray, comm_codes: np.ndarray, kind_codes: np.ndarray, path_base: int):
+    """Translate a parsed block's codes to the merge's (thread names, kinds after the fixed
+    ones) and number its paths after ``path_base``; returns its latest time."""
+    latest = -(2**63)
+    fixed = _N_FIXED_KINDS
+    for i in range(rows.shape[0]):
+        comm = rows[i, _C_COMM]
+        if comm >= 0:
+            rows[i, _C_COMM] = comm_codes[comm]
+        kind = rows[i, _C_KIND]
+        if kind >= fixed:
+            rows[i, _C_KIND] = kind_codes[kind - fixed]
+        if rows[i, _C_PATH] >= 0:
+            rows[i, _C_PATH] += path_base
+        if rows[i, _C_TS] > latest:
+            latest = rows[i, _C_TS]
+    return latest
+
+
+@_kernel
+def _first_at_or_after(rows: np.ndarray, before: int):
+    """(index of the first row at or after ``before``, whether a row after it is before)."""
+    n = rows.shape[0]
+    first = n
+    for i in range(n):
+        if rows[i, _C_TS] >= before:
+            first = i
+            break
+    for i in range(first + 1, n):
+        if rows[i, _C_TS] < before:
+            return first, True
+    return first, False
+
+
+@_kernel
+def _times(rows: np.ndarray):
+    """The times of ``rows`` (a contiguous copy) and whether they are in order already."""
+    n = rows.shape[0]
+    ts = np.empty(n, dtype=np.int64)
+    in_order = True
+    for i in range(n):
+        ts[i] = rows[i, _C_TS]
+        if i and ts[i] < ts[i - 1]:
+            in_order = False
+    return ts, in_order
+
+
+# ---------------------------------------------------------------------------------------------
+# Names (kinds, thread names, devices, roles) as codes
+
+
+class _Names:
+    """A growing list of names and their codes (for dictionary-encoded output columns)."""
+
+    def __init__(self, initial: Sequence[str] = ()) -> None:
+        self.names: list[str] = []
+        self.codes: dict[str, int] = {}
+        self._array: pa.Array | None = None
+        for name in initial:
+            self.code(name)
+
+    def code(self, name: str) -> int:
+        code = self.codes.get(name)
+        if code is None:
+            code = self.codes[name] = len(self.names)
+            self.names.append(name)
+            self._array = None
+        return code
+
+    def codes_of(self, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """The codes of an array of strings (nulls: -1)."""
+        encoded = pc.dictionary_encode(values)
+        if isinstance(encoded, pa.ChunkedArray):
+            encoded = encoded.combine_chunks()
+        mapping = np.array([self.code(s) for s in encoded.dictionary.to_pylist()] + [-1])
+        indices = encoded.indices.to_numpy(zero_copy_only=False)
+        if encoded.indices.null_count:
+            indices = np.where(
+                encoded.indices.is_null().to_numpy(zero_copy_only=False), -1, indices
+            )
+        return mapping[indices].astype(np.int64)
+
+    def array(self) -> pa.Array:
+        if self._array is None:
+            self._array = pa.array(self.names, type=pa.string())
+        return self._array
+
+    def take(self, codes: np.ndarray) -> pa.Array:
+        """The names of ``codes`` (-1: null)."""
+        return self.array().take(pa.array(codes, mask=codes < 0))
+
+
+class _NameTable:
+    """The parser's table of names of at most 16 bytes (numba arrays) and their codes."""
+
+    def __init__(self, initial: Sequence[str] = (), capacity: int = 1024) -> None:
+        self.table = np.full(2 * capacity, -1, dtype=np.int64)
+        self.names = np.zeros((capacity, 3), dtype=np.uint64)
+        self.count = np.zeros(1, dtype=np.int64)
+        for name in initial:
+            w0, w1, n = self._words(name.encode())
+            _intern(self.table, self.names, self.count, w0, w1, n)
+        self.decoded: list[str] = list(initial)
+
+    @staticmethod
+    def _words(raw: bytes) -> tuple[np.uint64, np.uint64, int]:
+        padded = raw.ljust(16, b"\0")
+        return (
+            np.uint64(int.from_bytes(padded[:8], "little")),
+            np.uint64(int.from_bytes(padded[8:16], "little")),
+            len(raw),
+        )
+
+    def grow(self) -> None:
+        capacity = 2 * len(self.names)
+        names = np.zeros((capacity, 3), dtype=np.uint64)
+        names[: len(self.names)] = self.names
+        table = np.full(2 * capacity, -1, dtype=np.int64)
+        for code in range(int(self.count[0])):
+            w0, w1, n = names[code]
+            table[_name_slot(table, names, w0, w1, int(n))] = code
+        self.table, self.names = table, names
+
+    def new_names(self) -> list[str]:
+        """Names added since the last call, in code order."""
+        added = []
+        for code in range(len(self.decoded), int(self.count[0])):
+            w0, w1, n = (int(v) for v in self.names[code])
+            raw = (w0.to_bytes(8, "little") + w1.to_bytes(8, "little"))[:n]
+            added.append(raw.decode("utf-8", errors="replace"))
+        self.decoded += added
+        return added
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading raw files in blocks
+
+
+def _blocks(path: Path, size: int | None = None) -> Iterator[tuple[np.ndarray, int]]:
+    """(buffer, end) for successive pieces of a file (about ``size`` bytes, BLOCK_BYTES by
+    default), each ``buffer[:end]`` whole lines ending with a newline (one is added to a last
+    line without it). The buffer is reused: use it before taking the next piece."""
+    if not path.exists():
+        return
+    size = size or BLOCK_BYTES
+    buffer = np.empty(size + (1 << 16), dtype=np.uint8)
+    carry = 0
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            if carry + size > len(buffer) - 1:  # a line longer than the buffer
+                bigger = np.empty(2 * len(buffer), dtype=np.uint8)
+                bigger[:carry] = buffer[:carry]
+                buffer = bigger
+            got = fh.readinto(memoryview(buffer)[carry : carry + size])
+            end = carry + (got or 0)
+            if not got:
+                if end:
+                    buffer[end] = 10
+                    yield buffer, end + 1
+                return
+            cut = _last_newline(buffer, carry, end)
+            if cut < 0:
+                carry = end
+                continue
+            yield buffer, cut + 1
+            rest = end - cut - 1
+            buffer[:rest] = buffer[cut + 1 : end].copy()
+            carry = rest
+
+
+def _last_newline(buffer: np.ndarray, start: int, end: int) -> int:
+    """The position of the last newline of ``buffer[start:end]``, -1 if none."""
+    step = 4096
+    hi = end
+    while hi > start:
+        lo = max(start, hi - step)
+        found = np.flatnonzero(buffer[lo:hi] == 10)
+        if len(found):
+            return lo + int(found[-1])
+        hi = lo
+        step *= 4
+    return -1
+
+
+@dataclass
+class _Parsed:
+    """One parsed block of raw/syscalls.txt."""
+
+    rows: np.ndarray  # (_N_COLS, n): one-by-one lines (reader's kind and comm codes)
+    aggs: np.ndarray  # (_N_COLS, m): aggregated rows
+    paths: pa.Array  # openat paths, numbered by the rows' path column
+    new_kinds: list[str]
+    new_comms: list[str]
+    lost: int
+    skipped: int
+    examples: list[str]
+
+
+class _SyscallParser:
+    """Parses raw/syscalls.txt block by block (:func:`_parse_syscall_block`)."""
+
+    def __init__(self, seen: np.ndarray | None = None) -> None:
+        _compile()
+        self.seen = np.zeros(0, dtype=np.uint8) if seen is None else seen
+        self.kinds = _NameTable(SYSCALL_KINDS)
+        self.comms = _NameTable()
+        self.agg_kinds = np.array(
+            [SYSCALL_KINDS.index(k) for k in aggregates.KIND_CODES], dtype=np.int64
+        )
+        self.rows_per_byte = 1 / 48
+        self.aggs_per_byte = 1 / 2000
+
+    def parse(self, buf: np.ndarray, end: int) -> _Parsed:
+        rows = np.empty((int(end * self.rows_per_byte * 1.25) + 64, _N_COLS), dtype=np.int64)
+        aggs = np.empty((int(end * self.aggs_per_byte * 1.5) + 64, _N_COLS), dtype=np.int64)
+        offsets = np.zeros(rows.shape[0] + 1, dtype=np.int32)
+        heap = np.empty(end, dtype=np.uint8)
+        info = np.zeros(_I_EXAMPLES + 10, dtype=np.int64)
+        pos = 0
+        while True:
+            pos = _parse_syscall_block(
+                buf,
+                pos,
+                end,
+                rows,
+                aggs,
+                offsets,
+                heap,
+                self.kinds.table,
+                self.kinds.names,
+                self.kinds.count,
+                self.comms.table,
+                self.comms.names,
+                self.comms.count,
+                self.agg_kinds,
+                self.seen,
+                info,
+            )
+            status = info[_I_STATUS]
+            if status == 0:
+                break
+            if status == _FULL_NAMES:
+                self.kinds.grow()
+                self.comms.grow()
+            elif status == _FULL_ROWS:
+                rows = _widen(rows, info[_I_ROWS])
+                aggs = _widen(aggs, info[_I_AGGS])
+                bigger = np.zeros(rows.shape[0] + 1, dtype=np.int32)
+                bigger[: len(offsets)] = offsets
+                offsets = bigger
+            else:
+                code = int(info[_I_BAD_KIND])
+                raise ValueError(f"aggregated row with an unknown kind code {code}")
+        n, n_agg, n_paths, used = (int(info[i]) for i in (_I_ROWS, _I_AGGS, _I_PATHS, _I_HEAP))
+        self.rows_per_byte = max(n / end, 1 / 4096)
+        self.aggs_per_byte = max(n_agg / end, 1 / 65536)
+        paths = pa.StringArray.from_buffers(
+            n_paths, pa.py_buffer(offsets[: n_paths + 1]), pa.py_buffer(heap[:used].copy())
+        )
+        try:
+            paths.validate(full=True)
+        except pa.ArrowInvalid:  # not UTF-8: replace the bytes that are not
+            paths = pa.array(
+                [p.decode("utf-8", errors="replace") for p in paths.cast(pa.binary()).to_pylist()],
+                type=pa.string(),
+            )
+        skipped = int(info[_I_SKIPPED])
+        examples = [
+            bytes(buf[info[_I_EXAMPLES + 2 * k] : info[_I_EXAMPLES + 2 * k + 1]]).decode(
+                "utf-8", errors="replace"
+            )
+            for k in range(min(skipped, 5))
+        ]
+        return _Parsed(
+            rows[:n],
+            aggs[:n_agg],
+            paths,
+            self.kinds.new_names(),
+            self.comms.new_names(),
+            int(info[_I_LOST]),
+            skipped,
+            examples,
+        )
+
+
+def _widen(rows: np.ndarray, used: int) -> np.ndarray:
+    bigger = np.empty((2 * rows.shape[0], rows.shape[1]), dtype=rows.dtype)
+    bigger[:used] = rows[:used]
+    return bigger
 
 
 def _read_tsv(path: Path, columns: dict[str, pa.DataType], stats: ParseStats) -> pd.DataFrame:
     """Read a tab-separated bpftrace output file into a DataFrame with the given columns."""
     if not path.exists() or path.stat().st_size == 0:
         return pd.DataFrame({c: pd.Series(dtype=t.to_pandas_dtype()) for c, t in columns.items()})
-    table = pacsv.read_csv(
-        path,
+    return _read_tsv_table(path, columns, stats).to_pandas()
+
+
+def _read_tsv_table(
+    source: Path | pa.Buffer, columns: dict[str, pa.DataType], stats: ParseStats
+) -> pa.Table:
+    """Tab-separated bpftrace output (a file or a block of one) with the given columns."""
+    if isinstance(source, pa.Buffer):
+        source = pa.BufferReader(source)
+    return pacsv.read_csv(
+        source,
         read_options=pacsv.ReadOptions(column_names=list(columns), block_size=16 << 20),
         parse_options=pacsv.ParseOptions(
             delimiter="\t", quote_char=False, escape_char=False, invalid_row_handler=stats.handler
@@ -105,47 +1069,92 @@ def _read_tsv(path: Path, columns: dict[str, pa.DataType], stats: ParseStats) ->
             column_types=columns, strings_can_be_null=False, quoted_strings_can_be_null=False
         ),
     )
-    return table.to_pandas()
+
+
+# ---------------------------------------------------------------------------------------------
+# The raw files of one kind each, as frames (tests, small files) and as merge rows
 
 
 def parse_syscalls(path: Path, stats: ParseStats) -> pd.DataFrame:
-    """Parse raw/syscalls.txt (tracing/bpf/syscalls.bt) into event rows (path unresolved)."""
-    df = _read_tsv(path, _SYSCALL_COLUMNS, stats)
-    kind = df["kind"]
-    is_rw = kind.isin(READ_KINDS + WRITE_KINDS).to_numpy()
-    is_pos = kind.isin(("pread64", "pwrite64")).to_numpy()
-    is_mmap = (kind == "mmap").to_numpy()
-    ret = df["ret"].to_numpy()
-    arg = df["arg"].to_numpy()
-    out = pd.DataFrame(
-        {
-            "ts_ns": df["ts_ns"],
-            "kind": kind,
-            "pid": df["pid"],
-            "tid": df["tid"],
-            "comm": df["comm"],
-            "fd": np.where(
-                (kind == "openat").to_numpy(), np.where(ret >= 0, ret, -1), df["fd"]
-            ).astype(np.int32),
-            "path": df["path"].where(df["path"] != "", None),
-            "bytes": np.where(is_rw, np.maximum(ret, 0), np.where(is_mmap, arg, 0)),
-            "count": np.ones(len(df), dtype=np.int64),
-            "ret": ret,
-            "offset": np.where(
-                is_pos, arg, np.where((kind == "lseek").to_numpy() & (ret >= 0), ret, -1)
+    """Parse raw/syscalls.txt (tracing/bpf/syscalls.bt) into event rows (path unresolved):
+    the one-by-one lines in file order, then the aggregated rows (comm empty)."""
+    parser = _SyscallParser()
+    rows, aggs, paths = [], [], []
+    base = 0
+    for buf, end in _blocks(path):
+        parsed = parser.parse(buf, end)
+        _count_parse(stats, parsed)
+        refs = parsed.rows[:, _C_PATH]
+        np.add(refs, base, out=refs, where=refs >= 0)  # path numbers are per block
+        base += len(parsed.paths)
+        rows.append(parsed.rows)
+        aggs.append(parsed.aggs)
+        paths.append(parsed.paths)
+    parser.kinds.new_names()
+    parser.comms.new_names()
+    kinds = np.array(parser.kinds.decoded, dtype=object)
+    comms = np.array([*parser.comms.decoded, ""], dtype=object)
+    empty = np.empty((0, _N_COLS), dtype=np.int64)
+    aggs = np.concatenate([empty, *aggs])
+    aggs[:, _C_COMM] = len(comms) - 1  # ""
+    return pd.concat(
+        [
+            _frame(
+                np.concatenate([empty, *rows]),
+                kinds,
+                comms,
+                pa.concat_arrays(paths or [pa.array([], pa.string())]),
             ),
-            "latency_ns": df["latency_ns"],
-            "latency_max_ns": df["latency_ns"],
+            _frame(aggs, kinds, comms),
+        ],
+        ignore_index=True,
+    )
+
+
+def _frame(
+    rows: np.ndarray, kinds: np.ndarray, comms: np.ndarray, paths: pa.Array | None = None
+) -> pd.DataFrame:
+    """Merge rows as a DataFrame with the columns of events (but ``container``)."""
+    refs = rows[:, _C_PATH]
+    path = (
+        paths.take(pa.array(refs, mask=refs < 0)).to_numpy(zero_copy_only=False)
+        if paths is not None
+        else np.full(rows.shape[0], None, dtype=object)
+    )
+    return pd.DataFrame(
+        {
+            "ts_ns": rows[:, _C_TS],
+            "kind": kinds[rows[:, _C_KIND]] if rows.shape[0] else np.array([], dtype=object),
+            "pid": rows[:, _C_PID].astype(np.int32),
+            "tid": rows[:, _C_TID].astype(np.int32),
+            "comm": comms[rows[:, _C_COMM]] if rows.shape[0] else np.array([], dtype=object),
+            "fd": rows[:, _C_FD].astype(np.int32),
+            "path": path,
+            "bytes": rows[:, _C_BYTES],
+            "count": rows[:, _C_COUNT],
+            "ret": rows[:, _C_RET],
+            "offset": rows[:, _C_OFFSET],
+            "latency_ns": rows[:, _C_LAT],
+            "latency_max_ns": rows[:, _C_LATMAX],
             "dev": None,
-            "in_container": True,
+            "in_container": rows[:, _C_INC] == 1,
         }
     )
-    return out
+
+
+def _count_parse(stats: ParseStats, parsed: _Parsed) -> None:
+    stats.lost_events += parsed.lost
+    for text in parsed.examples:
+        stats.skip(text)
+    stats.skipped_lines += parsed.skipped - len(parsed.examples)
 
 
 def parse_block(path: Path, stats: ParseStats) -> pd.DataFrame:
     """Parse raw/block.txt (tracing/bpf/block.bt)."""
-    df = _read_tsv(path, _BLOCK_COLUMNS, stats)
+    return _block_frame(_read_tsv(path, _BLOCK_COLUMNS, stats))
+
+
+def _block_frame(df: pd.DataFrame) -> pd.DataFrame:
     rwbs = df["rwbs"].astype(str)
     kind = np.where(
         rwbs.str.contains("R", regex=False),
@@ -248,119 +1257,6 @@ def parse_proc(path: Path, stats: ParseStats) -> pd.DataFrame:
     )
 
 
-def drop_thread_forks(proc: pd.DataFrame, known_pids: np.ndarray) -> pd.DataFrame:
-    """Keep only forks that created a process: the child later acts as a thread-group leader."""
-    is_fork = (proc["kind"] == "fork").to_numpy()
-    leaders = np.union1d(known_pids, proc.loc[~is_fork, "pid"].to_numpy())
-    keep = ~is_fork | np.isin(proc["ret"].to_numpy(), leaders)
-    return proc[keep]
-
-
-def _descriptor_table(sys: pd.DataFrame) -> pd.DataFrame:
-    """(ts_ns, pid, fd, path) for every descriptor that came to name a file: successful openat
-    calls, plus dup/dup2/dup3/fcntl copies of descriptors already in the table.
-
-    ``path`` holds path codes (see :func:`resolve_paths`), -1 for none. Every successful close
-    adds a row with code -1 1 ns after it: a descriptor number that is reused by a call we do
-    not trace (socket, pipe, accept, a descriptor received over a socket, as DataLoader workers
-    do for shared memory) must not inherit the closed file's name. The close itself still
-    resolves to the file it closed.
-    """
-    kind, fd = sys["kind"], sys["fd"]
-    table = sys.loc[(kind == "openat") & (fd >= 0), ["ts_ns", "pid", "fd", "path"]]
-    closes = sys.loc[(kind == "close") & (sys["ret"] == 0) & (fd >= 0), ["ts_ns", "pid", "fd"]]
-    if len(closes):
-        tombstones = closes.assign(ts_ns=closes["ts_ns"] + 1, path=np.int32(-1))
-        table = pd.concat([table, tombstones], ignore_index=True)
-    table = table.sort_values("ts_ns", kind="stable")
-    dups = sys.loc[(kind == "dup") & (sys["ret"] >= 0), ["ts_ns", "pid", "fd", "ret"]].sort_values(
-        "ts_ns", kind="stable"
-    )
-    if len(dups) == 0 or len(table) == 0:
-        return table
-    copies = table.iloc[0:0]
-    for _ in range(2):  # the second pass resolves a copy of a copy
-        known = pd.concat([table, copies], ignore_index=True).sort_values("ts_ns", kind="stable")
-        found = pd.merge_asof(dups, known, on="ts_ns", by=["pid", "fd"], direction="backward")
-        found = found[found["path"].fillna(-1).to_numpy() >= 0]
-        copies = pd.DataFrame(
-            {
-                "ts_ns": found["ts_ns"],
-                "pid": found["pid"],
-                "fd": found["ret"].astype(np.int32),
-                "path": found["path"].astype(np.int32),
-            }
-        )
-    return pd.concat([table, copies], ignore_index=True).sort_values("ts_ns", kind="stable")
-
-
-def _codes(merged: pd.DataFrame) -> np.ndarray:
-    """The path codes a merge_asof found, -1 where it found none."""
-    return merged["path"].fillna(-1).to_numpy().astype(np.int32)
-
-
-def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
-    """Fill ``path`` of fd-based calls from the latest descriptor of the same (pid, fd) that
-    named a file (openat, or a dup of such a descriptor).
-
-    Descriptors inherited across fork are looked up in the parent's table as it was at fork time.
-    The joins carry integer codes of the paths, not the strings (several times faster).
-    """
-    sys = sys.reset_index(drop=True)
-    codes, names = pd.factorize(sys["path"], use_na_sentinel=True)
-    codes = codes.astype(np.int32)
-    slim = pd.DataFrame(
-        {
-            "ts_ns": sys["ts_ns"],
-            "pid": sys["pid"],
-            "fd": sys["fd"],
-            "ret": sys["ret"],
-            "kind": sys["kind"],
-            "path": codes,
-        }
-    )
-    opens = _descriptor_table(slim)
-    fd_rows = np.flatnonzero((slim["kind"].isin(FD_KINDS) & (slim["fd"] >= 0)).to_numpy())
-    if len(fd_rows) == 0 or len(opens) == 0:
-        return sys
-    calls = (
-        slim.loc[fd_rows, ["ts_ns", "pid", "fd"]]
-        .assign(row=fd_rows)
-        .sort_values("ts_ns", kind="stable")
-    )
-    merged = pd.merge_asof(
-        calls, opens.assign(seen=True), on="ts_ns", by=["pid", "fd"], direction="backward"
-    )
-    resolved = codes.copy()
-    resolved[merged["row"].to_numpy()] = _codes(merged)
-    # Only descriptors this process never opened nor closed can be inherited from its parent.
-    unresolved = merged[merged["seen"].isna()]
-    if len(unresolved) and len(forks):
-        parent = forks.drop_duplicates("ret", keep="first")
-        parent = pd.DataFrame(
-            {
-                "pid": parent["ret"].astype(np.int32).to_numpy(),
-                "ppid": parent["pid"].to_numpy(),
-                "fork_ts": parent["ts_ns"].to_numpy(),
-            }
-        )
-        inherited = unresolved[["row", "pid", "fd"]].merge(parent, on="pid", how="inner")
-        if len(inherited):
-            inherited = inherited.rename(columns={"fork_ts": "ts_ns"}).sort_values(
-                "ts_ns", kind="stable"
-            )
-            parent_opens = opens.rename(columns={"pid": "ppid"})
-            found = pd.merge_asof(
-                inherited, parent_opens, on="ts_ns", by=["ppid", "fd"], direction="backward"
-            )
-            found_codes = _codes(found)
-            hit = found_codes >= 0
-            resolved[found["row"].to_numpy()[hit]] = found_codes[hit]
-    paths = pa.array(np.asarray(names, dtype=object)).take(pa.array(resolved, mask=resolved < 0))
-    sys["path"] = pd.Series(paths.to_pandas(), index=sys.index).astype(sys["path"].dtype)
-    return sys
-
-
 def container_owners(proc: pd.DataFrame, roots: Mapping[int, str]) -> dict[int, str]:
     """Which container each process belongs to: a container's first process (``roots``: host
     pid -> role) and, following the traced forks in time order, everything it started."""
@@ -379,50 +1275,630 @@ def attribute_containers(
     """The ``container`` column: the role whose process made each in-container event; null for
     events outside the run's containers (block completions of other processes, say). With a
     single container every in-container event is its own, whatever its pid."""
-    roles = set(roots.values())
-    inside = events["in_container"].to_numpy(dtype=bool)
-    if len(roles) == 1:
-        (role,) = roles
-        return pd.Series(np.where(inside, role, None), dtype="string")
-    owner = container_owners(proc, roots)
-    mapped = events["pid"].map(owner).astype("string")
-    return mapped.where(inside, pd.NA)
+    owners = _Owners(proc, roots)
+    codes = owners.codes(
+        events["pid"].to_numpy(dtype=np.int64), events["in_container"].to_numpy(dtype=bool)
+    )
+    return pd.Series(owners.roles.take(codes).to_pandas(), index=events.index, dtype="string")
 
 
-def build_events(
-    raw_dir: Path, roots: Mapping[int, str] | None = None
-) -> tuple[pa.Table, ParseStats]:
-    """Parse every raw tracer file of a run into one events table sorted by time.
+class _Owners:
+    """The ``container`` column as codes of ``roles`` (see :func:`attribute_containers`)."""
+
+    def __init__(self, proc: pd.DataFrame, roots: Mapping[int, str] | None) -> None:
+        roots = roots or {}
+        self.roles = _Names(sorted(set(roots.values())))
+        owner = container_owners(proc, roots) if len(self.roles.names) > 1 else {}
+        pids = np.array(sorted(owner), dtype=np.int64)
+        self.pids = pids
+        self.pid_roles = np.array([self.roles.codes[owner[p]] for p in pids], dtype=np.int64)
+
+    def dense(self) -> np.ndarray:
+        """Role code + 1 by pid (0: none); the last entry applies to every pid when set."""
+        owners = np.zeros(_PID_LIMIT + 1, dtype=np.int16)  # pages are mapped when used
+        if len(self.roles.names) == 1:
+            owners[_PID_LIMIT] = 1
+        keep = self.pids < _PID_LIMIT
+        owners[self.pids[keep]] = self.pid_roles[keep] + 1
+        return owners
+
+    def codes(self, pid: np.ndarray, inside: np.ndarray) -> np.ndarray:
+        n_roles = len(self.roles.names)
+        if n_roles == 0:
+            return np.full(len(pid), -1, dtype=np.int64)
+        if n_roles == 1:
+            return np.where(inside, 0, -1)
+        at = np.minimum(np.searchsorted(self.pids, pid), max(len(self.pids) - 1, 0))
+        found = (self.pids[at] == pid) & inside if len(self.pids) else np.zeros(len(pid), bool)
+        return np.where(found, self.pid_roles[at] if len(self.pids) else -1, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The merge: rows of every raw file in time order, joined, as tables of events
+
+
+def _frame_rows(df: pd.DataFrame, kinds: _Names, comms: _Names, devs: _Names) -> np.ndarray:
+    """A frame of :func:`parse_block`, :func:`parse_cache` or :func:`parse_proc` as merge rows
+    (path numbers still to be set: -1)."""
+    rows = np.empty((len(df), _N_COLS), dtype=np.int64)
+    if not len(df):
+        return rows
+    rows[:, _C_TS] = df["ts_ns"].to_numpy()
+    rows[:, _C_KIND] = kinds.codes_of(pa.array(df["kind"].astype(object), type=pa.string()))
+    rows[:, _C_PID] = df["pid"].to_numpy()
+    rows[:, _C_TID] = df["tid"].to_numpy()
+    rows[:, _C_COMM] = comms.codes_of(pa.array(df["comm"].astype(object), type=pa.string()))
+    rows[:, _C_FD] = df["fd"].to_numpy()
+    rows[:, _C_PATH] = -1
+    rows[:, _C_BYTES] = df["bytes"].to_numpy()
+    rows[:, _C_RET] = df["ret"].to_numpy()
+    rows[:, _C_OFFSET] = df["offset"].to_numpy()
+    rows[:, _C_LAT] = df["latency_ns"].to_numpy()
+    rows[:, _C_COUNT] = df["count"].to_numpy()
+    rows[:, _C_LATMAX] = df["latency_max_ns"].to_numpy()
+    dev = df["dev"]
+    rows[:, _C_DEV] = (
+        devs.codes_of(pa.array(dev.astype(object), type=pa.string())) if dev.notna().any() else -1
+    )
+    rows[:, _C_INC] = df["in_container"].to_numpy(dtype=bool)
+    rows[:, _C_LINE] = 0
+    return rows
+
+
+def _block_rows(table: pa.Table, kinds: _Names, comms: _Names, devs: _Names) -> np.ndarray:
+    """raw/block.txt lines (as read by pyarrow) as merge rows (what :func:`parse_block` makes of
+    them, without going through pandas)."""
+    n = table.num_rows
+    rows = np.empty((n, _N_COLS), dtype=np.int64)
+    if not n:
+        return rows
+    column = {name: table.column(name) for name in table.column_names}
+    rwbs = pc.dictionary_encode(column["rwbs"]).combine_chunks()
+    names = rwbs.dictionary.to_pylist()
+    kind_of = np.array(
+        [
+            kinds.code("block_read" if "R" in r else "block_write" if "W" in r else "block_other")
+            for r in names
+        ]
+    )
+    rows[:, _C_KIND] = kind_of[rwbs.indices.to_numpy()]
+    dev = column["dev"].to_numpy()
+    unique, index = np.unique(dev, return_inverse=True)
+    dev_codes = np.array([devs.code(f"{d >> 20}:{d & 0xFFFFF}") for d in unique.tolist()])
+    rows[:, _C_DEV] = dev_codes[index]
+    rows[:, _C_TS] = column["ts_ns"].to_numpy()
+    rows[:, _C_PID] = column["pid"].to_numpy()
+    rows[:, _C_TID] = -1
+    rows[:, _C_COMM] = comms.codes_of(column["comm"])
+    rows[:, _C_FD] = -1
+    rows[:, _C_PATH] = -1
+    rows[:, _C_BYTES] = column["bytes"].to_numpy()
+    rows[:, _C_RET] = 0
+    rows[:, _C_OFFSET] = column["sector"].to_numpy() * 512
+    rows[:, _C_LAT] = rows[:, _C_LATMAX] = column["latency_ns"].to_numpy()
+    rows[:, _C_COUNT] = 1
+    rows[:, _C_INC] = column["in_container"].to_numpy() == 1
+    rows[:, _C_LINE] = 0
+    return rows
+
+
+class _Pending:
+    """Rows of one source not yet released, in arrival order."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+
+    def add(self, rows: np.ndarray) -> None:
+        if rows.shape[0]:
+            self.parts.append(rows)
+
+    def rows(self) -> np.ndarray:
+        if len(self.parts) > 1:
+            self.parts = [np.concatenate(self.parts, axis=0)]
+        return self.parts[0] if self.parts else np.empty((0, _N_COLS), dtype=np.int64)
+
+    def release(self, before: int) -> list[np.ndarray]:
+        """Remove and return the rows with ``ts_ns < before`` (every row for _END), in arrival
+        order (nearly in time order: only the rows after the first later one are sifted)."""
+        out: list[np.ndarray] = []
+        kept: list[np.ndarray] = []
+        for rows in self.parts:
+            first, mixed = (
+                _first_at_or_after(rows, before) if before != _END else (len(rows), False)
+            )
+            if first:
+                out.append(rows[:first])
+            if first == len(rows):
+                continue
+            tail = rows[first:]
+            if mixed:
+                early = tail[:, _C_TS] < before
+                out.append(tail[early])
+                kept.append(tail[~early])
+            else:
+                kept.append(tail)
+        self.parts = kept
+        return out
+
+
+def _background(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """Iterate ``items`` on a thread, ``depth`` items ahead (their memory stays bounded)."""
+    channel: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def run() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        channel.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            channel.put((done, None))
+        except BaseException as exc:  # handed to the consumer
+            channel.put((done, exc))
+
+    thread = threading.Thread(target=run, name="twintrace-ingest-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, exc = channel.get()
+            if item is done:
+                if exc is not None:
+                    raise exc
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                channel.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
+class _Merge:
+    """The events of a raw directory as tables in time order (see the module doc)."""
+
+    def __init__(
+        self, raw_dir: Path, roots: Mapping[int, str] | None, stats: ParseStats, window: int
+    ) -> None:
+        self.raw_dir = raw_dir
+        self.stats = stats
+        self.window = window
+        self.kinds = _Names(KINDS)
+        self.comms = _Names()
+        self.devs = _Names()
+        # the join's (pid, fd) -> path table, comm + 1 by tid, thread-group leaders by pid
+        self.fd_keys = np.full(1 << 12, -1, dtype=np.int64)
+        self.fd_values = np.empty(1 << 12, dtype=np.int64)
+        self.join_state = np.zeros(3, dtype=np.int64)
+        self.tid_comms = np.zeros(_PID_LIMIT, dtype=np.int32)  # pages are mapped when used
+        self.leaders = np.zeros(_PID_LIMIT, dtype=np.uint8)
+        # paths: every path a pending row or the descriptor table refers to, by number
+        self.heap: list[pa.Array] = []
+        self.heap_size = 0
+        self.heap_compacted = 0
+        # small files, whole and in time order
+        proc = parse_proc(raw_dir / "proc.txt", stats)
+        self.owners = _Owners(proc, roots)
+        self.pid_owners = self.owners.dense()
+        # rows, count, bytes by (container + 1, kind); kinds are int8 codes
+        self.sums = np.zeros((len(self.owners.roles.names) + 1, 128, 3), dtype=np.int64)
+        leaders = proc.loc[(proc["kind"] != "fork").to_numpy(), "pid"].to_numpy(dtype=np.int64)
+        self.leaders[leaders[(leaders >= 0) & (leaders < _PID_LIMIT)]] = 1
+        order = np.argsort(proc["ts_ns"].to_numpy(), kind="stable")
+        self.proc = _frame_rows(proc, self.kinds, self.comms, self.devs)[order]
+        exec_paths = pa.array(proc["path"].astype(object), type=pa.string())
+        self.proc[:, _C_PATH] = self._add_paths(exec_paths)[order]
+        cache = parse_cache(raw_dir / "cache.txt", stats)
+        order = np.argsort(cache["ts_ns"].to_numpy(), kind="stable")
+        self.cache = _frame_rows(cache, self.kinds, self.comms, self.devs)[order]
+        self.proc_at = self.cache_at = 0
+        self.pending = {"sys": _Pending(), "agg": _Pending(), "block": _Pending()}
+        self.sys_comms = np.empty(0, dtype=np.int64)  # the parser's comm codes -> ours
+        self.sys_kinds = np.arange(len(SYSCALL_KINDS), dtype=np.int64)
+        self.released = -(2**63)  # every row before this time was released
+        self.last_ts = -(2**63)  # the time of the last row written in order
+        self.late: list[pa.Table] = []
+
+    def _add_paths(self, paths: pa.Array) -> np.ndarray:
+        """Put ``paths`` in the heap; their numbers (-1 for nulls)."""
+        numbers = np.arange(self.heap_size, self.heap_size + len(paths), dtype=np.int64)
+        if paths.null_count:
+            numbers[paths.is_null().to_numpy(zero_copy_only=False)] = -1
+        self.heap.append(paths)
+        self.heap_size += len(paths)
+        return numbers
+
+    def _paths(self) -> pa.Array:
+        if len(self.heap) != 1:
+            self.heap = [pa.concat_arrays(self.heap) if self.heap else pa.array([], pa.string())]
+        return self.heap[0]
+
+    # -- sources -------------------------------------------------------------------------------
+
+    def _syscall_blocks(self) -> Iterator[_Parsed]:
+        parser = _SyscallParser(self.leaders)
+        for buf, end in _blocks(self.raw_dir / "syscalls.txt"):
+            yield parser.parse(buf, end)
+
+    def _block_blocks(self) -> Iterator[np.ndarray]:
+        for buf, end in _blocks(self.raw_dir / "block.txt"):
+            yield _block_rows(
+                _read_tsv_table(pa.py_buffer(buf[:end]), _BLOCK_COLUMNS, self.stats),
+                self.kinds,
+                self.comms,
+                self.devs,
+            )
+
+    def _take_syscalls(self, parsed: _Parsed) -> int:
+        _count_parse(self.stats, parsed)
+        for name in parsed.new_kinds:
+            self.sys_kinds = np.append(self.sys_kinds, self.kinds.code(name))
+        if parsed.new_comms:
+            codes = [self.comms.code(name) for name in parsed.new_comms]
+            self.sys_comms = np.append(self.sys_comms, np.array(codes, dtype=np.int64))
+        extra_kinds = self.sys_kinds[len(SYSCALL_KINDS) :]
+        latest = _absorb(parsed.rows, self.sys_comms, extra_kinds, self.heap_size)
+        self.heap.append(parsed.paths)
+        self.heap_size += len(parsed.paths)
+        latest = max(latest, _absorb(parsed.aggs, self.sys_comms, extra_kinds, 0))
+        self.pending["sys"].add(parsed.rows)
+        self.pending["agg"].add(parsed.aggs)
+        return latest
+
+    def _take_block(self, rows: np.ndarray) -> int:
+        self.pending["block"].add(rows)
+        return int(rows[:, _C_TS].max()) if rows.shape[0] else -(2**63)
+
+    # -- rounds --------------------------------------------------------------------------------
+
+    def tables(self) -> Iterator[pa.Table]:
+        """The events in time order, one table per round (rows later than the window are
+        kept in :attr:`late`)."""
+        _compile()
+        sources: dict[str, tuple[Iterator[Any], Callable[[Any], int]]] = {
+            "sys": (_background(self._syscall_blocks()), self._take_syscalls),
+            "block": (iter(self._block_blocks()), self._take_block),
+        }
+        reached = {name: -(2**63) for name in sources}
+        try:
+            while sources:
+                name = min(sources, key=reached.__getitem__)
+                items, take = sources[name]
+                item = next(items, None)
+                if item is None:
+                    del sources[name]
+                else:
+                    reached[name] = max(reached[name], take(item))
+                if sources:
+                    until = min(reached[n] for n in sources) - self.window
+                    if until > self.released:
+                        yield from self._round(until)
+            yield from self._round(None)
+        finally:
+            for items, _ in sources.values():
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()
+
+    def _round(self, before: int | None) -> Iterator[pa.Table]:
+        """Release, join and tabulate the rows before ``before`` (None: every row left)."""
+        limit = _END if before is None else before
+        parts = [
+            part for name in ("sys", "agg", "block") for part in self.pending[name].release(limit)
+        ]
+        for name in ("cache", "proc"):
+            rows, at = getattr(self, name), getattr(self, f"{name}_at")
+            upto = rows.shape[0]
+            if before is not None:
+                upto = int(np.searchsorted(rows[:, _C_TS], before, side="left"))
+            parts.append(rows[at:upto])
+            setattr(self, f"{name}_at", upto)
+        if before is not None:
+            self.released = max(self.released, before)
+        parts = [part for part in parts if part.shape[0]]
+        if not parts:
+            return
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        n = rows.shape[0]
+        ts, in_order = _times(rows)
+        order = np.empty(0, dtype=np.int64) if in_order else np.argsort(ts, kind="stable")
+        out64 = np.empty((8, n), dtype=np.int64)
+        out32 = np.empty((6, n), dtype=np.int32)
+        kind = np.empty(n, dtype=np.int8)
+        inside = np.empty(n, dtype=np.bool_)
+        state = self.join_state
+        state[_S_DONE] = state[_S_WRITTEN] = 0
+        action = self._actions()
+        while not _join_round(
+            rows,
+            order,
+            action,
+            self.leaders,
+            self.pid_owners,
+            self.fd_keys,
+            self.fd_values,
+            self.tid_comms,
+            state,
+            out64,
+            out32,
+            kind,
+            inside,
+            self.sums,
+        ):
+            size = 2 * len(self.fd_keys)
+            while 4 * (state[_S_USED] + 2) > size:
+                size *= 2
+            self.fd_keys, self.fd_values = _rehash(self.fd_keys, self.fd_values, size)
+        m = int(state[_S_WRITTEN])
+        comm = out32[_O_COMM, :m]
+        if (comm < 0).any():
+            self._comms_of_lone_aggregates(rows, out64[_O_TS, :m], out32[_O_TID, :m], comm)
+        late = int(np.searchsorted(out64[_O_TS, :m], self.last_ts, side="left"))
+        if late:
+            self.stats.late_rows += late
+            self.late.append(
+                self._table(out64[:, :late], out32[:, :late], kind[:late], inside[:late]).cast(
+                    EVENTS_SCHEMA
+                )
+            )
+        if m > late:
+            self.last_ts = int(out64[_O_TS, m - 1])
+            yield self._table(out64[:, late:m], out32[:, late:m], kind[late:m], inside[late:m])
+        self._compact_paths()
+
+    def _actions(self) -> np.ndarray:
+        what = {"openat": _A_OPEN, "close": _A_CLOSE, "dup": _A_DUP, "fork": _A_FORK}
+        return np.array(
+            [what.get(kind, _A_USE if kind in FD_KINDS else _A_NONE) for kind in self.kinds.names],
+            dtype=np.int64,
+        )
+
+    def _comms_of_lone_aggregates(
+        self, rows: np.ndarray, ts: np.ndarray, tid: np.ndarray, comm: np.ndarray
+    ) -> None:
+        """An aggregated row whose thread had no line before it takes the comm of the thread's
+        next line (in this round, else still pending), else ""."""
+        lines = rows[rows[:, _C_LINE] == 1]
+        later = self.pending["sys"].rows()
+        for i in np.flatnonzero(comm < 0):
+            for source in (lines, later):
+                same = np.flatnonzero(source[:, _C_TID] == tid[i])
+                if len(same):
+                    after = same[source[same, _C_TS] >= ts[i]]
+                    pick = after if len(after) else same
+                    comm[i] = source[pick[np.argmin(source[pick, _C_TS])], _C_COMM]
+                    break
+            else:
+                comm[i] = self.comms.code("")
+
+    def _table(
+        self, out64: np.ndarray, out32: np.ndarray, kind: np.ndarray, inside: np.ndarray
+    ) -> pa.Table:
+        """Joined output columns as a table of events (_WRITE_SCHEMA: thread names, devices
+        and containers as dictionaries of their few names, not built row by row)."""
+
+        def encoded(codes: np.ndarray, names: pa.Array) -> pa.DictionaryArray:
+            indices = pa.array(codes, mask=codes < 0) if (codes < 0).any() else pa.array(codes)
+            return pa.DictionaryArray.from_arrays(indices, names)
+
+        refs = out64[_O_PATH]
+        columns = [
+            pa.array(out64[_O_TS]),
+            self._kinds(kind),
+            pa.array(out32[_O_PID]),
+            pa.array(out32[_O_TID]),
+            encoded(out32[_O_COMM], self.comms.array()),
+            pa.array(out32[_O_FD]),
+            self._paths().take(pa.array(refs, mask=refs < 0)),
+            pa.array(out64[_O_BYTES]),
+            pa.array(out64[_O_COUNT]),
+            pa.array(out64[_O_RET]),
+            pa.array(out64[_O_OFFSET]),
+            pa.array(out64[_O_LAT]),
+            pa.array(out64[_O_LATMAX]),
+            encoded(out32[_O_DEV], self.devs.array()),
+            pa.array(inside),
+            encoded(out32[_O_CONTAINER], self.owners.roles.array()),
+        ]
+        return pa.Table.from_arrays(columns, schema=_WRITE_SCHEMA)
+
+    def _kinds(self, kind: np.ndarray) -> pa.DictionaryArray:
+        """The kind column, its dictionary the kinds present (readers get no empty category)."""
+        present = np.flatnonzero(np.bincount(kind.view(np.uint8), minlength=128))
+        codes = np.zeros(128, dtype=np.int8)
+        codes[present] = np.arange(len(present))
+        return pa.DictionaryArray.from_arrays(
+            pa.array(codes[kind.view(np.uint8)]), self.kinds.array().take(pa.array(present))
+        )
+
+    def event_totals(self) -> EventTotals:
+        """The totals of every row tabulated so far."""
+        totals = EventTotals()
+        roles = [None, *self.owners.roles.names]
+        for c, k in zip(*np.nonzero(self.sums[:, :, 0]), strict=True):
+            rows, count, nbytes = (int(v) for v in self.sums[c, k])
+            totals.add(roles[c], self.kinds.names[k], rows, count, nbytes)
+        return totals
+
+    def _compact_paths(self) -> None:
+        """Keep in the heap only the paths still referred to (pending rows, descriptors)."""
+        if self.heap_size < max(1 << 16, 2 * self.heap_compacted):
+            return
+        holders = [p.rows() for p in self.pending.values()]
+        holders.append(self.proc[self.proc_at :])
+        refs = [h[:, _C_PATH] for h in holders]
+        values = self.fd_values
+        live_values = (self.fd_keys != -1) & (values >= 0)
+        refs.append(values[live_values])
+        live = np.unique(np.concatenate(refs))
+        live = live[live >= 0]
+        self.heap = [self._paths().take(pa.array(live))]
+        self.heap_size = self.heap_compacted = len(live)
+        for h in holders:
+            column = h[:, _C_PATH]
+            np.copyto(column, np.searchsorted(live, column), where=column >= 0)
+        values[live_values] = np.searchsorted(live, values[live_values])
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing events.parquet
+
+
+class _ParquetSink:
+    """Writes tables of events (_WRITE_SCHEMA) to a Parquet file, a row group each, on a thread
+    (the writer releases the GIL). The string columns go in as dictionaries (written as they
+    are, no string hashed), and the file's Arrow schema is EVENTS_SCHEMA, so that readers get
+    strings."""
+
+    def __init__(self, path: Path) -> None:
+        self.writer = pq.ParquetWriter(
+            path,
+            _WRITE_SCHEMA,
+            compression=COMPRESSION,
+            use_dictionary=["kind", "path", *_ENCODED],
+            write_statistics=["ts_ns", "pid"],
+            dictionary_pagesize_limit=1 << 30,
+            store_schema=False,
+        )
+        self.channel: queue.Queue = queue.Queue(maxsize=3)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="twintrace-ingest-writer")
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            table = self.channel.get()
+            if self.error is not None:
+                if table is None:
+                    return
+                continue  # drain after a failure
+            try:
+                if table is None:
+                    self.writer.add_key_value_metadata({"ARROW:schema": _ARROW_SCHEMA})
+                    self.writer.close()
+                    return
+                self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            except BaseException as exc:
+                self.error = exc
+                if table is None:
+                    return
+
+    def put(self, table: pa.Table) -> None:
+        if self.error is not None:
+            raise self.error
+        if table.schema != _WRITE_SCHEMA:  # rows of a written file (late rows put in place)
+            for name in _ENCODED:
+                at = table.schema.get_field_index(name)
+                column = pc.dictionary_encode(table.column(name)).cast(
+                    _WRITE_SCHEMA.field(name).type
+                )
+                table = table.set_column(at, _WRITE_SCHEMA.field(name), column)
+            table = table.combine_chunks()
+        self.channel.put(table)
+
+    def close(self) -> None:
+        self.channel.put(None)
+        self.thread.join()
+        if self.error is not None:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+            raise self.error
+
+
+def _arrow_schema_metadata(schema: pa.Schema) -> bytes:
+    """The ``ARROW:schema`` key of a Parquet file written by pyarrow with ``schema``."""
+    import base64
+
+    return base64.b64encode(schema.serialize().to_pybytes())
+
+
+_ARROW_SCHEMA = _arrow_schema_metadata(EVENTS_SCHEMA)
+
+
+def _merged(sorted_batches: Iterator[pa.RecordBatch], late: pa.Table) -> Iterator[pa.Table]:
+    """Tables of ``sorted_batches`` (in time order) with the rows of ``late`` (sorted) put in
+    their place; ties: the rows in order first."""
+    late_ts = late.column("ts_ns").to_numpy()
+    at = 0
+    for batch in sorted_batches:
+        table = pa.Table.from_batches([batch])
+        if at < len(late_ts) and len(table):
+            upto = int(np.searchsorted(late_ts, table.column("ts_ns")[-1].as_py(), side="left"))
+            if upto > at:
+                both = pa.concat_tables([table, late.slice(at, upto - at)])
+                order = np.argsort(both.column("ts_ns").to_numpy(), kind="stable")
+                table = both.take(pa.array(order))
+                at = upto
+        yield table
+    if at < len(late_ts):
+        yield late.slice(at)
+
+
+def _late_table(merge: _Merge) -> pa.Table:
+    late = pa.concat_tables(merge.late)
+    order = np.argsort(late.column("ts_ns").to_numpy(), kind="stable")
+    return late.take(pa.array(order))
+
+
+def write_events(
+    raw_dir: Path,
+    path: Path,
+    roots: Mapping[int, str] | None = None,
+    window_ns: int = REORDER_NS,
+) -> tuple[EventTotals, ParseStats]:
+    """Parse every raw tracer file of a run into ``path`` (events.parquet, sorted by time),
+    streaming: memory stays bounded whatever the trace's length. Returns what the summary
+    needs (:func:`summarize`) and what the parser skipped.
 
     ``roots`` maps each container's first process (host pid) to its role, for the
     ``container`` column; None (raw files without a manifest) leaves the column null."""
     stats = ParseStats()
-    sys = parse_syscalls(raw_dir / "syscalls.txt", stats)
-    proc = parse_proc(raw_dir / "proc.txt", stats)
-    proc = drop_thread_forks(proc, np.unique(sys["pid"].to_numpy()))
-    forks = proc[proc["kind"] == "fork"]
-    sys = resolve_paths(sys, forks)
-    frames = [
-        sys,
-        parse_block(raw_dir / "block.txt", stats),
-        parse_cache(raw_dir / "cache.txt", stats),
-        proc,
-    ]
-    events = (
-        pd.concat([f for f in frames if len(f)], ignore_index=True)
-        if any(len(f) for f in frames)
-        else frames[0]
-    )
-    events = events.sort_values("ts_ns", kind="stable", ignore_index=True)
-    events["kind"] = events["kind"].astype(str)
-    events["container"] = (
-        attribute_containers(events, proc, roots)
-        if roots
-        else pd.Series(pd.NA, index=events.index, dtype="string")
-    )
-    table = pa.Table.from_pandas(events, preserve_index=False)
-    table = table.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
-    return table, stats
+    merge = _Merge(Path(raw_dir), roots, stats, window_ns)
+    with atomic_path(path) as tmp:
+        sink = _ParquetSink(tmp)
+        try:
+            for table in merge.tables():
+                sink.put(table)
+        finally:
+            sink.close()
+        if merge.late:  # rows later than the window: a second pass puts them in their place
+            with atomic_path(tmp) as fixed:
+                sink = _ParquetSink(fixed)
+                try:
+                    source = pq.ParquetFile(tmp)
+                    for table in _merged(source.iter_batches(ROW_GROUP_ROWS), _late_table(merge)):
+                        sink.put(table)
+                finally:
+                    sink.close()
+    return merge.event_totals(), stats
+
+
+def build_events(
+    raw_dir: Path, roots: Mapping[int, str] | None = None, window_ns: int = REORDER_NS
+) -> tuple[pa.Table, ParseStats]:
+    """Parse every raw tracer file of a run into one events table sorted by time, in memory
+    (:func:`write_events` writes the same rows to a file, streaming)."""
+    stats = ParseStats()
+    merge = _Merge(Path(raw_dir), roots, stats, window_ns)
+    tables = [table.cast(EVENTS_SCHEMA) for table in merge.tables()]
+    if merge.late:
+        batches = (b for t in tables for b in t.to_batches())
+        tables = list(_merged(batches, _late_table(merge)))
+    if not tables:
+        return EVENTS_SCHEMA.empty_table(), stats
+    return pa.concat_tables(tables).combine_chunks(), stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Samples, phases, summary
 
 
 def build_samples(raw_dir: Path) -> pd.DataFrame:
@@ -465,23 +1941,23 @@ def build_phases(raw_dir: Path, roles: Sequence[str] = ()) -> pd.DataFrame:
     return phases.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
-def summarize(events: pa.Table, phases: pd.DataFrame, stats: ParseStats) -> dict:
+def summarize(events: EventTotals | pa.Table, phases: pd.DataFrame, stats: ParseStats) -> dict:
     """Counts and bytes per kind, grouped as in summary.json (docs/run-format.md); with
-    several containers also per container (``containers``)."""
-    df = events.select(["kind", "bytes", "count", "container"]).to_pandas()
-    df["kind"] = df["kind"].astype(str)
+    several containers also per container (``containers``). ``events``: the totals
+    :func:`write_events` returns (or an events table)."""
+    totals = events if isinstance(events, EventTotals) else EventTotals.of_table(events)
     result = {
         "steps": _steps(phases),
         "lost_events": stats.lost_events,
         "skipped_lines": stats.skipped_lines,
-        **_kind_groups(df),
+        **_kind_groups(totals.per_kind()),
     }
-    roles = sorted(set(df["container"].dropna()) | set(phases["container"].dropna()))
+    roles = sorted(totals.containers | set(phases["container"].dropna()))
     if len(roles) > 1:
         result["containers"] = {
             role: {
                 "steps": _steps(phases[(phases["container"] == role).fillna(False).to_numpy()]),
-                **_kind_groups(df[(df["container"] == role).fillna(False).to_numpy()]),
+                **_kind_groups(totals.per_kind(role)),
             }
             for role in roles
         }
@@ -495,17 +1971,17 @@ def _steps(phases: pd.DataFrame) -> int:
     return int(((phases["key"] == "step_end") & phases["rank"].isin([0, -1])).sum())
 
 
-def _kind_groups(df: pd.DataFrame) -> dict[str, dict]:
-    agg = df.groupby("kind", observed=True).agg(count=("count", "sum"), bytes=("bytes", "sum"))
+def _kind_groups(per_kind: Mapping[str, tuple[int, int]]) -> dict[str, dict]:
     groups: dict[str, dict] = {"syscalls": {}, "block": {}, "page_cache": {}, "processes": {}}
-    for kind, row in agg.iterrows():
-        entry = {"count": int(row["count"]), "bytes": int(row["bytes"])}
+    for kind in sorted(per_kind):
+        count, nbytes = per_kind[kind]
+        entry = {"count": int(count), "bytes": int(nbytes)}
         if kind.startswith("block_"):
             groups["block"][kind] = entry
         elif kind.startswith("cache_"):
             groups["page_cache"][kind] = entry
         elif kind in ("fork", "exec", "exit"):
-            groups["processes"][kind] = int(row["count"])
+            groups["processes"][kind] = int(count)
         else:
             groups["syscalls"][kind] = entry
     return groups

@@ -377,10 +377,9 @@ def _process(
     roles = [m.spec.role for m in members]
     try:
         roots = {m.main_pid: m.spec.role for m in members if m.main_pid}
-        events, stats = ingest.build_events(raw, roots)
+        events, stats = ingest.write_events(raw, run_dir / "events.parquet", roots)
         samples = ingest.build_samples(raw)
         phases = ingest.build_phases(raw, roles)
-        rundir.write_table(run_dir / "events.parquet", events, rundir.EVENTS_COLUMNS)
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
         manifest["lost_events"] = stats.lost_events
