@@ -330,9 +330,9 @@ def test_small_reads_at_storm_rate_are_aggregated_and_still_exact(
         # Each pass: ceil(size / 4096) reads with data and one at the end of the file.
         assert reads["count"].sum() == 2 * (-(-size // 4096) + 1), path
         assert reads["bytes"].sum() == 2 * size, path
-    preads = events[events["kind"] == "pread64"]
+    # (The interpreter's start-up preads its libraries too: only those of the data file count.)
+    preads = events[(events["kind"] == "pread64") & (events["path"] == "/data/f00.bin")]
     assert preads["count"].sum() == 20000 and preads["bytes"].sum() == 20000 * 4096
-    assert set(preads["path"]) == {"/data/f00.bin"}
     # Both kinds of rows are there, and aggregated rows keep their calls' bucket and maximum.
     data_reads = events[events["kind"].isin(["read", "pread64"]) & events["path"].notna()]
     aggregated = data_reads[data_reads["count"] > 1]
@@ -344,4 +344,5 @@ def test_small_reads_at_storm_rate_are_aggregated_and_still_exact(
     calls = int(data_reads["count"].sum())
     assert len(data_reads) < calls / 10
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["syscalls"]["pread64"]["count"] == int(preads["count"].sum())
+    all_preads = events.loc[events["kind"] == "pread64", "count"].sum()
+    assert summary["syscalls"]["pread64"]["count"] == int(all_preads)
