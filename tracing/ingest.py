@@ -282,22 +282,78 @@ def _intern(table: np.ndarray, names: np.ndarray, count: np.ndarray, w0: Any, w1
     return code
 
 
+# Names and paths are scanned 8 bytes at a time (one load, a few arithmetic steps, no branch per
+# byte; numbers are short, their digits read one by one): a text block is also read as
+# little-endian words (``words``, the same memory), with at least 16 bytes after its last line.
+_ONES = np.uint64(0x0101010101010101)
+_HIGHS = np.uint64(0x8080808080808080)
+_TABS = np.uint64(0x0909090909090909)
+_NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
+
+
 @_kernel
-def _read_name(buf: np.ndarray, p: int) -> tuple[int, Any, Any]:
-    """Scan a field up to the next tab or newline: (end, first 8 bytes, next 8 bytes)."""
-    w0 = np.uint64(0)
-    w1 = np.uint64(0)
-    start = p
-    c = buf[p]
-    while c != 9 and c != 10:
-        k = p - start
-        if k < 8:
-            w0 |= np.uint64(c) << np.uint64(8 * k)
-        elif k < 16:
-            w1 |= np.uint64(c) << np.uint64(8 * (k - 8))
-        p += 1
-        c = buf[p]
-    return p, w0, w1
+def _word(words: np.ndarray, at: int) -> Any:
+    """The 8 bytes at byte ``at`` of ``words`` (little-endian; any alignment)."""
+    q = at >> 3
+    shift = np.uint64((at & 7) * 8)
+    return (words[q] >> shift) | ((words[q + 1] << np.uint64(1)) << (np.uint64(63) - shift))
+
+
+@_kernel
+def _low_bytes(k: int) -> Any:
+    """A mask of the ``k`` (0 to 7) low bytes of a word."""
+    return (np.uint64(1) << np.uint64(8 * k)) - np.uint64(1)
+
+
+@_kernel
+def _first_flagged(flags: Any) -> int:
+    """The index of the lowest byte of ``flags`` (not 0) with its high bit set."""
+    low = flags & (~flags + np.uint64(1))
+    return np.int64(((low >> np.uint64(7)) * np.uint64(0x0001020304050607)) >> np.uint64(56))
+
+
+@_kernel
+def _zero_bytes(x: Any) -> Any:
+    """The high bit set in the zero bytes of ``x`` (exactly up to its first zero byte)."""
+    return (x - _ONES) & ~x & _HIGHS
+
+
+@_kernel
+def _field_end(words: np.ndarray, p: int) -> int:
+    """The position of the first tab or newline at or after ``p``."""
+    while True:
+        x = _word(words, p)
+        flags = _zero_bytes(x ^ _TABS) | _zero_bytes(x ^ _NEWLINES)
+        if flags:
+            return p + _first_flagged(flags)
+        p += 8
+
+
+@_kernel
+def _line_end(words: np.ndarray, p: int) -> int:
+    """The position of the first newline at or after ``p``."""
+    while True:
+        flags = _zero_bytes(_word(words, p) ^ _NEWLINES)
+        if flags:
+            return p + _first_flagged(flags)
+        p += 8
+
+
+@_kernel
+def _read_name(words: np.ndarray, p: int) -> tuple[int, Any, Any]:
+    """Scan a field up to the next tab or newline: (end, first 8 bytes, next 8 bytes), the
+    bytes after the field zero (the words mean nothing for a field of more than 16 bytes)."""
+    x = _word(words, p)
+    flags = _zero_bytes(x ^ _TABS) | _zero_bytes(x ^ _NEWLINES)
+    if flags:
+        k = _first_flagged(flags)
+        return p + k, x & _low_bytes(k), np.uint64(0)
+    y = _word(words, p + 8)
+    flags = _zero_bytes(y ^ _TABS) | _zero_bytes(y ^ _NEWLINES)
+    if flags:
+        k = _first_flagged(flags)
+        return p + 8 + k, x, y & _low_bytes(k)
+    return _field_end(words, p + 16), x, y
 
 
 @_kernel
@@ -418,6 +474,7 @@ def _noise_line(buf: np.ndarray, p: int, info: np.ndarray) -> bool:
 @_kernel
 def _parse_syscall_block(
     buf: np.ndarray,
+    words: np.ndarray,
     pos: int,
     end: int,
     rows: np.ndarray,
@@ -434,7 +491,8 @@ def _parse_syscall_block(
     seen: np.ndarray,
     info: np.ndarray,
 ) -> int:
-    """Parse the lines of ``buf[pos:end]`` (``buf[end - 1]`` is a newline) of raw/syscalls.txt.
+    """Parse the lines of ``buf[pos:end]`` (``buf[end - 1]`` is a newline; ``words``: the same
+    bytes as words, see :func:`_word`) of raw/syscalls.txt.
 
     One-by-one lines become columns of ``rows`` (see ``_C_*``), with the derived values of
     events.parquet: an openat's fd is its return value (-1 when it failed), bytes are a read's
@@ -459,7 +517,7 @@ def _parse_syscall_block(
         ts, p, digits = _read_int(buf, pos, False)
         if digits and buf[p] == 9:
             kind_start = p + 1
-            p, w0, w1 = _read_name(buf, kind_start)
+            p, w0, w1 = _read_name(words, kind_start)
             ok = buf[p] == 9 and p - kind_start <= 16
             if ok:
                 kind = _intern(kind_table, kind_names, kind_count, w0, w1, p - kind_start)
@@ -485,7 +543,7 @@ def _parse_syscall_block(
                 ok = ok and buf[p] == 9
             if ok:
                 comm_start = p + 1
-                p, w0, w1 = _read_name(buf, comm_start)
+                p, w0, w1 = _read_name(words, comm_start)
                 ok = buf[p] == 9 and p - comm_start <= 16
             if ok:
                 comm = _intern(comm_table, comm_names, comm_count, w0, w1, p - comm_start)
@@ -493,12 +551,8 @@ def _parse_syscall_block(
                     info[_I_STATUS] = _FULL_NAMES
                     break
                 path_start = p + 1
-                p = path_start
-                c = buf[p]
-                while c != 9 and c != 10:
-                    p += 1
-                    c = buf[p]
-                ok = c == 10
+                p = _field_end(words, path_start)
+                ok = buf[p] == 10
             if ok:
                 rows[n, _C_TS] = ts
                 rows[n, _C_KIND] = kind
@@ -529,9 +583,8 @@ def _parse_syscall_block(
                 else:
                     rows[n, _C_OFFSET] = -1
                 if p > path_start:
-                    for i in range(path_start, p):
-                        heap[hp] = buf[i]
-                        hp += 1
+                    heap[hp : hp + p - path_start] = buf[path_start:p]
+                    hp += p - path_start
                     n_paths += 1
                     offsets[n_paths] = hp
                     rows[n, _C_PATH] = n_paths - 1
@@ -562,9 +615,7 @@ def _parse_syscall_block(
                     info[_I_EXAMPLES + 2 * k] = pos
                     info[_I_EXAMPLES + 2 * k + 1] = line_end
                 info[_I_SKIPPED] = k + 1
-            p = pos
-            while buf[p] != 10:
-                p += 1
+            p = _line_end(words, pos)
         pos = p + 1
     info[_I_ROWS] = n
     info[_I_AGGS] = n_agg
@@ -757,14 +808,6 @@ def _join_round(
     state[_S_DONE] = n
     state[_S_WRITTEN] = m
     return True
-
-
-@_kernel
-def _word(words: np.ndarray, at: int) -> Any:
-    """The 8 bytes at byte ``at`` of ``words`` (little-endian; any alignment)."""
-    q = at >> 3
-    shift = np.uint64((at & 7) * 8)
-    return (words[q] >> shift) | ((words[q + 1] << np.uint64(1)) << (np.uint64(63) - shift))
 
 
 @_kernel
@@ -1028,15 +1071,16 @@ class _NameTable:
 def _blocks(path: Path, size: int | None = None) -> Iterator[tuple[np.ndarray, int]]:
     """(buffer, end) for successive pieces of a file (about ``size`` bytes, BLOCK_BYTES by
     default), each ``buffer[:end]`` whole lines ending with a newline (one is added to a last
-    line without it). The buffer is reused: use it before taking the next piece."""
+    line without it), at least 16 bytes of the buffer after them, its length a multiple of 8.
+    The buffer is reused: use it before taking the next piece."""
     if not path.exists():
         return
     size = size or BLOCK_BYTES
-    buffer = np.empty(size + (1 << 16), dtype=np.uint8)
+    buffer = np.empty((size + (1 << 16) + 7) // 8 * 8, dtype=np.uint8)  # words: see _word
     carry = 0
     with open(path, "rb", buffering=0) as fh:
         while True:
-            if carry + size > len(buffer) - 1:  # a line longer than the buffer
+            if carry + size > len(buffer) - 64:  # a line longer than the buffer
                 bigger = np.empty(2 * len(buffer), dtype=np.uint8)
                 bigger[:carry] = buffer[:carry]
                 buffer = bigger
@@ -1100,6 +1144,12 @@ class _SyscallParser:
         self.aggs_per_byte = 1 / 2000
 
     def parse(self, buf: np.ndarray, end: int) -> _Parsed:
+        """Parse ``buf[:end]`` (whole lines; :func:`_blocks` leaves room after them)."""
+        if len(buf) % 8 or len(buf) < end + 16:
+            padded = np.zeros((end + 16 + 7) // 8 * 8, dtype=np.uint8)
+            padded[:end] = buf[:end]
+            buf = padded
+        words = buf.view(np.uint64)
         rows = np.empty((int(end * self.rows_per_byte * 1.25) + 64, _N_COLS), dtype=np.int64)
         aggs = np.empty((int(end * self.aggs_per_byte * 1.5) + 64, _N_COLS), dtype=np.int64)
         offsets = np.zeros(rows.shape[0] + 1, dtype=np.int32)
@@ -1109,6 +1159,7 @@ class _SyscallParser:
         while True:
             pos = _parse_syscall_block(
                 buf,
+                words,
                 pos,
                 end,
                 rows,
