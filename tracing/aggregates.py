@@ -5,14 +5,15 @@ The tracer prints the first calls of each thread in every time bin one by one, a
 into kernel maps keyed by (pid, tid, fd, kind, descriptor generation, bin, request-size bucket,
 latency bucket); an interval probe prints those maps. One printed map entry is one line::
 
-    @agg<N>[<pid>, <tid>, <fd>, <kind>, <gen>, <bin>, <size_log2>, <lat_log2>]: (<count>, <bytes>, <latency_sum_ns>, <latency_max_ns>, <last_ts_ns>)
+    @agg<N>[<pid>, <tid>, <fd>, <kind>, <gen>, <bin>, <size_log2>, <lat_log2>]: (<count>, <bytes>, <latency_sum_ns>, <latency_max_ns>, <last_ts_ns>, <offset>)
 
 ``kind`` is a code (:data:`KIND_CODES`), ``gen`` counts the descriptor-changing calls (openat,
 close, dup) of the process so that a row never spans two files that held the same descriptor
 number, ``bin`` is ``nsecs // BIN_NS``, and the buckets are floor(log2) of the bytes returned and
 of the latency. A row becomes one events row with ``count`` calls: ``ts_ns`` is the exit of its
-last call, ``bytes`` and ``latency_ns`` are totals, ``offset`` is -1 (offsets are kept only for
-calls traced one by one).
+last call, ``bytes`` and ``latency_ns`` are totals, ``offset`` is the lowest offset of its calls
+(pread64 and pwrite64; -1 for the others; each call's own offset is kept only for calls traced
+one by one).
 """
 
 from __future__ import annotations
@@ -32,10 +33,21 @@ LINES_PER_BIN = 4
 
 _AGG_RE = re.compile(
     r"^@agg\d+\[(\d+), (\d+), (-?\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\]: "
-    r"\((\d+), (-?\d+), (\d+), (\d+), (\d+)\)$"
+    r"\((\d+), (-?\d+), (\d+), (\d+), (\d+), (-?\d+)\)$"
 )
 #: Columns of :func:`parse_aggregate_lines`, as parse_syscalls gives them (path unresolved).
-COLUMNS = ("ts_ns", "kind", "pid", "tid", "fd", "bytes", "count", "latency_ns", "latency_max_ns")
+COLUMNS = (
+    "ts_ns",
+    "kind",
+    "pid",
+    "tid",
+    "fd",
+    "bytes",
+    "count",
+    "offset",
+    "latency_ns",
+    "latency_max_ns",
+)
 
 
 def is_aggregate(line: str) -> bool:
@@ -54,7 +66,7 @@ def parse_aggregate_lines(lines: Iterable[str]) -> tuple[pd.DataFrame, list[str]
             bad.append(line)
             continue
         fields.append(tuple(int(g) for g in match.groups()))
-    data = np.array(fields, dtype=np.int64).reshape(-1, 13)
+    data = np.array(fields, dtype=np.int64).reshape(-1, 14)
     kind_code = data[:, 3]
     if len(data) and (kind_code >= len(KIND_CODES)).any():
         raise ValueError(f"aggregated row with an unknown kind code {int(kind_code.max())}")
@@ -67,6 +79,7 @@ def parse_aggregate_lines(lines: Iterable[str]) -> tuple[pd.DataFrame, list[str]
             "fd": data[:, 2].astype(np.int32),
             "bytes": data[:, 9],
             "count": data[:, 8],
+            "offset": data[:, 13],
             "latency_ns": data[:, 10],
             "latency_max_ns": data[:, 11],
         },
