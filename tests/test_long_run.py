@@ -133,7 +133,7 @@ def test_the_long_run_completes_without_loss(long_run: LongRun) -> None:
 
 @_long
 def test_tracer_and_sampler_memory_stay_flat(long_run: LongRun) -> None:
-    """The max over the run's last half minus the median of its first half: within
+    """The max over the run's last half minus the median of its second quarter: within
     RSS_GROWTH_BOUND (bench/long_run.py says why that bound) for each bpftrace process and the
     sampling process, sampled all along (10 a second)."""
     growth = {g.metric: g for g in rss_growth(long_run, rss_samples(long_run))}
@@ -141,7 +141,7 @@ def test_tracer_and_sampler_memory_stay_flat(long_run: LongRun) -> None:
     for g in growth.values():
         assert g.samples >= 5 * SECONDS, g  # sampled all along
         assert g.growth <= RSS_GROWTH_BOUND, (
-            f"{g.metric} grew from {g.first_median / 2**20:.1f} MiB (median, first half) to "
+            f"{g.metric} grew from {g.first_median / 2**20:.1f} MiB (median, second quarter) to "
             f"{g.last_max / 2**20:.1f} MiB (max, last half)"
         )
 
