@@ -218,11 +218,21 @@ _COMPILED = False
 _COMPILE_LOCK = threading.Lock()
 
 
+_INLINED: set[str] = set()
+
+
 def _kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     """Register a numba kernel; :func:`_compile` replaces the module global by the compiled one
     (kernels call each other by their global names)."""
     _KERNELS[function.__name__] = function
     return function
+
+
+def _inline(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Register a numba kernel that other kernels call: inlined in them (numba's calls pass
+    arrays with reference counting, atomic operations, a cost on every call)."""
+    _INLINED.add(function.__name__)
+    return _kernel(function)
 
 
 def _compile() -> None:
@@ -234,12 +244,13 @@ def _compile() -> None:
         import numba
 
         for name, function in _KERNELS.items():
+            options = {"nogil": True, "inline": "always" if name in _INLINED else "never"}
             try:
-                jitted = numba.njit(cache=True, nogil=True)(function)
+                jitted = numba.njit(cache=True, **options)(function)
             except RuntimeError as exc:  # no writable cache directory: compile in memory
                 if "no locator available" not in str(exc):
                     raise
-                jitted = numba.njit(nogil=True)(function)
+                jitted = numba.njit(**options)(function)
             globals()[name] = jitted
         _COMPILED = True
 
@@ -248,7 +259,7 @@ _U64_GOLDEN = 0x9E3779B97F4A7C15
 _U64_MIX = 0xBF58476D1CE4E5B9
 
 
-@_kernel
+@_inline
 def _name_slot(table: np.ndarray, names: np.ndarray, w0: Any, w1: Any, length: int) -> int:
     """The slot of an interned name of at most 16 bytes (packed little-endian in w0, w1) in an
     open-addressing table of codes (-1: empty): where it is, or the empty slot to put it in."""
@@ -264,7 +275,7 @@ def _name_slot(table: np.ndarray, names: np.ndarray, w0: Any, w1: Any, length: i
         slot = (slot + np.uint64(1)) & mask
 
 
-@_kernel
+@_inline
 def _intern(table: np.ndarray, names: np.ndarray, count: np.ndarray, w0: Any, w1: Any, n: int):
     """The code of a name (see :func:`_name_slot`), added when new; -1 when the table is full."""
     slot = _name_slot(table, names, w0, w1, n)
@@ -291,7 +302,7 @@ _TABS = np.uint64(0x0909090909090909)
 _NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
 
 
-@_kernel
+@_inline
 def _word(words: np.ndarray, at: int) -> Any:
     """The 8 bytes at byte ``at`` of ``words`` (little-endian; any alignment)."""
     q = at >> 3
@@ -299,26 +310,26 @@ def _word(words: np.ndarray, at: int) -> Any:
     return (words[q] >> shift) | ((words[q + 1] << np.uint64(1)) << (np.uint64(63) - shift))
 
 
-@_kernel
+@_inline
 def _low_bytes(k: int) -> Any:
     """A mask of the ``k`` (0 to 7) low bytes of a word."""
     return (np.uint64(1) << np.uint64(8 * k)) - np.uint64(1)
 
 
-@_kernel
+@_inline
 def _first_flagged(flags: Any) -> int:
     """The index of the lowest byte of ``flags`` (not 0) with its high bit set."""
     low = flags & (~flags + np.uint64(1))
     return np.int64(((low >> np.uint64(7)) * np.uint64(0x0001020304050607)) >> np.uint64(56))
 
 
-@_kernel
+@_inline
 def _zero_bytes(x: Any) -> Any:
     """The high bit set in the zero bytes of ``x`` (exactly up to its first zero byte)."""
     return (x - _ONES) & ~x & _HIGHS
 
 
-@_kernel
+@_inline
 def _field_end(words: np.ndarray, p: int) -> int:
     """The position of the first tab or newline at or after ``p``."""
     while True:
@@ -329,7 +340,7 @@ def _field_end(words: np.ndarray, p: int) -> int:
         p += 8
 
 
-@_kernel
+@_inline
 def _line_end(words: np.ndarray, p: int) -> int:
     """The position of the first newline at or after ``p``."""
     while True:
@@ -339,7 +350,7 @@ def _line_end(words: np.ndarray, p: int) -> int:
         p += 8
 
 
-@_kernel
+@_inline
 def _read_name(words: np.ndarray, p: int) -> tuple[int, Any, Any]:
     """Scan a field up to the next tab or newline: (end, first 8 bytes, next 8 bytes), the
     bytes after the field zero (the words mean nothing for a field of more than 16 bytes)."""
@@ -356,7 +367,7 @@ def _read_name(words: np.ndarray, p: int) -> tuple[int, Any, Any]:
     return _field_end(words, p + 16), x, y
 
 
-@_kernel
+@_inline
 def _read_int(buf: np.ndarray, p: int, signed: bool) -> tuple[int, int, bool]:
     """An integer at ``p``: (value, position after it, whether there were digits)."""
     negative = False
@@ -375,7 +386,7 @@ def _read_int(buf: np.ndarray, p: int, signed: bool) -> tuple[int, int, bool]:
     return value, p, p > start
 
 
-@_kernel
+@_inline
 def _expect(buf: np.ndarray, p: int, text: np.ndarray) -> int:
     """The position after ``text`` when the bytes at ``p`` are ``text``, else -1."""
     for i in range(len(text)):
@@ -624,7 +635,7 @@ def _parse_syscall_block(
     return pos
 
 
-@_kernel
+@_inline
 def _slot(keys: np.ndarray, key: int) -> int:
     """The slot of ``key`` in an open-addressing table of int64 keys (-1: empty), or the empty
     slot where it would go."""
@@ -637,7 +648,7 @@ def _slot(keys: np.ndarray, key: int) -> int:
         slot = (slot + np.uint64(1)) & mask
 
 
-@_kernel
+@_inline
 def _put(keys: np.ndarray, values: np.ndarray, used: np.ndarray, key: int, value: int) -> None:
     """Set ``key`` to ``value`` (the table must have room: see :func:`_rehash`)."""
     slot = _slot(keys, key)
@@ -647,7 +658,7 @@ def _put(keys: np.ndarray, values: np.ndarray, used: np.ndarray, key: int, value
     values[slot] = value
 
 
-@_kernel
+@_inline
 def _get(keys: np.ndarray, values: np.ndarray, key: int) -> int:
     slot = _slot(keys, key)
     return values[slot] if keys[slot] == key else -1
@@ -810,7 +821,7 @@ def _join_round(
     return True
 
 
-@_kernel
+@_inline
 def _tail(words: np.ndarray, at: int, end: int) -> Any:
     """The bytes ``at`` to ``end`` (at most 8) of ``words``, the rest zero."""
     word = _word(words, at)
@@ -819,7 +830,7 @@ def _tail(words: np.ndarray, at: int, end: int) -> Any:
     return word
 
 
-@_kernel
+@_inline
 def _hash_bytes(words: np.ndarray, start: int, end: int) -> Any:
     h = np.uint64(end - start) * np.uint64(_U64_GOLDEN)
     for at in range(start, end, 8):
@@ -828,7 +839,7 @@ def _hash_bytes(words: np.ndarray, start: int, end: int) -> Any:
     return h
 
 
-@_kernel
+@_inline
 def _same_bytes(words: np.ndarray, a: int, a_end: int, b: int, b_end: int) -> bool:
     if a_end - a != b_end - b:
         return False
