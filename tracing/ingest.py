@@ -417,7 +417,7 @@ _WORD_AGG = np.frombuffer(b"@agg", dtype=np.uint8)
 _K_RW_END, _K_PREAD, _K_PWRITE, _K_OPENAT, _K_LSEEK, _K_MMAP = 6, 1, 4, 6, 8, 11
 
 
-@_kernel
+@_inline
 def _parse_agg(buf: np.ndarray, p: int, aggs: np.ndarray, j: int, agg_kinds: np.ndarray) -> int:
     """Parse the aggregated row at ``p`` (just after "@agg") into ``aggs[j]`` (grammar of
     tracing.aggregates); returns 1, 0 when the line is not one, -1 - code for an unknown kind."""
@@ -463,7 +463,7 @@ def _parse_agg(buf: np.ndarray, p: int, aggs: np.ndarray, j: int, agg_kinds: np.
     return 1
 
 
-@_kernel
+@_inline
 def _noise_line(buf: np.ndarray, p: int, info: np.ndarray) -> bool:
     """Whether the line at ``p`` is bpftrace's own (counted when it is "Lost N events")."""
     q = _expect(buf, p, _WORD_LOST)
@@ -1612,45 +1612,76 @@ class _Pending:
         return out
 
 
-def _background(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
-    """Iterate ``items`` on a thread, ``depth`` items ahead (their memory stays bounded)."""
-    channel: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
+class _Background:
+    """Iterate ``items`` on a thread started at once, ``depth`` items ahead (their memory
+    stays bounded); :meth:`close` stops it."""
 
-    def run() -> None:
+    _DONE = object()
+
+    def __init__(self, items: Iterator[Any], depth: int = 2) -> None:
+        self.channel: queue.Queue = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.items = items
+        self.finished = False
+        self.thread = threading.Thread(target=self._run, name="twintrace-ingest-reader")
+        self.thread.daemon = True
+        self.thread.start()
+
+    def _run(self) -> None:
         try:
-            for item in items:
-                while not stop.is_set():
+            for item in self.items:
+                while not self.stop.is_set():
                     try:
-                        channel.put((item, None), timeout=0.1)
+                        self.channel.put((item, None), timeout=0.1)
                         break
                     except queue.Full:
                         continue
-                if stop.is_set():
+                if self.stop.is_set():
                     return
-            channel.put((done, None))
+            self.channel.put((self._DONE, None))
         except BaseException as exc:  # handed to the consumer
-            channel.put((done, exc))
+            self.channel.put((self._DONE, exc))
 
-    thread = threading.Thread(target=run, name="twintrace-ingest-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, exc = channel.get()
-            if item is done:
-                if exc is not None:
-                    raise exc
-                return
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self.finished:
+            raise StopIteration
+        item, exc = self.channel.get()
+        if item is self._DONE:
+            self.finished = True
+            if exc is not None:
+                raise exc
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self.stop.set()
+        while self.thread.is_alive():
             try:
-                channel.get(timeout=0.1)
+                self.channel.get(timeout=0.1)
             except queue.Empty:
                 pass
-        thread.join()
+        self.thread.join()
+
+
+_SCRATCH = threading.local()
+
+
+def _strings_dictionary(
+    refs: np.ndarray, heap: tuple[np.ndarray, np.ndarray]
+) -> pa.DictionaryArray:
+    """A dictionary array of the strings of ``heap`` (:meth:`_Heap.view`) that ``refs`` refers
+    to (-1: null; ``refs`` becomes the codes, in place)."""
+    offsets, data = heap
+    local = getattr(_SCRATCH, "local", None)  # -1 everywhere, by thread
+    if local is None or len(local) < len(offsets):
+        local = _SCRATCH.local = np.full(2 * len(offsets), -1, dtype=np.int64)
+    offsets, data = _path_dictionary(refs, offsets, data, local)
+    names = pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))
+    indices = pa.array(refs.astype(np.int32, copy=False), mask=refs < 0)
+    return pa.DictionaryArray.from_arrays(indices, names)
 
 
 class _Heap:
@@ -1661,7 +1692,6 @@ class _Heap:
         self.size = 0
         self.offsets = np.zeros(1 << 12, dtype=np.int64)
         self.data = np.zeros(1 << 16, dtype=np.uint8)
-        self.local = np.full(1 << 12, -1, dtype=np.int64)  # scratch of _path_dictionary
 
     def add(self, strings: pa.Array) -> np.ndarray:
         """Append ``strings`` (UTF-8, validated); their numbers (-1 for nulls)."""
@@ -1696,17 +1726,10 @@ class _Heap:
             bigger[: self.offsets[self.size]] = self.data[: self.offsets[self.size]]
             self.data = bigger
 
-    def dictionary(self, refs: np.ndarray) -> pa.DictionaryArray:
-        """A dictionary array of the strings ``refs`` refers to (-1: null; ``refs`` becomes the
-        codes, in place)."""
-        if len(self.local) < self.size:
-            self.local = np.full(2 * self.size, -1, dtype=np.int64)
-        offsets, data = _path_dictionary(refs, self.offsets, self.data, self.local)
-        names = pa.StringArray.from_buffers(
-            len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data)
-        )
-        indices = pa.array(refs.astype(np.int32, copy=False), mask=refs < 0)
-        return pa.DictionaryArray.from_arrays(indices, names)
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        """The strings so far: (offsets, bytes) for :func:`_strings_dictionary`, on any thread
+        (strings are only added after them; :meth:`keep` makes new buffers)."""
+        return self.offsets[: self.size + 1], self.data
 
     def keep(self, live: np.ndarray) -> None:
         """Keep only the strings ``live`` (sorted numbers), renumbered 0, 1, ... in order."""
@@ -1714,6 +1737,53 @@ class _Heap:
         data = np.empty(len(self.data), dtype=np.uint8)
         _gather_strings(self.offsets, self.data, live, offsets, data)
         self.offsets, self.data, self.size = offsets, data, len(live)
+
+
+@dataclass
+class _Round:
+    """The joined output columns of a round (see :func:`_join_round`), names by code (kinds,
+    thread names, devices, roles) and the paths: :meth:`table` makes them a table of events
+    (_WRITE_SCHEMA: the strings as dictionaries of their few values, none built row by row)."""
+
+    out64: np.ndarray
+    out32: np.ndarray
+    kind: np.ndarray
+    inside: np.ndarray
+    names: tuple[pa.Array, pa.Array, pa.Array, pa.Array]
+    heap: tuple[np.ndarray, np.ndarray]
+
+    def table(self) -> pa.Table:
+        out64, out32 = self.out64, self.out32
+        kinds, comms, devs, roles = self.names
+
+        def encoded(codes: np.ndarray, names: pa.Array) -> pa.DictionaryArray:
+            indices = pa.array(codes, mask=codes < 0) if (codes < 0).any() else pa.array(codes)
+            return pa.DictionaryArray.from_arrays(indices, names)
+
+        # the kind column: its dictionary the kinds present (readers get no empty category)
+        kind = self.kind.view(np.uint8)
+        present = np.flatnonzero(np.bincount(kind, minlength=128))
+        codes = np.zeros(128, dtype=np.int8)
+        codes[present] = np.arange(len(present))
+        columns = [
+            pa.array(out64[_O_TS]),
+            pa.DictionaryArray.from_arrays(pa.array(codes[kind]), kinds.take(pa.array(present))),
+            pa.array(out32[_O_PID]),
+            pa.array(out32[_O_TID]),
+            encoded(out32[_O_COMM], comms),
+            pa.array(out32[_O_FD]),
+            _strings_dictionary(out32[_O_PATH], self.heap),
+            pa.array(out64[_O_BYTES]),
+            pa.array(out64[_O_COUNT]),
+            pa.array(out64[_O_RET]),
+            pa.array(out64[_O_OFFSET]),
+            pa.array(out64[_O_LAT]),
+            pa.array(out64[_O_LATMAX]),
+            encoded(out32[_O_DEV], devs),
+            pa.array(self.inside),
+            encoded(out32[_O_CONTAINER], roles),
+        ]
+        return pa.Table.from_arrays(columns, schema=_WRITE_SCHEMA)
 
 
 class _Merge:
@@ -1734,11 +1804,27 @@ class _Merge:
         self.join_state = np.zeros(3, dtype=np.int64)
         self.tid_comms = np.zeros(_PID_LIMIT, dtype=np.int32)  # pages are mapped when used
         self.leaders = np.zeros(_PID_LIMIT, dtype=np.uint8)
+        # raw/syscalls.txt is parsed on a thread from now on
+        _compile()
+        self.syscalls = _Background(self._syscall_blocks())
+        try:
+            self._read_small_files(roots)
+        except BaseException:
+            self.syscalls.close()
+            raise
+        self.pending = {"sys": _Pending(), "agg": _Pending(), "block": _Pending()}
+        self.sys_comms = np.empty(0, dtype=np.int64)  # the parser's comm codes -> ours
+        self.sys_kinds = np.arange(len(SYSCALL_KINDS), dtype=np.int64)
+        self.released = -(2**63)  # every row before this time was released
+        self.last_ts = -(2**63)  # the time of the last row written in order
+        self.late: list[pa.Table] = []
+
+    def _read_small_files(self, roots: Mapping[int, str] | None) -> None:
+        """raw/proc.txt and raw/cache.txt, whole and in time order; the containers."""
         # paths: every path a pending row or the descriptor table refers to, by number
         self.heap = _Heap()
         self.heap_compacted = 0
-        # small files, whole and in time order
-        proc = parse_proc(raw_dir / "proc.txt", stats)
+        proc = parse_proc(self.raw_dir / "proc.txt", self.stats)
         self.owners = _Owners(proc, roots)
         self.pid_owners = self.owners.dense()
         # rows, count, bytes by (container + 1, kind); kinds are int8 codes
@@ -1749,16 +1835,10 @@ class _Merge:
         self.proc = _frame_rows(proc, self.kinds, self.comms, self.devs)[order]
         exec_paths = pa.array(proc["path"].astype(object), type=pa.string())
         self.proc[:, _C_PATH] = self.heap.add(exec_paths)[order]
-        cache = parse_cache(raw_dir / "cache.txt", stats)
+        cache = parse_cache(self.raw_dir / "cache.txt", self.stats)
         order = np.argsort(cache["ts_ns"].to_numpy(), kind="stable")
         self.cache = _frame_rows(cache, self.kinds, self.comms, self.devs)[order]
         self.proc_at = self.cache_at = 0
-        self.pending = {"sys": _Pending(), "agg": _Pending(), "block": _Pending()}
-        self.sys_comms = np.empty(0, dtype=np.int64)  # the parser's comm codes -> ours
-        self.sys_kinds = np.arange(len(SYSCALL_KINDS), dtype=np.int64)
-        self.released = -(2**63)  # every row before this time was released
-        self.last_ts = -(2**63)  # the time of the last row written in order
-        self.late: list[pa.Table] = []
 
     # -- sources -------------------------------------------------------------------------------
 
@@ -1797,12 +1877,11 @@ class _Merge:
 
     # -- rounds --------------------------------------------------------------------------------
 
-    def tables(self) -> Iterator[pa.Table]:
-        """The events in time order, one table per round (rows later than the window are
-        kept in :attr:`late`)."""
-        _compile()
+    def rounds(self) -> Iterator[_Round]:
+        """The events in time order, round by round (rows later than the window are kept in
+        :attr:`late`)."""
         sources: dict[str, tuple[Iterator[Any], Callable[[Any], int]]] = {
-            "sys": (_background(self._syscall_blocks()), self._take_syscalls),
+            "sys": (self.syscalls, self._take_syscalls),
             "block": (iter(self._block_blocks()), self._take_block),
         }
         reached = {name: -(2**63) for name in sources}
@@ -1821,12 +1900,9 @@ class _Merge:
                         yield from self._round(until)
             yield from self._round(None)
         finally:
-            for items, _ in sources.values():
-                close = getattr(items, "close", None)
-                if close is not None:
-                    close()
+            self.syscalls.close()
 
-    def _round(self, before: int | None) -> Iterator[pa.Table]:
+    def _round(self, before: int | None) -> Iterator[_Round]:
         """Release, join and tabulate the rows before ``before`` (None: every row left)."""
         limit = _END if before is None else before
         parts = [
@@ -1883,9 +1959,9 @@ class _Merge:
         if late:
             self.stats.late_rows += late
             self.late.append(
-                self._table(out64[:, :late], out32[:, :late], kind[:late], inside[:late]).cast(
-                    EVENTS_SCHEMA
-                )
+                self._table(out64[:, :late], out32[:, :late], kind[:late], inside[:late])
+                .table()
+                .cast(EVENTS_SCHEMA)
             )
         if m > late:
             self.last_ts = int(out64[_O_TS, m - 1])
@@ -1919,42 +1995,15 @@ class _Merge:
 
     def _table(
         self, out64: np.ndarray, out32: np.ndarray, kind: np.ndarray, inside: np.ndarray
-    ) -> pa.Table:
-        """Joined output columns as a table of events (_WRITE_SCHEMA: thread names, devices
-        and containers as dictionaries of their few names, not built row by row)."""
-
-        def encoded(codes: np.ndarray, names: pa.Array) -> pa.DictionaryArray:
-            indices = pa.array(codes, mask=codes < 0) if (codes < 0).any() else pa.array(codes)
-            return pa.DictionaryArray.from_arrays(indices, names)
-
-        columns = [
-            pa.array(out64[_O_TS]),
-            self._kinds(kind),
-            pa.array(out32[_O_PID]),
-            pa.array(out32[_O_TID]),
-            encoded(out32[_O_COMM], self.comms.array()),
-            pa.array(out32[_O_FD]),
-            self.heap.dictionary(out32[_O_PATH]),
-            pa.array(out64[_O_BYTES]),
-            pa.array(out64[_O_COUNT]),
-            pa.array(out64[_O_RET]),
-            pa.array(out64[_O_OFFSET]),
-            pa.array(out64[_O_LAT]),
-            pa.array(out64[_O_LATMAX]),
-            encoded(out32[_O_DEV], self.devs.array()),
-            pa.array(inside),
-            encoded(out32[_O_CONTAINER], self.owners.roles.array()),
-        ]
-        return pa.Table.from_arrays(columns, schema=_WRITE_SCHEMA)
-
-    def _kinds(self, kind: np.ndarray) -> pa.DictionaryArray:
-        """The kind column, its dictionary the kinds present (readers get no empty category)."""
-        present = np.flatnonzero(np.bincount(kind.view(np.uint8), minlength=128))
-        codes = np.zeros(128, dtype=np.int8)
-        codes[present] = np.arange(len(present))
-        return pa.DictionaryArray.from_arrays(
-            pa.array(codes[kind.view(np.uint8)]), self.kinds.array().take(pa.array(present))
+    ) -> _Round:
+        """Joined output columns, to be made a table of events (on the writer's thread)."""
+        names = (
+            self.kinds.array(),
+            self.comms.array(),
+            self.devs.array(),
+            self.owners.roles.array(),
         )
+        return _Round(out64, out32, kind, inside, names, self.heap.view())
 
     def event_totals(self) -> EventTotals:
         """The totals of every row tabulated so far."""
@@ -1990,10 +2039,10 @@ class _Merge:
 
 
 class _ParquetSink:
-    """Writes tables of events (_WRITE_SCHEMA) to a Parquet file, a row group each, on a thread
-    (the writer releases the GIL). The string columns go in as dictionaries (written as they
-    are, no string hashed), and the file's Arrow schema is EVENTS_SCHEMA, so that readers get
-    strings."""
+    """Writes rounds (made tables of events on its thread) or tables of events (_WRITE_SCHEMA)
+    to a Parquet file, a row group each, on a thread (the writer releases the GIL). The string
+    columns go in as dictionaries (written as they are, no string hashed), and the file's Arrow
+    schema is EVENTS_SCHEMA, so that readers get strings."""
 
     def __init__(self, path: Path) -> None:
         self.writer = pq.ParquetWriter(
@@ -2024,16 +2073,20 @@ class _ParquetSink:
                     self.writer.add_key_value_metadata({"ARROW:schema": _ARROW_SCHEMA})
                     self.writer.close()
                     return
+                if isinstance(table, _Round):
+                    table = table.table()
                 self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
             except BaseException as exc:
                 self.error = exc
                 if table is None:
                     return
 
-    def put(self, table: pa.Table) -> None:
+    def put(self, table: pa.Table | _Round) -> None:
         if self.error is not None:
             raise self.error
-        if table.schema != _WRITE_SCHEMA:  # rows of a written file (late rows put in place)
+        if (
+            isinstance(table, pa.Table) and table.schema != _WRITE_SCHEMA
+        ):  # rows of a written file (late rows put in place)
             for name in _ENCODED:
                 at = table.schema.get_field_index(name)
                 column = pc.dictionary_encode(table.column(name)).cast(
@@ -2104,8 +2157,8 @@ def write_events(
     with atomic_path(path) as tmp:
         sink = _ParquetSink(tmp)
         try:
-            for table in merge.tables():
-                sink.put(table)
+            for events in merge.rounds():
+                sink.put(events)
         finally:
             sink.close()
         if merge.late:  # rows later than the window: a second pass puts them in their place
@@ -2127,7 +2180,7 @@ def build_events(
     (:func:`write_events` writes the same rows to a file, streaming)."""
     stats = ParseStats()
     merge = _Merge(Path(raw_dir), roots, stats, window_ns)
-    tables = [table.cast(EVENTS_SCHEMA) for table in merge.tables()]
+    tables = [events.table().cast(EVENTS_SCHEMA) for events in merge.rounds()]
     if merge.late:
         batches = (b for t in tables for b in t.to_batches())
         tables = list(_merged(batches, _late_table(merge)))
