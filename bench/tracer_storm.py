@@ -12,6 +12,12 @@ complete whatever it costs: exactly ``calls + 1`` preads of the file, one warm-u
 
 Goals (issue "Tracing at any event rate"): >= 0.7 at 4 KiB, >= 0.9 at 64 KiB.
 
+With ``--floor``, each round also runs the job untraced while bpftrace holds two programs on
+``sys_enter_pread64``/``sys_exit_pread64`` that do nothing but the minimum a latency needs (the
+entry time kept per thread, read and deleted at exit), scoped to every task (``cgroup`` filter
+off): the cost of merely hooking a system call on this kernel, below which no tracepoint-based
+tracer that measures latency can go. Printed as untraced/floor.
+
     python bench/tracer_storm.py --sizes 4KiB,64KiB --rounds 3 --calls 200000
 
 Run as root with the images built, on an otherwise idle machine.
@@ -23,8 +29,10 @@ import argparse
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -95,17 +103,52 @@ def traced_preads(run_dir: Path) -> tuple[int, int]:
     return int(pc.sum(rows["count"]).as_py() or 0), int(pc.sum(rows["bytes"]).as_py() or 0)
 
 
+#: The floor's probes: the least a tracer that measures each call's latency does.
+FLOOR_SCRIPT = """
+BEGIN { system("touch %s", str($1)); }
+tracepoint:syscalls:sys_enter_pread64 { @s[tid] = nsecs; }
+tracepoint:syscalls:sys_exit_pread64 /@s[tid]/ { $l = nsecs - @s[tid]; delete(@s[tid]); }
+END { clear(@s); }
+"""
+
+
+def run_floor(size: int, calls: int, runs: Path) -> float:
+    """The job's loop time, untraced, while the floor's bare probes are attached."""
+    ready = runs / "floor.ready"
+    runs.mkdir(parents=True, exist_ok=True)
+    ready.unlink(missing_ok=True)
+    # BEGIN runs once every probe is attached; it creates the file (--unsafe: for system()).
+    proc = subprocess.Popen(
+        ["bpftrace", "--unsafe", "-e", FLOOR_SCRIPT, str(ready)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("bpftrace did not attach the floor's probes (run as root)")
+            time.sleep(0.1)
+        seconds, run_dir = run_job(size, calls, runs, False)
+        shutil.rmtree(run_dir)
+        return seconds
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4KiB,64KiB")
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--floor", action="store_true", help="also measure the probes' floor")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="twintrace-storm-"))
     try:
         for size_text in args.sizes.split(","):
             size = parse_size(size_text)
-            ratios = []
+            ratios, floors = [], []
             for i in range(args.rounds):
                 times = {}
                 for traced in (True, False) if i % 2 == 0 else (False, True):
@@ -114,18 +157,27 @@ def main() -> None:
                         calls, nbytes = traced_preads(run_dir)
                     shutil.rmtree(run_dir)
                 ratios.append(times[False] / times[True])
+                floor = ""
+                if args.floor:
+                    floors.append(times[False] / run_floor(size, args.calls, work / "runs"))
+                    floor = f", untraced/floor {floors[-1]:.3f}"
                 expected = (args.calls + 1, (args.calls + 1) * size)
                 complete = "complete" if (calls, nbytes) == expected else "INCOMPLETE"
                 print(
                     f"{size_text} round {i + 1}: untraced {times[False]:.3f} s, traced "
                     f"{times[True]:.3f} s, untraced/traced {ratios[-1]:.3f}; traced preads "
-                    f"{calls} ({nbytes} B) of {expected[0]} ({expected[1]} B): {complete}",
+                    f"{calls} ({nbytes} B) of {expected[0]} ({expected[1]} B): {complete}{floor}",
                     flush=True,
                 )
             print(
                 f"{size_text}: untraced/traced = {statistics.median(ratios):.3f} "
                 f"(median of {args.rounds}; spread {min(ratios):.3f} .. {max(ratios):.3f})"
             )
+            if floors:
+                print(
+                    f"{size_text}: untraced/floor = {statistics.median(floors):.3f} "
+                    f"(spread {min(floors):.3f} .. {max(floors):.3f}): bare pread64 probes"
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
