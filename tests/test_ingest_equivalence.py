@@ -154,13 +154,14 @@ def test_same_rows_as_the_reference(
         want_stats.skipped_lines,
     )
     assert got_stats.skipped_examples == want_stats.skipped_examples
-    # streaming to a file (small reorder window, small blocks: many rounds) gives the same rows
-    ingest_blocks = ingest.BLOCK_BYTES
+    # streaming to a file (small reorder window, small blocks: many rounds; the paths' heap
+    # compacted every few rounds) gives the same rows
+    ingest_blocks, heap_paths = ingest.BLOCK_BYTES, ingest.HEAP_PATHS
     try:
-        ingest.BLOCK_BYTES = 4096
+        ingest.BLOCK_BYTES, ingest.HEAP_PATHS = 4096, 8
         totals, stats = ingest.write_events(raw, tmp_path / "events.parquet", role_map, window_ns)
     finally:
-        ingest.BLOCK_BYTES = ingest_blocks
+        ingest.BLOCK_BYTES, ingest.HEAP_PATHS = ingest_blocks, heap_paths
     from core import rundir
 
     written = rundir.read_table(tmp_path / "events.parquet", rundir.EVENTS_COLUMNS)
@@ -179,3 +180,44 @@ def test_same_rows_as_the_reference(
     assert ingest.summarize(totals, phases, got_stats) == reference.summarize(
         want, phases, want_stats
     )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rounds_take_rows_in_the_order_of_a_stable_sort(seed: int) -> None:
+    """A round's rows, taken from ranges of several parts (each in time order) by a merge,
+    or copied into one part when there are many, come in the order of a stable sort of the
+    ranges' rows one after the other (ties: the earlier range first)."""
+    rng = np.random.default_rng(seed)
+    ranges = []
+    for _ in range(int(rng.integers(1, ingest._MAX_PARTS + 1))):
+        n = int(rng.integers(0, 300))
+        rows = np.zeros((n, ingest._N_COLS), dtype=np.int64)
+        rows[:, ingest._C_TS] = rng.integers(0, 50, n)  # many ties
+        rows[:, ingest._C_PID] = np.arange(n) + 1000 * len(ranges)  # which row it is
+        part = ingest._Part(rows)
+        first = int(rng.integers(0, n + 1))
+        ranges.append((part, first, int(rng.integers(first, n + 1))))
+    taken = [p.rows[p.order[a:b]] for p, a, b in ranges]
+    rows = np.concatenate(taken)
+    want = rows[np.argsort(rows[:, ingest._C_TS], kind="stable"), ingest._C_PID]
+
+    ingest._compile()
+    padded = ranges + [(ingest._NO_PART, 0, 0)] * (ingest._MAX_PARTS - len(ranges))
+    first = np.array([r[1] for r in padded], dtype=np.int64)
+    end = np.array([r[2] for r in padded], dtype=np.int64)
+    part_of = np.empty(len(rows), dtype=np.int64)
+    index = np.empty(len(rows), dtype=np.int64)
+    ingest._merge_order(
+        tuple(p.times for p, _, _ in padded),
+        tuple(p.order for p, _, _ in padded),
+        first,
+        end,
+        part_of,
+        index,
+    )
+    pairs = zip(part_of, index, strict=True)
+    got = np.array([padded[p][0].rows[i, ingest._C_PID] for p, i in pairs])
+    np.testing.assert_array_equal(got, want)
+
+    part, a, b = ingest._joined(ranges)
+    np.testing.assert_array_equal(part.rows[part.order[a:b], ingest._C_PID], want)

@@ -85,6 +85,8 @@ _WRITE_SCHEMA = pa.schema(
 ROW_GROUP_ROWS = 256 * 1024
 #: Bytes of raw text parsed at a time.
 BLOCK_BYTES = 8 << 20
+#: Paths kept before the heap is compacted to those still referred to (then twice as many).
+HEAP_PATHS = 1 << 16
 #: How far behind the latest line of every streamed file a row must be before it is released:
 #: bpftrace's per-CPU buffers reorder lines by a few ms, aggregated rows come up to ~300 ms late.
 REORDER_NS = 1_000_000_000
@@ -690,8 +692,9 @@ _S_DONE, _S_WRITTEN, _S_USED = 0, 1, 2
 
 @_kernel
 def _join_round(
-    rows: np.ndarray,
-    order: np.ndarray,
+    parts: tuple,
+    part_of: np.ndarray,
+    index: np.ndarray,
     action: np.ndarray,
     leaders: np.ndarray,
     owners: np.ndarray,
@@ -705,9 +708,9 @@ def _join_round(
     out_inside: np.ndarray,
     totals: np.ndarray,
 ) -> bool:
-    """Join one round of merge rows, taken in time order (``rows[order[j]]``; ``order``
-    empty: as they are), into the output columns, from row ``state[_S_DONE]`` on; returns
-    False when the descriptor table is half full (grow it and call again), True when done.
+    """Join one round of merge rows, taken in time order (``parts[part_of[j]][index[j]]``),
+    into the output columns, from row ``state[_S_DONE]`` on; returns False when the
+    descriptor table is half full (grow it and call again), True when done.
 
     The path of an fd-based call is looked up in the (pid, fd) -> path table (``fd_keys``,
     ``fd_values``), which the calls update as they go: ``action[kind]`` says whether a row
@@ -719,8 +722,9 @@ def _join_round(
     of its thread (``tid_comms``: comm + 1 by tid), -1 when there was none. ``owners``: the
     container (code + 1) of an in-container pid, 0 for none; ``owners[_PID_LIMIT]`` applies
     to every pid (one container). ``totals[container + 1, kind]`` adds up rows, count, bytes."""
-    n = rows.shape[0]
-    sorted_already = len(order) == 0
+    n = len(part_of)
+    part = 0
+    rows = parts[0]
     every_pid = owners[len(owners) - 1]
     m = state[_S_WRITTEN]
     room = len(fd_keys) // 2
@@ -729,7 +733,10 @@ def _join_round(
             state[_S_DONE] = j
             state[_S_WRITTEN] = m
             return False
-        i = j if sorted_already else order[j]
+        if part_of[j] != part:
+            part = part_of[j]
+            rows = parts[part]
+        i = index[j]
         kind = rows[i, _C_KIND]
         what = action[kind]
         pid = rows[i, _C_PID]
@@ -961,31 +968,61 @@ def _absorb(rows: np.ndarray, comm_codes: np.ndarray, kind_codes: np.ndarray, pa
 
 
 @_kernel
-def _first_at_or_after(rows: np.ndarray, before: int):
-    """(index of the first row at or after ``before``, whether a row after it is before)."""
-    n = rows.shape[0]
-    first = n
-    for i in range(n):
-        if rows[i, _C_TS] >= before:
-            first = i
-            break
-    for i in range(first + 1, n):
-        if rows[i, _C_TS] < before:
-            return first, True
-    return first, False
+def _paths_used(rows: np.ndarray, which: np.ndarray, used: np.ndarray) -> None:
+    """Mark the paths (heap numbers) of ``rows[which]`` in ``used``."""
+    for i in which:
+        path = rows[i, _C_PATH]
+        if path >= 0:
+            used[path] = True
 
 
 @_kernel
-def _times(rows: np.ndarray):
-    """The times of ``rows`` (a contiguous copy) and whether they are in order already."""
-    n = rows.shape[0]
-    ts = np.empty(n, dtype=np.int64)
-    in_order = True
-    for i in range(n):
-        ts[i] = rows[i, _C_TS]
-        if i and ts[i] < ts[i - 1]:
-            in_order = False
-    return ts, in_order
+def _renumber_paths(rows: np.ndarray, which: np.ndarray, numbers: np.ndarray) -> None:
+    """Give the paths of ``rows[which]`` their new numbers (by old number)."""
+    for i in which:
+        path = rows[i, _C_PATH]
+        if path >= 0:
+            rows[i, _C_PATH] = numbers[path]
+
+
+#: The most parts a round's rows are taken from without a copy (see :func:`_merge_order`).
+_MAX_PARTS = 8
+
+
+@_kernel
+def _merge_order(
+    times: tuple,
+    orders: tuple,
+    first: np.ndarray,
+    end: np.ndarray,
+    part_of: np.ndarray,
+    index: np.ndarray,
+) -> None:
+    """The rows of ranges of parts in time order: ``part_of`` and ``index`` get, row after row,
+    the part and the row number (``orders[p][first[p]:end[p]]``, at ``times[p]``, each in time
+    order); ties: the row of the lower part first."""
+    k = len(first)
+    at = first.copy()
+    m = 0
+    while m < len(part_of):
+        best = second = -1  # the parts with the earliest next rows
+        best_ts = second_ts = 0
+        for p in range(k):
+            if at[p] < end[p]:
+                t = times[p][at[p]]
+                if best < 0 or t < best_ts:
+                    second, second_ts = best, best_ts
+                    best, best_ts = p, t
+                elif second < 0 or t < second_ts:
+                    second, second_ts = p, t
+        # the best part's rows up to the second's next row
+        ts, order, a, e = times[best], orders[best], at[best], end[best]
+        while a < e and (second < 0 or ts[a] < second_ts or (ts[a] == second_ts and best < second)):
+            part_of[m] = best
+            index[m] = order[a]
+            m += 1
+            a += 1
+        at[best] = a
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1573,42 +1610,59 @@ def _block_rows(table: pa.Table, kinds: _Names, comms: _Names, devs: _Names) -> 
     return rows
 
 
+class _Part:
+    """Rows of one source (a parsed block, a whole small file), their order by time (stable:
+    ties keep the file's order) and how many of them, in that order, were released."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+        ts = np.ascontiguousarray(rows[:, _C_TS])
+        if len(ts) < 2 or bool((ts[1:] >= ts[:-1]).all()):
+            self.order = np.arange(len(ts), dtype=np.int64)
+        else:
+            self.order = np.argsort(ts, kind="stable")
+        self.times = ts[self.order]
+        self.at = 0
+
+    def left(self) -> np.ndarray:
+        """The numbers of the rows not released yet, in time order."""
+        return self.order[self.at :]
+
+
+def _joined(ranges: list[tuple[_Part, int, int]]) -> tuple[_Part, int, int]:
+    """Ranges of parts (in time order each) as one range of one part: their rows copied, in
+    time order (ties: the row of the earlier range first)."""
+    rows = np.concatenate([part.rows[part.order[a:b]] for part, a, b in ranges])
+    part = _Part(rows)
+    part.at = len(rows)
+    return part, 0, len(rows)
+
+
+_NO_PART = _Part(np.empty((0, _N_COLS), dtype=np.int64))
+
+
 class _Pending:
-    """Rows of one source not yet released, in arrival order."""
+    """The parts of one source with rows not yet released, in arrival order."""
 
     def __init__(self) -> None:
-        self.parts: list[np.ndarray] = []
+        self.parts: list[_Part] = []
 
-    def add(self, rows: np.ndarray) -> None:
-        if rows.shape[0]:
-            self.parts.append(rows)
+    def add(self, part: _Part) -> None:
+        if part.rows.shape[0]:
+            self.parts.append(part)
 
-    def rows(self) -> np.ndarray:
-        if len(self.parts) > 1:
-            self.parts = [np.concatenate(self.parts, axis=0)]
-        return self.parts[0] if self.parts else np.empty((0, _N_COLS), dtype=np.int64)
-
-    def release(self, before: int) -> list[np.ndarray]:
-        """Remove and return the rows with ``ts_ns < before`` (every row for _END), in arrival
-        order (nearly in time order: only the rows after the first later one are sifted)."""
-        out: list[np.ndarray] = []
-        kept: list[np.ndarray] = []
-        for rows in self.parts:
-            first, mixed = (
-                _first_at_or_after(rows, before) if before != _END else (len(rows), False)
-            )
-            if first:
-                out.append(rows[:first])
-            if first == len(rows):
-                continue
-            tail = rows[first:]
-            if mixed:
-                early = tail[:, _C_TS] < before
-                out.append(tail[early])
-                kept.append(tail[~early])
-            else:
-                kept.append(tail)
-        self.parts = kept
+    def release(self, before: int) -> list[tuple[_Part, int, int]]:
+        """Release the rows with ``ts_ns < before`` (every row for _END): (part, first, end)
+        ranges of the parts' time orders."""
+        out = []
+        for part in self.parts:
+            end = len(part.times)
+            if before != _END:
+                end = int(np.searchsorted(part.times, before, side="left"))
+            if end > part.at:
+                out.append((part, part.at, end))
+                part.at = end
+        self.parts = [part for part in self.parts if part.at < len(part.times)]
         return out
 
 
@@ -1812,7 +1866,6 @@ class _Merge:
         except BaseException:
             self.syscalls.close()
             raise
-        self.pending = {"sys": _Pending(), "agg": _Pending(), "block": _Pending()}
         self.sys_comms = np.empty(0, dtype=np.int64)  # the parser's comm codes -> ours
         self.sys_kinds = np.arange(len(SYSCALL_KINDS), dtype=np.int64)
         self.released = -(2**63)  # every row before this time was released
@@ -1831,21 +1884,22 @@ class _Merge:
         self.sums = np.zeros((len(self.owners.roles.names) + 1, 128, 3), dtype=np.int64)
         leaders = proc.loc[(proc["kind"] != "fork").to_numpy(), "pid"].to_numpy(dtype=np.int64)
         self.leaders[leaders[(leaders >= 0) & (leaders < _PID_LIMIT)]] = 1
-        order = np.argsort(proc["ts_ns"].to_numpy(), kind="stable")
-        self.proc = _frame_rows(proc, self.kinds, self.comms, self.devs)[order]
+        proc_rows = _frame_rows(proc, self.kinds, self.comms, self.devs)
         exec_paths = pa.array(proc["path"].astype(object), type=pa.string())
-        self.proc[:, _C_PATH] = self.heap.add(exec_paths)[order]
+        proc_rows[:, _C_PATH] = self.heap.add(exec_paths)
         cache = parse_cache(self.raw_dir / "cache.txt", self.stats)
-        order = np.argsort(cache["ts_ns"].to_numpy(), kind="stable")
-        self.cache = _frame_rows(cache, self.kinds, self.comms, self.devs)[order]
-        self.proc_at = self.cache_at = 0
+        cache_rows = _frame_rows(cache, self.kinds, self.comms, self.devs)
+        self.pending = {name: _Pending() for name in ("sys", "agg", "block", "cache", "proc")}
+        self.pending["cache"].add(_Part(cache_rows))
+        self.pending["proc"].add(_Part(proc_rows))
 
     # -- sources -------------------------------------------------------------------------------
 
-    def _syscall_blocks(self) -> Iterator[_Parsed]:
+    def _syscall_blocks(self) -> Iterator[tuple[_Parsed, _Part, _Part]]:
         parser = _SyscallParser(self.leaders)
         for buf, end in _blocks(self.raw_dir / "syscalls.txt"):
-            yield parser.parse(buf, end)
+            parsed = parser.parse(buf, end)
+            yield parsed, _Part(parsed.rows), _Part(parsed.aggs)
 
     def _block_blocks(self) -> Iterator[np.ndarray]:
         for buf, end in _blocks(self.raw_dir / "block.txt"):
@@ -1856,7 +1910,8 @@ class _Merge:
                 self.devs,
             )
 
-    def _take_syscalls(self, parsed: _Parsed) -> int:
+    def _take_syscalls(self, item: tuple[_Parsed, _Part, _Part]) -> int:
+        parsed, lines, aggs = item
         _count_parse(self.stats, parsed)
         for name in parsed.new_kinds:
             self.sys_kinds = np.append(self.sys_kinds, self.kinds.code(name))
@@ -1867,13 +1922,14 @@ class _Merge:
         latest = _absorb(parsed.rows, self.sys_comms, extra_kinds, self.heap.size)
         self.heap.add(parsed.paths)
         latest = max(latest, _absorb(parsed.aggs, self.sys_comms, extra_kinds, 0))
-        self.pending["sys"].add(parsed.rows)
-        self.pending["agg"].add(parsed.aggs)
+        self.pending["sys"].add(lines)
+        self.pending["agg"].add(aggs)
         return latest
 
     def _take_block(self, rows: np.ndarray) -> int:
-        self.pending["block"].add(rows)
-        return int(rows[:, _C_TS].max()) if rows.shape[0] else -(2**63)
+        part = _Part(rows)
+        self.pending["block"].add(part)
+        return int(part.times[-1]) if len(part.times) else -(2**63)
 
     # -- rounds --------------------------------------------------------------------------------
 
@@ -1905,25 +1961,28 @@ class _Merge:
     def _round(self, before: int | None) -> Iterator[_Round]:
         """Release, join and tabulate the rows before ``before`` (None: every row left)."""
         limit = _END if before is None else before
-        parts = [
-            part for name in ("sys", "agg", "block") for part in self.pending[name].release(limit)
-        ]
-        for name in ("cache", "proc"):
-            rows, at = getattr(self, name), getattr(self, f"{name}_at")
-            upto = rows.shape[0]
-            if before is not None:
-                upto = int(np.searchsorted(rows[:, _C_TS], before, side="left"))
-            parts.append(rows[at:upto])
-            setattr(self, f"{name}_at", upto)
+        ranges = [r for name in self.pending for r in self.pending[name].release(limit)]
         if before is not None:
             self.released = max(self.released, before)
-        parts = [part for part in parts if part.shape[0]]
-        if not parts:
+        if not ranges:
             return
-        rows = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-        n = rows.shape[0]
-        ts, in_order = _times(rows)
-        order = np.empty(0, dtype=np.int64) if in_order else np.argsort(ts, kind="stable")
+        if len(ranges) > _MAX_PARTS:  # many parts (never seen): one, copied
+            ranges = [_joined(ranges)]
+        ranges += [(_NO_PART, 0, 0)] * (_MAX_PARTS - len(ranges))
+        parts = tuple(part.rows for part, _, _ in ranges)
+        first = np.array([r[1] for r in ranges], dtype=np.int64)
+        end = np.array([r[2] for r in ranges], dtype=np.int64)
+        n = int((end - first).sum())
+        part_of = np.empty(n, dtype=np.int64)
+        index = np.empty(n, dtype=np.int64)
+        _merge_order(
+            tuple(part.times for part, _, _ in ranges),
+            tuple(part.order for part, _, _ in ranges),
+            first,
+            end,
+            part_of,
+            index,
+        )
         out64 = np.empty((7, n), dtype=np.int64)
         out32 = np.empty((7, n), dtype=np.int32)
         kind = np.empty(n, dtype=np.int8)
@@ -1932,8 +1991,9 @@ class _Merge:
         state[_S_DONE] = state[_S_WRITTEN] = 0
         action = self._actions()
         while not _join_round(
-            rows,
-            order,
+            parts,
+            part_of,
+            index,
             action,
             self.leaders,
             self.pid_owners,
@@ -1954,7 +2014,7 @@ class _Merge:
         m = int(state[_S_WRITTEN])
         comm = out32[_O_COMM, :m]
         if (comm < 0).any():
-            self._comms_of_lone_aggregates(rows, out64[_O_TS, :m], out32[_O_TID, :m], comm)
+            self._comms_of_lone_aggregates(ranges, out64[_O_TS, :m], out32[_O_TID, :m], comm)
         late = int(np.searchsorted(out64[_O_TS, :m], self.last_ts, side="left"))
         if late:
             self.stats.late_rows += late
@@ -1976,12 +2036,14 @@ class _Merge:
         )
 
     def _comms_of_lone_aggregates(
-        self, rows: np.ndarray, ts: np.ndarray, tid: np.ndarray, comm: np.ndarray
+        self, ranges: list, ts: np.ndarray, tid: np.ndarray, comm: np.ndarray
     ) -> None:
         """An aggregated row whose thread had no line before it takes the comm of the thread's
         next line (in this round, else still pending), else ""."""
-        lines = rows[rows[:, _C_LINE] == 1]
-        later = self.pending["sys"].rows()
+        empty = np.empty((0, _N_COLS), dtype=np.int64)
+        lines = np.concatenate([empty] + [p.rows[p.order[a:b]] for p, a, b in ranges])
+        lines = lines[lines[:, _C_LINE] == 1]
+        later = np.concatenate([empty] + [p.rows[p.left()] for p in self.pending["sys"].parts])
         for i in np.flatnonzero(comm < 0):
             for source in (lines, later):
                 same = np.flatnonzero(source[:, _C_TID] == tid[i])
@@ -2016,22 +2078,21 @@ class _Merge:
 
     def _compact_paths(self) -> None:
         """Keep in the heap only the paths still referred to (pending rows, descriptors)."""
-        if self.heap.size < max(1 << 16, 2 * self.heap_compacted):
+        if self.heap.size < max(HEAP_PATHS, 2 * self.heap_compacted):
             return
-        holders = [p.rows() for p in self.pending.values()]
-        holders.append(self.proc[self.proc_at :])
-        refs = [h[:, _C_PATH] for h in holders]
+        parts = [part for pending in self.pending.values() for part in pending.parts]
+        live = np.zeros(self.heap.size, dtype=np.bool_)
+        for part in parts:
+            _paths_used(part.rows, part.left(), live)
         values = self.fd_values
-        live_values = (self.fd_keys != -1) & (values >= 0)
-        refs.append(values[live_values])
-        live = np.unique(np.concatenate(refs))
-        live = live[live >= 0]
-        self.heap.keep(live)
-        self.heap_compacted = len(live)
-        for h in holders:
-            column = h[:, _C_PATH]
-            np.copyto(column, np.searchsorted(live, column), where=column >= 0)
-        values[live_values] = np.searchsorted(live, values[live_values])
+        named = (self.fd_keys != -1) & (values >= 0)
+        live[values[named]] = True
+        numbers = np.cumsum(live) - 1  # of the paths kept, by their old numbers
+        self.heap.keep(np.flatnonzero(live))
+        self.heap_compacted = int(numbers[-1]) + 1 if len(numbers) else 0
+        for part in parts:
+            _renumber_paths(part.rows, part.left(), numbers)
+        values[named] = numbers[values[named]]
 
 
 # ---------------------------------------------------------------------------------------------
