@@ -219,5 +219,26 @@ def test_rounds_take_rows_in_the_order_of_a_stable_sort(seed: int) -> None:
     got = np.array([padded[p][0].rows[i, ingest._C_PID] for p, i in pairs])
     np.testing.assert_array_equal(got, want)
 
-    part, a, b = ingest._joined(ranges)
-    np.testing.assert_array_equal(part.rows[part.order[a:b], ingest._C_PID], want)
+    # copied into one part, a parsed block's codes and path numbers become ours
+    for k, (part, _, _) in enumerate(ranges):
+        rows = part.rows
+        rows[:, ingest._C_KIND] = rng.integers(0, 4, len(rows))
+        rows[:, ingest._C_COMM] = rng.integers(-1, 3, len(rows))
+        rows[:, ingest._C_PATH] = rng.integers(-1, 5, len(rows))
+        part.parsed, part.base = k % 2 == 1, 100 * k
+    kind_map, comm_map = np.array([7, 8, 9, 10]), np.array([20, 21, 22])
+    part, a, b = ingest._joined(ranges, comm_map, kind_map)
+    joined = part.rows[part.order[a:b]]
+    np.testing.assert_array_equal(joined[:, ingest._C_PID], want)
+    for p, x, y in ranges:
+        mine = joined[np.isin(joined[:, ingest._C_PID], p.rows[:, ingest._C_PID])]
+        theirs = p.rows[p.order[x:y]]
+        kind, comm, path = (theirs[:, c] for c in (ingest._C_KIND, ingest._C_COMM, ingest._C_PATH))
+        if p.parsed:
+            kind, comm = kind_map[kind], np.where(comm >= 0, comm_map[comm], -1)
+        path = np.where(path >= 0, path + p.base, -1)
+        mine = mine[np.argsort(mine[:, ingest._C_PID])]
+        at = np.argsort(theirs[:, ingest._C_PID])
+        np.testing.assert_array_equal(mine[:, ingest._C_KIND], kind[at])
+        np.testing.assert_array_equal(mine[:, ingest._C_COMM], comm[at])
+        np.testing.assert_array_equal(mine[:, ingest._C_PATH], path[at])

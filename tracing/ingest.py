@@ -420,8 +420,11 @@ _K_RW_END, _K_PREAD, _K_PWRITE, _K_OPENAT, _K_LSEEK, _K_MMAP = 6, 1, 4, 6, 8, 11
 
 
 @_inline
-def _parse_agg(buf: np.ndarray, p: int, aggs: np.ndarray, j: int, agg_kinds: np.ndarray) -> int:
-    """Parse the aggregated row at ``p`` (just after "@agg") into ``aggs[j]`` (grammar of
+def _parse_agg(
+    buf: np.ndarray, p: int, aggs: np.ndarray, agg_times: np.ndarray, j: int, agg_kinds: np.ndarray
+) -> int:
+    """Parse the aggregated row at ``p`` (just after "@agg") into ``aggs[j]``, its time into
+    ``agg_times[j]`` (grammar of
     tracing.aggregates); returns 1, 0 when the line is not one, -1 - code for an unknown kind."""
     value, p, ok = _read_int(buf, p, False)
     if not ok or buf[p] != 91:  # '['
@@ -447,6 +450,7 @@ def _parse_agg(buf: np.ndarray, p: int, aggs: np.ndarray, j: int, agg_kinds: np.
     if code >= len(agg_kinds):
         return -1 - code
     aggs[j, _C_TS] = fields[12]
+    agg_times[j] = fields[12]
     aggs[j, _C_KIND] = agg_kinds[code]
     aggs[j, _C_PID] = fields[0]
     aggs[j, _C_TID] = fields[1]
@@ -491,7 +495,9 @@ def _parse_syscall_block(
     pos: int,
     end: int,
     rows: np.ndarray,
+    row_times: np.ndarray,
     aggs: np.ndarray,
+    agg_times: np.ndarray,
     offsets: np.ndarray,
     heap: np.ndarray,
     kind_table: np.ndarray,
@@ -507,7 +513,8 @@ def _parse_syscall_block(
     """Parse the lines of ``buf[pos:end]`` (``buf[end - 1]`` is a newline; ``words``: the same
     bytes as words, see :func:`_word`) of raw/syscalls.txt.
 
-    One-by-one lines become columns of ``rows`` (see ``_C_*``), with the derived values of
+    One-by-one lines become columns of ``rows`` (see ``_C_*``; their times also in
+    ``row_times``, an aggregated row's in ``agg_times``), with the derived values of
     events.parquet: an openat's fd is its return value (-1 when it failed), bytes are a read's
     or write's return value (0 on error) or an mmap's length, offset a pread64/pwrite64's
     argument or an lseek's result (-1 else); an openat's path is copied to ``heap`` (its end
@@ -568,6 +575,7 @@ def _parse_syscall_block(
                 ok = buf[p] == 10
             if ok:
                 rows[n, _C_TS] = ts
+                row_times[n] = ts
                 rows[n, _C_KIND] = kind
                 rows[n, _C_PID] = pid
                 rows[n, _C_TID] = tid
@@ -609,7 +617,7 @@ def _parse_syscall_block(
         if not ok:
             found = 0
             if _expect(buf, pos, _WORD_AGG) >= 0:
-                found = _parse_agg(buf, pos + 4, aggs, n_agg, agg_kinds)
+                found = _parse_agg(buf, pos + 4, aggs, agg_times, n_agg, agg_kinds)
                 if found < 0:
                     info[_I_STATUS] = _BAD_AGG_KIND
                     info[_I_BAD_KIND] = -1 - found
@@ -693,6 +701,10 @@ _S_DONE, _S_WRITTEN, _S_USED = 0, 1, 2
 @_kernel
 def _join_round(
     parts: tuple,
+    bases: np.ndarray,
+    parsed: np.ndarray,
+    comm_map: np.ndarray,
+    kind_map: np.ndarray,
     part_of: np.ndarray,
     index: np.ndarray,
     action: np.ndarray,
@@ -710,7 +722,9 @@ def _join_round(
 ) -> bool:
     """Join one round of merge rows, taken in time order (``parts[part_of[j]][index[j]]``),
     into the output columns, from row ``state[_S_DONE]`` on; returns False when the
-    descriptor table is half full (grow it and call again), True when done.
+    descriptor table is half full (grow it and call again), True when done. The rows of a
+    part with ``parsed`` set have the parser's codes of kinds and thread names (``kind_map``,
+    ``comm_map``: ours), and paths numbered from ``bases[part]``.
 
     The path of an fd-based call is looked up in the (pid, fd) -> path table (``fd_keys``,
     ``fd_values``), which the calls update as they go: ``action[kind]`` says whether a row
@@ -725,6 +739,8 @@ def _join_round(
     n = len(part_of)
     part = 0
     rows = parts[0]
+    base = bases[0]
+    coded = parsed[0]
     every_pid = owners[len(owners) - 1]
     m = state[_S_WRITTEN]
     room = len(fd_keys) // 2
@@ -736,13 +752,21 @@ def _join_round(
         if part_of[j] != part:
             part = part_of[j]
             rows = parts[part]
+            base = bases[part]
+            coded = parsed[part]
         i = index[j]
         kind = rows[i, _C_KIND]
+        comm = rows[i, _C_COMM]
+        path = rows[i, _C_PATH]
+        if coded:
+            kind = kind_map[kind]
+            if comm >= 0:
+                comm = comm_map[comm]
+        if path >= 0:
+            path += base
         what = action[kind]
         pid = rows[i, _C_PID]
         tid = rows[i, _C_TID]
-        comm = rows[i, _C_COMM]
-        path = rows[i, _C_PATH]
         line = rows[i, _C_LINE]
         if line == 1:
             if 0 <= tid < len(tid_comms):
@@ -948,41 +972,21 @@ def _gather_strings(
 
 
 @_kernel
-def _absorb(rows: np.ndarray, comm_codes: np.ndarray, kind_codes: np.ndarray, path_base: int):
-    """Translate a parsed block's codes to the merge's (thread names, kinds after the fixed
-    ones) and number its paths after ``path_base``; returns its latest time."""
-    latest = -(2**63)
-    fixed = _N_FIXED_KINDS
-    for i in range(rows.shape[0]):
-        comm = rows[i, _C_COMM]
-        if comm >= 0:
-            rows[i, _C_COMM] = comm_codes[comm]
-        kind = rows[i, _C_KIND]
-        if kind >= fixed:
-            rows[i, _C_KIND] = kind_codes[kind - fixed]
-        if rows[i, _C_PATH] >= 0:
-            rows[i, _C_PATH] += path_base
-        if rows[i, _C_TS] > latest:
-            latest = rows[i, _C_TS]
-    return latest
-
-
-@_kernel
-def _paths_used(rows: np.ndarray, which: np.ndarray, used: np.ndarray) -> None:
-    """Mark the paths (heap numbers) of ``rows[which]`` in ``used``."""
+def _paths_used(rows: np.ndarray, which: np.ndarray, base: int, used: np.ndarray) -> None:
+    """Mark the paths (heap numbers: ``base`` + theirs) of ``rows[which]`` in ``used``."""
     for i in which:
         path = rows[i, _C_PATH]
         if path >= 0:
-            used[path] = True
+            used[base + path] = True
 
 
 @_kernel
-def _renumber_paths(rows: np.ndarray, which: np.ndarray, numbers: np.ndarray) -> None:
-    """Give the paths of ``rows[which]`` their new numbers (by old number)."""
+def _renumber_paths(rows: np.ndarray, which: np.ndarray, base: int, numbers: np.ndarray) -> None:
+    """Give the paths of ``rows[which]`` (``base`` + theirs) their new numbers (by old)."""
     for i in which:
         path = rows[i, _C_PATH]
         if path >= 0:
-            rows[i, _C_PATH] = numbers[path]
+            rows[i, _C_PATH] = numbers[base + path]
 
 
 #: The most parts a round's rows are taken from without a copy (see :func:`_merge_order`).
@@ -1167,8 +1171,10 @@ def _last_newline(buffer: np.ndarray, start: int, end: int) -> int:
 class _Parsed:
     """One parsed block of raw/syscalls.txt."""
 
-    rows: np.ndarray  # (_N_COLS, n): one-by-one lines (reader's kind and comm codes)
-    aggs: np.ndarray  # (_N_COLS, m): aggregated rows
+    rows: np.ndarray  # (n, _N_COLS): one-by-one lines (reader's kind and comm codes)
+    row_times: np.ndarray  # their times
+    aggs: np.ndarray  # (m, _N_COLS): aggregated rows
+    agg_times: np.ndarray
     paths: pa.Array  # openat paths, numbered by the rows' path column
     new_kinds: list[str]
     new_comms: list[str]
@@ -1200,6 +1206,8 @@ class _SyscallParser:
         words = buf.view(np.uint64)
         rows = np.empty((int(end * self.rows_per_byte * 1.25) + 64, _N_COLS), dtype=np.int64)
         aggs = np.empty((int(end * self.aggs_per_byte * 1.5) + 64, _N_COLS), dtype=np.int64)
+        row_times = np.empty(rows.shape[0], dtype=np.int64)
+        agg_times = np.empty(aggs.shape[0], dtype=np.int64)
         offsets = np.zeros(rows.shape[0] + 1, dtype=np.int32)
         heap = np.empty(end, dtype=np.uint8)
         info = np.zeros(_I_EXAMPLES + 10, dtype=np.int64)
@@ -1211,7 +1219,9 @@ class _SyscallParser:
                 pos,
                 end,
                 rows,
+                row_times,
                 aggs,
+                agg_times,
                 offsets,
                 heap,
                 self.kinds.table,
@@ -1231,8 +1241,8 @@ class _SyscallParser:
                 self.kinds.grow()
                 self.comms.grow()
             elif status == _FULL_ROWS:
-                rows = _widen(rows, info[_I_ROWS])
-                aggs = _widen(aggs, info[_I_AGGS])
+                rows, row_times = _widen(rows, info[_I_ROWS]), _widen(row_times, info[_I_ROWS])
+                aggs, agg_times = _widen(aggs, info[_I_AGGS]), _widen(agg_times, info[_I_AGGS])
                 bigger = np.zeros(rows.shape[0] + 1, dtype=np.int32)
                 bigger[: len(offsets)] = offsets
                 offsets = bigger
@@ -1261,7 +1271,9 @@ class _SyscallParser:
         ]
         return _Parsed(
             rows[:n],
+            row_times[:n],
             aggs[:n_agg],
+            agg_times[:n_agg],
             paths,
             self.kinds.new_names(),
             self.comms.new_names(),
@@ -1272,7 +1284,7 @@ class _SyscallParser:
 
 
 def _widen(rows: np.ndarray, used: int) -> np.ndarray:
-    bigger = np.empty((2 * rows.shape[0], rows.shape[1]), dtype=rows.dtype)
+    bigger = np.empty((2 * rows.shape[0], *rows.shape[1:]), dtype=rows.dtype)
     bigger[:used] = rows[:used]
     return bigger
 
@@ -1612,11 +1624,16 @@ def _block_rows(table: pa.Table, kinds: _Names, comms: _Names, devs: _Names) -> 
 
 class _Part:
     """Rows of one source (a parsed block, a whole small file), their order by time (stable:
-    ties keep the file's order) and how many of them, in that order, were released."""
+    ties keep the file's order) and how many of them, in that order, were released. The rows
+    of raw/syscalls.txt keep the parser's codes of kinds and thread names (``parsed``) and
+    their paths' numbers in the block: ``base`` is added (see :func:`_join_round`)."""
 
-    def __init__(self, rows: np.ndarray) -> None:
+    def __init__(self, rows: np.ndarray, ts: np.ndarray | None = None, parsed: bool = False):
         self.rows = rows
-        ts = np.ascontiguousarray(rows[:, _C_TS])
+        self.parsed = parsed
+        self.base = 0
+        if ts is None:
+            ts = np.ascontiguousarray(rows[:, _C_TS])
         if len(ts) < 2 or bool((ts[1:] >= ts[:-1]).all()):
             self.order = np.arange(len(ts), dtype=np.int64)
         else:
@@ -1629,10 +1646,22 @@ class _Part:
         return self.order[self.at :]
 
 
-def _joined(ranges: list[tuple[_Part, int, int]]) -> tuple[_Part, int, int]:
+def _joined(
+    ranges: list[tuple[_Part, int, int]], comm_map: np.ndarray, kind_map: np.ndarray
+) -> tuple[_Part, int, int]:
     """Ranges of parts (in time order each) as one range of one part: their rows copied, in
-    time order (ties: the row of the earlier range first)."""
-    rows = np.concatenate([part.rows[part.order[a:b]] for part, a, b in ranges])
+    time order (ties: the row of the earlier range first), with our codes and path numbers."""
+    pieces = []
+    for part, a, b in ranges:
+        rows = part.rows[part.order[a:b]]
+        if part.parsed:
+            rows[:, _C_KIND] = kind_map[rows[:, _C_KIND]]
+            comm = rows[:, _C_COMM]
+            rows[:, _C_COMM] = np.where(comm >= 0, comm_map[np.maximum(comm, 0)], comm)
+        path = rows[:, _C_PATH]
+        rows[:, _C_PATH] = np.where(path >= 0, path + part.base, path)
+        pieces.append(rows)
+    rows = np.concatenate(pieces)
     part = _Part(rows)
     part.at = len(rows)
     return part, 0, len(rows)
@@ -1899,7 +1928,8 @@ class _Merge:
         parser = _SyscallParser(self.leaders)
         for buf, end in _blocks(self.raw_dir / "syscalls.txt"):
             parsed = parser.parse(buf, end)
-            yield parsed, _Part(parsed.rows), _Part(parsed.aggs)
+            lines = _Part(parsed.rows, parsed.row_times, parsed=True)
+            yield parsed, lines, _Part(parsed.aggs, parsed.agg_times, parsed=True)
 
     def _block_blocks(self) -> Iterator[np.ndarray]:
         for buf, end in _blocks(self.raw_dir / "block.txt"):
@@ -1918,13 +1948,11 @@ class _Merge:
         if parsed.new_comms:
             codes = [self.comms.code(name) for name in parsed.new_comms]
             self.sys_comms = np.append(self.sys_comms, np.array(codes, dtype=np.int64))
-        extra_kinds = self.sys_kinds[len(SYSCALL_KINDS) :]
-        latest = _absorb(parsed.rows, self.sys_comms, extra_kinds, self.heap.size)
+        lines.base = self.heap.size  # the block's paths are numbered after those in the heap
         self.heap.add(parsed.paths)
-        latest = max(latest, _absorb(parsed.aggs, self.sys_comms, extra_kinds, 0))
         self.pending["sys"].add(lines)
         self.pending["agg"].add(aggs)
-        return latest
+        return max([-(2**63)] + [int(part.times[-1]) for part in (lines, aggs) if len(part.times)])
 
     def _take_block(self, rows: np.ndarray) -> int:
         part = _Part(rows)
@@ -1967,7 +1995,7 @@ class _Merge:
         if not ranges:
             return
         if len(ranges) > _MAX_PARTS:  # many parts (never seen): one, copied
-            ranges = [_joined(ranges)]
+            ranges = [_joined(ranges, self.sys_comms, self.sys_kinds)]
         ranges += [(_NO_PART, 0, 0)] * (_MAX_PARTS - len(ranges))
         parts = tuple(part.rows for part, _, _ in ranges)
         first = np.array([r[1] for r in ranges], dtype=np.int64)
@@ -1992,6 +2020,10 @@ class _Merge:
         action = self._actions()
         while not _join_round(
             parts,
+            np.array([part.base for part, _, _ in ranges], dtype=np.int64),
+            np.array([part.parsed for part, _, _ in ranges], dtype=np.bool_),
+            self.sys_comms,
+            self.sys_kinds,
             part_of,
             index,
             action,
@@ -2040,17 +2072,25 @@ class _Merge:
     ) -> None:
         """An aggregated row whose thread had no line before it takes the comm of the thread's
         next line (in this round, else still pending), else ""."""
-        empty = np.empty((0, _N_COLS), dtype=np.int64)
-        lines = np.concatenate([empty] + [p.rows[p.order[a:b]] for p, a, b in ranges])
-        lines = lines[lines[:, _C_LINE] == 1]
-        later = np.concatenate([empty] + [p.rows[p.left()] for p in self.pending["sys"].parts])
+
+        def comms(part: _Part, which: np.ndarray) -> np.ndarray:
+            """Time, thread and our comm code of the one-by-one lines ``which`` of ``part``."""
+            rows = part.rows[which]
+            rows = rows[rows[:, _C_LINE] == 1][:, [_C_TS, _C_TID, _C_COMM]]
+            if part.parsed:
+                rows[:, 2] = self.sys_comms[rows[:, 2]]
+            return rows
+
+        empty = np.empty((0, 3), dtype=np.int64)
+        lines = np.concatenate([empty] + [comms(p, p.order[a:b]) for p, a, b in ranges])
+        later = np.concatenate([empty] + [comms(p, p.left()) for p in self.pending["sys"].parts])
         for i in np.flatnonzero(comm < 0):
             for source in (lines, later):
-                same = np.flatnonzero(source[:, _C_TID] == tid[i])
+                same = np.flatnonzero(source[:, 1] == tid[i])
                 if len(same):
-                    after = same[source[same, _C_TS] >= ts[i]]
+                    after = same[source[same, 0] >= ts[i]]
                     pick = after if len(after) else same
-                    comm[i] = source[pick[np.argmin(source[pick, _C_TS])], _C_COMM]
+                    comm[i] = source[pick[np.argmin(source[pick, 0])], 2]
                     break
             else:
                 comm[i] = self.comms.code("")
@@ -2083,7 +2123,7 @@ class _Merge:
         parts = [part for pending in self.pending.values() for part in pending.parts]
         live = np.zeros(self.heap.size, dtype=np.bool_)
         for part in parts:
-            _paths_used(part.rows, part.left(), live)
+            _paths_used(part.rows, part.left(), part.base, live)
         values = self.fd_values
         named = (self.fd_keys != -1) & (values >= 0)
         live[values[named]] = True
@@ -2091,7 +2131,8 @@ class _Merge:
         self.heap.keep(np.flatnonzero(live))
         self.heap_compacted = int(numbers[-1]) + 1 if len(numbers) else 0
         for part in parts:
-            _renumber_paths(part.rows, part.left(), numbers)
+            _renumber_paths(part.rows, part.left(), part.base, numbers)
+            part.base = 0
         values[named] = numbers[values[named]]
 
 
