@@ -137,8 +137,7 @@ _PROC_COLUMNS = {
     "comm": pa.string(),
     "path": pa.string(),
 }
-_LOST_RE = re.compile(r"^Lost (?P<lost>\d+) events")
-_CACHE_RE = re.compile(r"^@(?P<op>add|del)\[(?P<pid>\d+), (?P<comm>.*)\]: (?P<pages>\d+)$")
+_LOST_RE = re.compile(r"^Lost (\d+) events")
 
 
 @dataclass
@@ -643,6 +642,66 @@ def _parse_syscall_block(
     info[_I_PATHS] = n_paths
     info[_I_HEAP] = hp
     return pos
+
+
+_WORD_ADD = np.frombuffer(b"@add[", dtype=np.uint8)
+_WORD_DEL = np.frombuffer(b"@del[", dtype=np.uint8)
+_WORD_TICK = np.frombuffer(b"T ", dtype=np.uint8)
+_CACHE_CLOSE = np.frombuffer(b"]: ", dtype=np.uint8)
+
+
+@_kernel
+def _parse_cache_lines(
+    buf: np.ndarray,
+    words: np.ndarray,
+    end: int,
+    ints: np.ndarray,
+    comms: np.ndarray,
+    heap: np.ndarray,
+) -> tuple[int, int, int]:
+    """Parse raw/cache.txt (``buf[:end]``, whole lines): "T <ns>" starts a block of counts,
+    "@add[<pid>, <comm>]: <pages>" (or @del) is one (``ints``: time, 1 for add, pid, pages by
+    row; the comm's bytes to ``heap``, their ends in ``comms[1:]``), "Lost <n> events" adds n
+    lost events; other lines are skipped. Returns (rows, bytes of comms, lost events)."""
+    n = 0
+    used = 0
+    lost = 0
+    ts = 0
+    comms[0] = 0
+    pos = 0
+    while pos < end:
+        line_end = _line_end(words, pos)
+        stop = line_end - 1 if line_end > pos and buf[line_end - 1] == 13 else line_end  # \r\n
+        add = _expect(buf, pos, _WORD_ADD) >= 0
+        if add or _expect(buf, pos, _WORD_DEL) >= 0:
+            pid, p, ok = _read_int(buf, pos + 5, False)
+            ok = ok and p + 1 < stop and buf[p] == 44 and buf[p + 1] == 32  # ", "
+            q = stop  # the pages: the digits at the end, after the last "]: "
+            while q > p and 48 <= buf[q - 1] <= 57:
+                q -= 1
+            if ok and q < stop and q - 3 >= p + 2 and _expect(buf, q - 3, _CACHE_CLOSE) == q:
+                pages, _, _ = _read_int(buf, q, False)
+                ints[0, n] = ts
+                ints[1, n] = 1 if add else 0
+                ints[2, n] = pid
+                ints[3, n] = pages
+                length = q - 3 - (p + 2)
+                heap[used : used + length] = buf[p + 2 : q - 3]
+                used += length
+                n += 1
+                comms[n] = used
+        elif _expect(buf, pos, _WORD_TICK) >= 0:
+            value, p, ok = _read_int(buf, pos + 2, True)
+            if ok and p == stop:
+                ts = value
+        else:
+            q = _expect(buf, pos, _WORD_LOST)
+            if q >= 0:
+                value, q, ok = _read_int(buf, q, False)
+                if ok and _expect(buf, q, _WORD_EVENTS) >= 0:
+                    lost += value
+        pos = line_end + 1
+    return n, used, lost
 
 
 @_inline
@@ -1431,37 +1490,61 @@ def _block_frame(df: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+@dataclass
+class _Cache:
+    """The rows of raw/cache.txt (:func:`_parse_cache_lines`), in file order."""
+
+    ts: np.ndarray
+    add: np.ndarray  # True: @add, False: @del
+    pid: np.ndarray
+    comm: pa.Array
+    pages: np.ndarray
+
+    @classmethod
+    def read(cls, path: Path, stats: ParseStats) -> _Cache:
+        raw = path.read_bytes() if path.exists() else b""
+        buf = np.zeros((len(raw) + 1 + 16 + 7) // 8 * 8, dtype=np.uint8)  # see _word
+        buf[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        end = len(raw)
+        if end and buf[end - 1] != 10:
+            buf[end] = 10
+            end += 1
+        _compile()
+        n_max = raw.count(b"\n") + 1
+        ints = np.empty((4, n_max), dtype=np.int64)  # ts, add, pid, pages
+        comms = np.empty(n_max + 1, dtype=np.int32)
+        heap = np.empty(max(end, 1), dtype=np.uint8)
+        n, used, lost = _parse_cache_lines(buf, buf.view(np.uint64), end, ints, comms, heap)
+        stats.lost_events += int(lost)
+        comm = pa.StringArray.from_buffers(
+            n, pa.py_buffer(comms[: n + 1].copy()), pa.py_buffer(heap[:used].copy())
+        )
+        try:
+            comm.validate(full=True)
+        except pa.ArrowInvalid:  # not UTF-8: replace the bytes that are not
+            comm = pa.array(
+                [c.decode("utf-8", errors="replace") for c in comm.cast(pa.binary()).to_pylist()],
+                type=pa.string(),
+            )
+        ts, add, pid, pages = ints[:, :n]
+        return cls(ts.copy(), add == 1, pid.astype(np.int32), comm, pages.copy())
+
+
 def parse_cache(path: Path, stats: ParseStats) -> pd.DataFrame:
     """Parse raw/cache.txt (tracing/bpf/cache.bt): per-process page counts per 100 ms block."""
-    text = ""
-    if path.exists():
-        with open(path, errors="replace") as fh:
-            text = fh.read()
-    # A few lines per 100 ms, matched as a whole (pyarrow's regular expressions).
-    lines = pa.array(text.split("\n"), type=pa.string())
-    is_tick = pc.starts_with(lines, "T ")
-    ticks = pc.if_else(is_tick, pc.utf8_slice_codeunits(lines, 2), None)
-    ticks = pc.fill_null(pc.fill_null_forward(ticks.cast(pa.int64())), 0)
-    match = pc.extract_regex(lines, _CACHE_RE.pattern)
-    lost = pc.extract_regex(pc.filter(lines, pc.is_null(match)), _LOST_RE.pattern)
-    stats.lost_events += int(pc.sum(pc.struct_field(lost, [0]).cast(pa.int64())).as_py() or 0)
-    found = pc.is_valid(match)
-    match = pc.filter(match, found)
-    ts = pc.filter(ticks, found).to_numpy()
-    op, pid, comm, pages = (pc.struct_field(match, [k]) for k in range(4))
-    pages = pages.cast(pa.int64()).to_numpy()
-    n = len(match)
+    cache = _Cache.read(path, stats)
+    n = len(cache.ts)
     return pd.DataFrame(
         {
-            "ts_ns": ts.astype(np.int64),
-            "kind": pc.if_else(pc.equal(op, "add"), "cache_add", "cache_delete").to_pylist(),
-            "pid": pid.cast(pa.int32()).to_numpy(),
+            "ts_ns": cache.ts,
+            "kind": np.where(cache.add, "cache_add", "cache_delete").tolist(),
+            "pid": cache.pid,
             "tid": np.full(n, -1, dtype=np.int32),
-            "comm": comm.to_pylist(),
+            "comm": cache.comm.to_pylist(),
             "fd": np.full(n, -1, dtype=np.int32),
             "path": None,
-            "bytes": pages * PAGE_SIZE,
-            "count": pages,
+            "bytes": cache.pages * PAGE_SIZE,
+            "count": cache.pages,
             "ret": np.zeros(n, dtype=np.int64),
             "offset": np.full(n, -1, dtype=np.int64),
             "latency_ns": np.zeros(n, dtype=np.int64),
@@ -1916,11 +1999,32 @@ class _Merge:
         proc_rows = _frame_rows(proc, self.kinds, self.comms, self.devs)
         exec_paths = pa.array(proc["path"].astype(object), type=pa.string())
         proc_rows[:, _C_PATH] = self.heap.add(exec_paths)
-        cache = parse_cache(self.raw_dir / "cache.txt", self.stats)
-        cache_rows = _frame_rows(cache, self.kinds, self.comms, self.devs)
+        cache_rows = self._cache_rows(_Cache.read(self.raw_dir / "cache.txt", self.stats))
         self.pending = {name: _Pending() for name in ("sys", "agg", "block", "cache", "proc")}
         self.pending["cache"].add(_Part(cache_rows))
         self.pending["proc"].add(_Part(proc_rows))
+
+    def _cache_rows(self, cache: _Cache) -> np.ndarray:
+        """raw/cache.txt as merge rows (what :func:`parse_cache` makes of it)."""
+        n = len(cache.ts)
+        rows = np.empty((n, _N_COLS), dtype=np.int64)
+        rows[:, _C_TS] = cache.ts
+        add, delete = self.kinds.code("cache_add"), self.kinds.code("cache_delete")
+        rows[:, _C_KIND] = np.where(cache.add, add, delete)
+        rows[:, _C_PID] = cache.pid
+        rows[:, _C_TID] = -1
+        rows[:, _C_COMM] = self.comms.codes_of(cache.comm) if n else -1
+        rows[:, _C_FD] = -1
+        rows[:, _C_PATH] = -1
+        rows[:, _C_BYTES] = cache.pages * PAGE_SIZE
+        rows[:, _C_RET] = 0
+        rows[:, _C_OFFSET] = -1
+        rows[:, _C_LAT] = rows[:, _C_LATMAX] = 0
+        rows[:, _C_COUNT] = cache.pages
+        rows[:, _C_DEV] = -1
+        rows[:, _C_INC] = 1
+        rows[:, _C_LINE] = 0
+        return rows
 
     # -- sources -------------------------------------------------------------------------------
 
