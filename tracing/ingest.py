@@ -1012,6 +1012,22 @@ def _path_dictionary(
 
 
 @_kernel
+def _validity(codes: np.ndarray, bitmap: np.ndarray) -> int:
+    """Arrow's validity bitmap of ``codes`` (bit set: code >= 0); returns the nulls."""
+    n = len(codes)
+    nulls = 0
+    for b in range((n + 7) // 8):
+        byte = 0
+        for k in range(min(8, n - 8 * b)):
+            if codes[8 * b + k] >= 0:
+                byte |= 1 << k
+            else:
+                nulls += 1
+        bitmap[b] = byte
+    return nulls
+
+
+@_kernel
 def _gather_strings(
     offsets: np.ndarray,
     data: np.ndarray,
@@ -1846,8 +1862,17 @@ def _strings_dictionary(
         local = _SCRATCH.local = np.full(2 * len(offsets), -1, dtype=np.int64)
     offsets, data = _path_dictionary(refs, offsets, data, local)
     names = pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))
-    indices = pa.array(refs.astype(np.int32, copy=False), mask=refs < 0)
-    return pa.DictionaryArray.from_arrays(indices, names)
+    return pa.DictionaryArray.from_arrays(_indices(refs), names, safe=False)
+
+
+def _indices(codes: np.ndarray) -> pa.Array:
+    """int32 codes (-1: null) as an Arrow array (no copy of the codes)."""
+    bitmap = np.empty((len(codes) + 7) // 8 + 1, dtype=np.uint8)
+    nulls = _validity(codes, bitmap)
+    if nulls == 0:
+        return pa.array(codes)
+    buffers = [pa.py_buffer(bitmap), pa.py_buffer(codes)]
+    return pa.Array.from_buffers(pa.int32(), len(codes), buffers, null_count=nulls)
 
 
 class _Heap:
@@ -1923,8 +1948,7 @@ class _Round:
         kinds, comms, devs, roles = self.names
 
         def encoded(codes: np.ndarray, names: pa.Array) -> pa.DictionaryArray:
-            indices = pa.array(codes, mask=codes < 0) if (codes < 0).any() else pa.array(codes)
-            return pa.DictionaryArray.from_arrays(indices, names)
+            return pa.DictionaryArray.from_arrays(_indices(codes), names, safe=False)
 
         # the kind column: its dictionary the kinds present (readers get no empty category)
         kind = self.kind.view(np.uint8)
@@ -1933,7 +1957,9 @@ class _Round:
         codes[present] = np.arange(len(present))
         columns = [
             pa.array(out64[_O_TS]),
-            pa.DictionaryArray.from_arrays(pa.array(codes[kind]), kinds.take(pa.array(present))),
+            pa.DictionaryArray.from_arrays(
+                pa.array(codes[kind]), kinds.take(pa.array(present)), safe=False
+            ),
             pa.array(out32[_O_PID]),
             pa.array(out32[_O_TID]),
             encoded(out32[_O_COMM], comms),
