@@ -1848,23 +1848,6 @@ class _Background:
         self.thread.join()
 
 
-_SCRATCH = threading.local()
-
-
-def _strings_dictionary(
-    refs: np.ndarray, heap: tuple[np.ndarray, np.ndarray]
-) -> pa.DictionaryArray:
-    """A dictionary array of the strings of ``heap`` (:meth:`_Heap.view`) that ``refs`` refers
-    to (-1: null; ``refs`` becomes the codes, in place)."""
-    offsets, data = heap
-    local = getattr(_SCRATCH, "local", None)  # -1 everywhere, by thread
-    if local is None or len(local) < len(offsets):
-        local = _SCRATCH.local = np.full(2 * len(offsets), -1, dtype=np.int64)
-    offsets, data = _path_dictionary(refs, offsets, data, local)
-    names = pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))
-    return pa.DictionaryArray.from_arrays(_indices(refs), names, safe=False)
-
-
 def _indices(codes: np.ndarray) -> pa.Array:
     """int32 codes (-1: null) as an Arrow array (no copy of the codes)."""
     bitmap = np.empty((len(codes) + 7) // 8 + 1, dtype=np.uint8)
@@ -1883,6 +1866,7 @@ class _Heap:
         self.size = 0
         self.offsets = np.zeros(1 << 12, dtype=np.int64)
         self.data = np.zeros(1 << 16, dtype=np.uint8)
+        self.local = np.full(1 << 12, -1, dtype=np.int64)  # scratch of _path_dictionary
 
     def add(self, strings: pa.Array) -> np.ndarray:
         """Append ``strings`` (UTF-8, validated); their numbers (-1 for nulls)."""
@@ -1917,10 +1901,16 @@ class _Heap:
             bigger[: self.offsets[self.size]] = self.data[: self.offsets[self.size]]
             self.data = bigger
 
-    def view(self) -> tuple[np.ndarray, np.ndarray]:
-        """The strings so far: (offsets, bytes) for :func:`_strings_dictionary`, on any thread
-        (strings are only added after them; :meth:`keep` makes new buffers)."""
-        return self.offsets[: self.size + 1], self.data
+    def dictionary(self, refs: np.ndarray) -> pa.DictionaryArray:
+        """A dictionary array of the strings ``refs`` refers to (-1: null; ``refs`` becomes the
+        codes, in place)."""
+        if len(self.local) < self.size:
+            self.local = np.full(2 * self.size, -1, dtype=np.int64)
+        offsets, data = _path_dictionary(refs, self.offsets, self.data, self.local)
+        names = pa.StringArray.from_buffers(
+            len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data)
+        )
+        return pa.DictionaryArray.from_arrays(_indices(refs), names, safe=False)
 
     def keep(self, live: np.ndarray) -> None:
         """Keep only the strings ``live`` (sorted numbers), renumbered 0, 1, ... in order."""
@@ -1928,54 +1918,6 @@ class _Heap:
         data = np.empty(len(self.data), dtype=np.uint8)
         _gather_strings(self.offsets, self.data, live, offsets, data)
         self.offsets, self.data, self.size = offsets, data, len(live)
-
-
-@dataclass
-class _Round:
-    """The joined output columns of a round (see :func:`_join_round`), names by code (kinds,
-    thread names, devices, roles) and the paths: :meth:`table` makes them a table of events
-    (_WRITE_SCHEMA: the strings as dictionaries of their few values, none built row by row)."""
-
-    out64: np.ndarray
-    out32: np.ndarray
-    kind: np.ndarray
-    inside: np.ndarray
-    names: tuple[pa.Array, pa.Array, pa.Array, pa.Array]
-    heap: tuple[np.ndarray, np.ndarray]
-
-    def table(self) -> pa.Table:
-        out64, out32 = self.out64, self.out32
-        kinds, comms, devs, roles = self.names
-
-        def encoded(codes: np.ndarray, names: pa.Array) -> pa.DictionaryArray:
-            return pa.DictionaryArray.from_arrays(_indices(codes), names, safe=False)
-
-        # the kind column: its dictionary the kinds present (readers get no empty category)
-        kind = self.kind.view(np.uint8)
-        present = np.flatnonzero(np.bincount(kind, minlength=128))
-        codes = np.zeros(128, dtype=np.int8)
-        codes[present] = np.arange(len(present))
-        columns = [
-            pa.array(out64[_O_TS]),
-            pa.DictionaryArray.from_arrays(
-                pa.array(codes[kind]), kinds.take(pa.array(present)), safe=False
-            ),
-            pa.array(out32[_O_PID]),
-            pa.array(out32[_O_TID]),
-            encoded(out32[_O_COMM], comms),
-            pa.array(out32[_O_FD]),
-            _strings_dictionary(out32[_O_PATH], self.heap),
-            pa.array(out64[_O_BYTES]),
-            pa.array(out64[_O_COUNT]),
-            pa.array(out64[_O_RET]),
-            pa.array(out64[_O_OFFSET]),
-            pa.array(out64[_O_LAT]),
-            pa.array(out64[_O_LATMAX]),
-            encoded(out32[_O_DEV], devs),
-            pa.array(self.inside),
-            encoded(out32[_O_CONTAINER], roles),
-        ]
-        return pa.Table.from_arrays(columns, schema=_WRITE_SCHEMA)
 
 
 class _Merge:
@@ -2091,8 +2033,8 @@ class _Merge:
 
     # -- rounds --------------------------------------------------------------------------------
 
-    def rounds(self) -> Iterator[_Round]:
-        """The events in time order, round by round (rows later than the window are kept in
+    def tables(self) -> Iterator[pa.Table]:
+        """The events in time order, a table per round (rows later than the window are kept in
         :attr:`late`)."""
         sources: dict[str, tuple[Iterator[Any], Callable[[Any], int]]] = {
             "sys": (self.syscalls, self._take_syscalls),
@@ -2116,7 +2058,7 @@ class _Merge:
         finally:
             self.syscalls.close()
 
-    def _round(self, before: int | None) -> Iterator[_Round]:
+    def _round(self, before: int | None) -> Iterator[pa.Table]:
         """Release, join and tabulate the rows before ``before`` (None: every row left)."""
         limit = _END if before is None else before
         ranges = [r for name in self.pending for r in self.pending[name].release(limit)]
@@ -2181,9 +2123,9 @@ class _Merge:
         if late:
             self.stats.late_rows += late
             self.late.append(
-                self._table(out64[:, :late], out32[:, :late], kind[:late], inside[:late])
-                .table()
-                .cast(EVENTS_SCHEMA)
+                self._table(out64[:, :late], out32[:, :late], kind[:late], inside[:late]).cast(
+                    EVENTS_SCHEMA
+                )
             )
         if m > late:
             self.last_ts = int(out64[_O_TS, m - 1])
@@ -2227,15 +2169,45 @@ class _Merge:
 
     def _table(
         self, out64: np.ndarray, out32: np.ndarray, kind: np.ndarray, inside: np.ndarray
-    ) -> _Round:
-        """Joined output columns, to be made a table of events (on the writer's thread)."""
-        names = (
+    ) -> pa.Table:
+        """Joined output columns as a table of events (_WRITE_SCHEMA: the strings as
+        dictionaries of their few values, none built row by row)."""
+        kinds, comms, devs, roles = (
             self.kinds.array(),
             self.comms.array(),
             self.devs.array(),
             self.owners.roles.array(),
         )
-        return _Round(out64, out32, kind, inside, names, self.heap.view())
+
+        def encoded(codes: np.ndarray, names: pa.Array) -> pa.DictionaryArray:
+            return pa.DictionaryArray.from_arrays(_indices(codes), names, safe=False)
+
+        # the kind column: its dictionary the kinds present (readers get no empty category)
+        kind = kind.view(np.uint8)
+        present = np.flatnonzero(np.bincount(kind, minlength=128))
+        codes = np.zeros(128, dtype=np.int8)
+        codes[present] = np.arange(len(present))
+        columns = [
+            pa.array(out64[_O_TS]),
+            pa.DictionaryArray.from_arrays(
+                pa.array(codes[kind]), kinds.take(pa.array(present)), safe=False
+            ),
+            pa.array(out32[_O_PID]),
+            pa.array(out32[_O_TID]),
+            encoded(out32[_O_COMM], comms),
+            pa.array(out32[_O_FD]),
+            self.heap.dictionary(out32[_O_PATH]),
+            pa.array(out64[_O_BYTES]),
+            pa.array(out64[_O_COUNT]),
+            pa.array(out64[_O_RET]),
+            pa.array(out64[_O_OFFSET]),
+            pa.array(out64[_O_LAT]),
+            pa.array(out64[_O_LATMAX]),
+            encoded(out32[_O_DEV], devs),
+            pa.array(inside),
+            encoded(out32[_O_CONTAINER], roles),
+        ]
+        return pa.Table.from_arrays(columns, schema=_WRITE_SCHEMA)
 
     def event_totals(self) -> EventTotals:
         """The totals of every row tabulated so far."""
@@ -2271,10 +2243,10 @@ class _Merge:
 
 
 class _ParquetSink:
-    """Writes rounds (made tables of events on its thread) or tables of events (_WRITE_SCHEMA)
-    to a Parquet file, a row group each, on a thread (the writer releases the GIL). The string
-    columns go in as dictionaries (written as they are, no string hashed), and the file's Arrow
-    schema is EVENTS_SCHEMA, so that readers get strings."""
+    """Writes tables of events (_WRITE_SCHEMA) to a Parquet file, a row group each, on a thread
+    (the writer releases the GIL). The string columns go in as dictionaries (written as they
+    are, no string hashed), and the file's Arrow schema is EVENTS_SCHEMA, so that readers get
+    strings."""
 
     def __init__(self, path: Path) -> None:
         self.writer = pq.ParquetWriter(
@@ -2305,20 +2277,17 @@ class _ParquetSink:
                     self.writer.add_key_value_metadata({"ARROW:schema": _ARROW_SCHEMA})
                     self.writer.close()
                     return
-                if isinstance(table, _Round):
-                    table = table.table()
                 self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
             except BaseException as exc:
                 self.error = exc
                 if table is None:
                     return
 
-    def put(self, table: pa.Table | _Round) -> None:
+    def put(self, table: pa.Table) -> None:
         if self.error is not None:
             raise self.error
-        if (
-            isinstance(table, pa.Table) and table.schema != _WRITE_SCHEMA
-        ):  # rows of a written file (late rows put in place)
+        if table.schema != _WRITE_SCHEMA:
+            # rows of a written file (late rows put in place)
             for name in _ENCODED:
                 at = table.schema.get_field_index(name)
                 column = pc.dictionary_encode(table.column(name)).cast(
@@ -2389,8 +2358,8 @@ def write_events(
     with atomic_path(path) as tmp:
         sink = _ParquetSink(tmp)
         try:
-            for events in merge.rounds():
-                sink.put(events)
+            for table in merge.tables():
+                sink.put(table)
         finally:
             sink.close()
         if merge.late:  # rows later than the window: a second pass puts them in their place
@@ -2412,7 +2381,7 @@ def build_events(
     (:func:`write_events` writes the same rows to a file, streaming)."""
     stats = ParseStats()
     merge = _Merge(Path(raw_dir), roots, stats, window_ns)
-    tables = [events.table().cast(EVENTS_SCHEMA) for events in merge.rounds()]
+    tables = [table.cast(EVENTS_SCHEMA) for table in merge.tables()]
     if merge.late:
         batches = (b for t in tables for b in t.to_batches())
         tables = list(_merged(batches, _late_table(merge)))
