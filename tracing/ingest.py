@@ -117,17 +117,6 @@ KINDS: tuple[str, ...] = (
     "exit",
 )
 
-_BLOCK_COLUMNS = {
-    "ts_ns": pa.int64(),
-    "rwbs": pa.string(),
-    "dev": pa.int64(),
-    "sector": pa.int64(),
-    "bytes": pa.int64(),
-    "latency_ns": pa.int64(),
-    "pid": pa.int32(),
-    "in_container": pa.int8(),
-    "comm": pa.string(),
-}
 _PROC_COLUMNS = {
     "ts_ns": pa.int64(),
     "kind": pa.string(),
@@ -726,6 +715,114 @@ def _parse_cache_lines(
                     lost += value
         pos = line_end + 1
     return n, used, lost
+
+
+@_kernel
+def _parse_block_lines(
+    buf: np.ndarray,
+    words: np.ndarray,
+    pos: int,
+    end: int,
+    rows: np.ndarray,
+    rw_table: np.ndarray,
+    rw_names: np.ndarray,
+    rw_count: np.ndarray,
+    comm_table: np.ndarray,
+    comm_names: np.ndarray,
+    comm_count: np.ndarray,
+    dev_keys: np.ndarray,
+    dev_values: np.ndarray,
+    info: np.ndarray,
+) -> int:
+    """Parse the lines of ``buf[pos:end]`` of raw/block.txt (tracing/bpf/block.bt: time, rwbs,
+    dev, sector, bytes, latency, pid, in container, comm) into merge rows: the kind column has
+    the code of the rwbs (``rw_*`` name table), the comm column the parser's code of the
+    thread name, the dev column the code of the device (``dev_keys``/``dev_values``, codes in
+    order, their count in ``info[_I_PATHS]``). Other lines are counted as in
+    :func:`_parse_syscall_block` (its ``info`` slots, the same statuses but _BAD_AGG_KIND)."""
+    n = info[_I_ROWS]
+    info[_I_STATUS] = 0
+    while pos < end:
+        if n >= rows.shape[0]:
+            info[_I_STATUS] = _FULL_ROWS
+            break
+        ts, p, ok = _read_int(buf, pos, True)
+        ok = ok and buf[p] == 9
+        rw = 0
+        if ok:
+            start = p + 1
+            p, w0, w1 = _read_name(words, start)
+            ok = buf[p] == 9 and p - start <= 16
+            if ok:
+                rw = _intern(rw_table, rw_names, rw_count, w0, w1, p - start)
+                if rw < 0:
+                    info[_I_STATUS] = _FULL_NAMES
+                    break
+        dev = sector = nbytes = lat = pid = inside = 0
+        if ok:
+            dev, p, ok = _read_int(buf, p + 1, True)
+            ok = ok and buf[p] == 9
+        if ok:
+            sector, p, ok = _read_int(buf, p + 1, True)
+            ok = ok and buf[p] == 9
+        if ok:
+            nbytes, p, ok = _read_int(buf, p + 1, True)
+            ok = ok and buf[p] == 9
+        if ok:
+            lat, p, ok = _read_int(buf, p + 1, True)
+            ok = ok and buf[p] == 9
+        if ok:
+            pid, p, ok = _read_int(buf, p + 1, True)
+            ok = ok and buf[p] == 9
+        if ok:
+            inside, p, ok = _read_int(buf, p + 1, True)
+            ok = ok and buf[p] == 9
+        if ok:
+            start = p + 1
+            p, w0, w1 = _read_name(words, start)
+            ok = buf[p] == 10 and p - start <= 16
+        if ok:
+            comm = _intern(comm_table, comm_names, comm_count, w0, w1, p - start)
+            if comm < 0:
+                info[_I_STATUS] = _FULL_NAMES
+                break
+            if 2 * (info[_I_PATHS] + 1) > len(dev_keys):
+                info[_I_STATUS] = _FULL_NAMES
+                break
+            code = _get(dev_keys, dev_values, dev << 1)  # keys: never -1, the empty slot
+            if code < 0:
+                code = info[_I_PATHS]
+                used = np.zeros(1, dtype=np.int64)
+                _put(dev_keys, dev_values, used, dev << 1, code)
+                info[_I_PATHS] = code + 1
+            rows[n, _C_TS] = ts
+            rows[n, _C_KIND] = rw
+            rows[n, _C_PID] = pid
+            rows[n, _C_TID] = -1
+            rows[n, _C_COMM] = comm
+            rows[n, _C_FD] = -1
+            rows[n, _C_PATH] = -1
+            rows[n, _C_BYTES] = nbytes
+            rows[n, _C_RET] = 0
+            rows[n, _C_OFFSET] = sector * 512
+            rows[n, _C_LAT] = lat
+            rows[n, _C_COUNT] = 1
+            rows[n, _C_LATMAX] = lat
+            rows[n, _C_DEV] = code
+            rows[n, _C_INC] = 1 if inside == 1 else 0
+            rows[n, _C_LINE] = 0
+            n += 1
+        else:
+            p = _line_end(words, pos)
+            if not _noise_line(buf, pos, info):
+                k = info[_I_SKIPPED]
+                if k < 5:
+                    info[_I_EXAMPLES + 2 * k] = pos
+                    info[_I_EXAMPLES + 2 * k + 1] = p
+                info[_I_SKIPPED] = k + 1
+        pos = p + 1
+    info[_I_ROWS] = n
+    return pos
 
 
 @_inline
@@ -1491,41 +1588,108 @@ def _count_parse(stats: ParseStats, parsed: _Parsed) -> None:
     stats.skipped_lines += parsed.skipped - len(parsed.examples)
 
 
+class _BlockParser:
+    """Parses raw/block.txt block by block (:func:`_parse_block_lines`): merge rows with the
+    parser's codes of rwbs (kind), thread names and devices, and their names."""
+
+    def __init__(self) -> None:
+        _compile()
+        self.rwbs = _NameTable()
+        self.comms = _NameTable()
+        self.dev_keys = np.full(64, -1, dtype=np.int64)
+        self.dev_values = np.empty(64, dtype=np.int64)
+        self.devs: list[int] = []  # device numbers by code
+        self.rows_per_byte = 1 / 64
+
+    def parse(self, buf: np.ndarray, end: int, stats: ParseStats) -> np.ndarray:
+        if len(buf) % 8 or len(buf) < end + 16:
+            padded = np.zeros((end + 16 + 7) // 8 * 8, dtype=np.uint8)
+            padded[:end] = buf[:end]
+            buf = padded
+        rows = np.empty((int(end * self.rows_per_byte * 1.25) + 64, _N_COLS), dtype=np.int64)
+        info = np.zeros(_I_EXAMPLES + 10, dtype=np.int64)
+        info[_I_PATHS] = len(self.devs)
+        pos = 0
+        while True:
+            pos = _parse_block_lines(
+                buf,
+                buf.view(np.uint64),
+                pos,
+                end,
+                rows,
+                self.rwbs.table,
+                self.rwbs.names,
+                self.rwbs.count,
+                self.comms.table,
+                self.comms.names,
+                self.comms.count,
+                self.dev_keys,
+                self.dev_values,
+                info,
+            )
+            status = info[_I_STATUS]
+            if status == 0:
+                break
+            if status == _FULL_NAMES:
+                self.rwbs.grow()
+                self.comms.grow()
+                size = 2 * len(self.dev_keys)
+                self.dev_keys, self.dev_values = _rehash(self.dev_keys, self.dev_values, size)
+            else:
+                rows = _widen(rows, info[_I_ROWS])
+        n = int(info[_I_ROWS])
+        self.rows_per_byte = max(n / end, 1 / 4096)
+        for code in range(len(self.devs), int(info[_I_PATHS])):  # the devices added, in order
+            slot = np.flatnonzero((self.dev_values == code) & (self.dev_keys != -1))
+            self.devs.append(int(self.dev_keys[slot[0]]) >> 1)
+        self.rwbs.new_names()
+        self.comms.new_names()
+        stats.lost_events += int(info[_I_LOST])
+        skipped = int(info[_I_SKIPPED])
+        for k in range(min(skipped, 5)):
+            line = bytes(buf[info[_I_EXAMPLES + 2 * k] : info[_I_EXAMPLES + 2 * k + 1]])
+            stats.skip(line.decode("utf-8", errors="replace"))
+        stats.skipped_lines += skipped - min(skipped, 5)
+        return rows[:n]
+
+    def kinds(self) -> list[str]:
+        """The kind of each rwbs code."""
+        return [
+            "block_read" if "R" in r else "block_write" if "W" in r else "block_other"
+            for r in self.rwbs.decoded
+        ]
+
+    def dev_names(self) -> list[str]:
+        """The name (major:minor) of each device code."""
+        return [f"{d >> 20}:{d & 0xFFFFF}" for d in self.devs]
+
+
 def parse_block(path: Path, stats: ParseStats) -> pd.DataFrame:
     """Parse raw/block.txt (tracing/bpf/block.bt)."""
-    return _block_frame(_read_tsv(path, _BLOCK_COLUMNS, stats))
-
-
-def _block_frame(df: pd.DataFrame) -> pd.DataFrame:
-    rwbs = df["rwbs"].astype(str)
-    kind = np.where(
-        rwbs.str.contains("R", regex=False),
-        "block_read",
-        np.where(rwbs.str.contains("W", regex=False), "block_write", "block_other"),
-    )
-    dev = df["dev"].to_numpy()
-    dev_str = (
-        pd.Series((dev >> 20).astype(str), dtype=object)
-        + ":"
-        + pd.Series((dev & 0xFFFFF).astype(str), dtype=object)
-    )
+    parser = _BlockParser()
+    parts = [parser.parse(buf, end, stats) for buf, end in _blocks(path)]
+    rows = np.concatenate([np.empty((0, _N_COLS), dtype=np.int64), *parts])
+    kinds = np.array(parser.kinds() or [""], dtype=object)
+    comms = np.array(parser.comms.decoded or [""], dtype=object)
+    devs = np.array(parser.dev_names() or [""], dtype=object)
+    n = len(rows)
     return pd.DataFrame(
         {
-            "ts_ns": df["ts_ns"],
-            "kind": kind,
-            "pid": df["pid"],
-            "tid": np.full(len(df), -1, dtype=np.int32),
-            "comm": df["comm"],
-            "fd": np.full(len(df), -1, dtype=np.int32),
+            "ts_ns": rows[:, _C_TS],
+            "kind": kinds[rows[:, _C_KIND]],
+            "pid": rows[:, _C_PID].astype(np.int32),
+            "tid": np.full(n, -1, dtype=np.int32),
+            "comm": comms[rows[:, _C_COMM]],
+            "fd": np.full(n, -1, dtype=np.int32),
             "path": None,
-            "bytes": df["bytes"],
-            "count": np.ones(len(df), dtype=np.int64),
-            "ret": np.zeros(len(df), dtype=np.int64),
-            "offset": df["sector"] * 512,
-            "latency_ns": df["latency_ns"],
-            "latency_max_ns": df["latency_ns"],
-            "dev": dev_str.to_numpy() if len(df) else None,
-            "in_container": df["in_container"].to_numpy() == 1,
+            "bytes": rows[:, _C_BYTES],
+            "count": np.ones(n, dtype=np.int64),
+            "ret": np.zeros(n, dtype=np.int64),
+            "offset": rows[:, _C_OFFSET],
+            "latency_ns": rows[:, _C_LAT],
+            "latency_max_ns": rows[:, _C_LAT],
+            "dev": devs[rows[:, _C_DEV]] if n else None,
+            "in_container": rows[:, _C_INC] == 1,
         }
     )
 
@@ -1704,43 +1868,6 @@ def _frame_rows(df: pd.DataFrame, kinds: _Names, comms: _Names, devs: _Names) ->
         devs.codes_of(pa.array(dev.astype(object), type=pa.string())) if dev.notna().any() else -1
     )
     rows[:, _C_INC] = df["in_container"].to_numpy(dtype=bool)
-    rows[:, _C_LINE] = 0
-    return rows
-
-
-def _block_rows(table: pa.Table, kinds: _Names, comms: _Names, devs: _Names) -> np.ndarray:
-    """raw/block.txt lines (as read by pyarrow) as merge rows (what :func:`parse_block` makes of
-    them, without going through pandas)."""
-    n = table.num_rows
-    rows = np.empty((n, _N_COLS), dtype=np.int64)
-    if not n:
-        return rows
-    column = {name: table.column(name) for name in table.column_names}
-    rwbs = pc.dictionary_encode(column["rwbs"]).combine_chunks()
-    names = rwbs.dictionary.to_pylist()
-    kind_of = np.array(
-        [
-            kinds.code("block_read" if "R" in r else "block_write" if "W" in r else "block_other")
-            for r in names
-        ]
-    )
-    rows[:, _C_KIND] = kind_of[rwbs.indices.to_numpy()]
-    dev = column["dev"].to_numpy()
-    unique, index = np.unique(dev, return_inverse=True)
-    dev_codes = np.array([devs.code(f"{d >> 20}:{d & 0xFFFFF}") for d in unique.tolist()])
-    rows[:, _C_DEV] = dev_codes[index]
-    rows[:, _C_TS] = column["ts_ns"].to_numpy()
-    rows[:, _C_PID] = column["pid"].to_numpy()
-    rows[:, _C_TID] = -1
-    rows[:, _C_COMM] = comms.codes_of(column["comm"])
-    rows[:, _C_FD] = -1
-    rows[:, _C_PATH] = -1
-    rows[:, _C_BYTES] = column["bytes"].to_numpy()
-    rows[:, _C_RET] = 0
-    rows[:, _C_OFFSET] = column["sector"].to_numpy() * 512
-    rows[:, _C_LAT] = rows[:, _C_LATMAX] = column["latency_ns"].to_numpy()
-    rows[:, _C_COUNT] = 1
-    rows[:, _C_INC] = column["in_container"].to_numpy() == 1
     rows[:, _C_LINE] = 0
     return rows
 
@@ -2028,13 +2155,16 @@ class _Merge:
             yield parsed, lines, _Part(parsed.aggs, parsed.agg_times, parsed=True)
 
     def _block_blocks(self) -> Iterator[np.ndarray]:
+        parser = _BlockParser()
         for buf, end in _blocks(self.raw_dir / "block.txt"):
-            yield _block_rows(
-                _read_tsv_table(pa.py_buffer(buf[:end]), _BLOCK_COLUMNS, self.stats),
-                self.kinds,
-                self.comms,
-                self.devs,
-            )
+            rows = parser.parse(buf, end, self.stats)
+            kinds = np.array([self.kinds.code(k) for k in parser.kinds()] + [-1])
+            comms = np.array([self.comms.code(c) for c in parser.comms.decoded] + [-1])
+            devs = np.array([self.devs.code(d) for d in parser.dev_names()] + [-1])
+            rows[:, _C_KIND] = kinds[rows[:, _C_KIND]]
+            rows[:, _C_COMM] = comms[rows[:, _C_COMM]]
+            rows[:, _C_DEV] = devs[rows[:, _C_DEV]]
+            yield rows
 
     def _take_syscalls(self, item: tuple[_Parsed, _Part, _Part]) -> int:
         parsed, lines, aggs = item
