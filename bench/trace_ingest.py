@@ -237,7 +237,7 @@ def _slice_lines(df: pd.DataFrame, rng) -> tuple[pa.Array, np.ndarray]:
             ],
             ", ",
         ),
-        ")",
+        ", -1)",
         "",
     )
     bin_end = (agg["bin"].to_numpy() + 1) * BIN_NS

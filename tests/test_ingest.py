@@ -252,7 +252,7 @@ def test_descriptors_follow_the_process_tree_in_time_order(tmp_path: Path) -> No
 
 
 def test_aggregated_rows_are_joined_like_calls(tmp_path: Path) -> None:
-    agg = "@agg1[7, 71, 5, 3, 2, 1, 20, 13]: (50, 52428800, 500000, 20000, {ts})"
+    agg = "@agg1[7, 71, 5, 3, 2, 1, 20, 13]: (50, 52428800, 500000, 20000, {ts}, -1)"
     raw = _raw(
         tmp_path,
         [
@@ -289,10 +289,10 @@ def test_the_fast_aggregate_parser_agrees_with_tracing_aggregates(tmp_path: Path
     rng = np.random.default_rng(3)
     lines = []
     for _ in range(300):
-        f = rng.integers(0, 10**9, 13)
+        f = rng.integers(0, 10**9, 14)
         line = (
             f"@agg{f[0] % 7}[{f[0]}, {f[1]}, {f[2] - 500}, {f[3] % 6}, {f[4]}, {f[5]}, "
-            f"{f[6] % 40}, {f[7] % 40}]: ({f[8]}, {f[9] - 10}, {f[10]}, {f[11]}, {f[12]})"
+            f"{f[6] % 40}, {f[7] % 40}]: ({f[8]}, {f[9] - 10}, {f[10]}, {f[11]}, {f[12]}, {f[13] - 2})"
         )
         if rng.random() < 0.2:
             line = line[: int(rng.integers(1, len(line)))]  # cut short
@@ -309,7 +309,7 @@ def test_the_fast_aggregate_parser_agrees_with_tracing_aggregates(tmp_path: Path
 
 
 def test_an_aggregated_row_of_an_unknown_kind_is_an_error(tmp_path: Path) -> None:
-    (tmp_path / "syscalls.txt").write_text("@agg0[1, 1, 3, 9, 0, 0, 0, 0]: (1, 1, 1, 1, 1)\n")
+    (tmp_path / "syscalls.txt").write_text("@agg0[1, 1, 3, 9, 0, 0, 0, 0]: (1, 1, 1, 1, 1, -1)\n")
     with pytest.raises(ValueError, match="unknown kind code 9"):
         ingest.parse_syscalls(tmp_path / "syscalls.txt", ingest.ParseStats())
 

@@ -442,8 +442,8 @@ def _parse_agg(
     if not ok or buf[p] != 91:  # '['
         return 0
     p += 1
-    fields = np.empty(13, dtype=np.int64)
-    for f in range(13):
+    fields = np.empty(14, dtype=np.int64)
+    for f in range(14):
         if f == 8:
             p = _expect(buf, p, _AGG_OPEN)
             if p < 0:
@@ -452,7 +452,7 @@ def _parse_agg(
             p = _expect(buf, p, _AGG_SEP)
             if p < 0:
                 return 0
-        value, p, ok = _read_int(buf, p, f == 2 or f == 9)
+        value, p, ok = _read_int(buf, p, f == 2 or f == 9 or f == 13)
         if not ok:
             return 0
         fields[f] = value
@@ -471,7 +471,7 @@ def _parse_agg(
     aggs[j, _C_PATH] = -1
     aggs[j, _C_BYTES] = fields[9]
     aggs[j, _C_RET] = fields[9]
-    aggs[j, _C_OFFSET] = -1
+    aggs[j, _C_OFFSET] = fields[13]
     aggs[j, _C_LAT] = fields[10]
     aggs[j, _C_COUNT] = fields[8]
     aggs[j, _C_LATMAX] = fields[11]
