@@ -433,16 +433,21 @@ _K_RW_END, _K_PREAD, _K_PWRITE, _K_OPENAT, _K_LSEEK, _K_MMAP = 6, 1, 4, 6, 8, 11
 
 @_inline
 def _parse_agg(
-    buf: np.ndarray, p: int, aggs: np.ndarray, agg_times: np.ndarray, j: int, agg_kinds: np.ndarray
+    buf: np.ndarray,
+    p: int,
+    aggs: np.ndarray,
+    agg_times: np.ndarray,
+    j: int,
+    agg_kinds: np.ndarray,
+    fields: np.ndarray,
 ) -> int:
     """Parse the aggregated row at ``p`` (just after "@agg") into ``aggs[j]``, its time into
-    ``agg_times[j]`` (grammar of
-    tracing.aggregates); returns 1, 0 when the line is not one, -1 - code for an unknown kind."""
+    ``agg_times[j]`` (grammar of tracing.aggregates; ``fields``: room for its 14 numbers);
+    returns 1, 0 when the line is not one, -1 - code for an unknown kind."""
     value, p, ok = _read_int(buf, p, False)
     if not ok or buf[p] != 91:  # '['
         return 0
     p += 1
-    fields = np.empty(14, dtype=np.int64)
     for f in range(14):
         if f == 8:
             p = _expect(buf, p, _AGG_OPEN)
@@ -538,6 +543,7 @@ def _parse_syscall_block(
     (``info[_I_BAD_KIND]``)."""
     n = info[_I_ROWS]
     n_agg = info[_I_AGGS]
+    fields = np.empty(14, dtype=np.int64)  # of an aggregated row
     n_paths = info[_I_PATHS]
     hp = info[_I_HEAP]
     info[_I_STATUS] = 0
@@ -629,7 +635,7 @@ def _parse_syscall_block(
         if not ok:
             found = 0
             if _expect(buf, pos, _WORD_AGG) >= 0:
-                found = _parse_agg(buf, pos + 4, aggs, agg_times, n_agg, agg_kinds)
+                found = _parse_agg(buf, pos + 4, aggs, agg_times, n_agg, agg_kinds, fields)
                 if found < 0:
                     info[_I_STATUS] = _BAD_AGG_KIND
                     info[_I_BAD_KIND] = -1 - found
