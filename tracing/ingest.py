@@ -2418,6 +2418,7 @@ class _ParquetSink:
             write_statistics=["ts_ns", "pid"],
             dictionary_pagesize_limit=1 << 30,
             write_batch_size=1 << 16,
+            data_page_version="2.0",  # levels not compressed: a few percent faster
             store_schema=False,
         )
         self.channel: queue.Queue = queue.Queue(maxsize=3)
