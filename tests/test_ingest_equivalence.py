@@ -184,9 +184,9 @@ def test_same_rows_as_the_reference(
 
 @pytest.mark.parametrize("seed", range(3))
 def test_rounds_take_rows_in_the_order_of_a_stable_sort(seed: int) -> None:
-    """A round's rows, taken from ranges of several parts (each in time order) by a merge,
-    or copied into one part when there are many, come in the order of a stable sort of the
-    ranges' rows one after the other (ties: the earlier range first)."""
+    """A round's rows, taken from ranges of several parts (each in time order) by the join's
+    merge, or copied into one part when there are many, come in the order of a stable sort of
+    the ranges' rows one after the other (ties: the earlier range first)."""
     rng = np.random.default_rng(seed)
     ranges = []
     for _ in range(int(rng.integers(1, ingest._MAX_PARTS + 1))):
@@ -194,6 +194,7 @@ def test_rounds_take_rows_in_the_order_of_a_stable_sort(seed: int) -> None:
         rows = np.zeros((n, ingest._N_COLS), dtype=np.int64)
         rows[:, ingest._C_TS] = rng.integers(0, 50, n)  # many ties
         rows[:, ingest._C_PID] = np.arange(n) + 1000 * len(ranges)  # which row it is
+        rows[:, ingest._C_TID] = -1
         part = ingest._Part(rows)
         first = int(rng.integers(0, n + 1))
         ranges.append((part, first, int(rng.integers(first, n + 1))))
@@ -203,21 +204,32 @@ def test_rounds_take_rows_in_the_order_of_a_stable_sort(seed: int) -> None:
 
     ingest._compile()
     padded = ranges + [(ingest._NO_PART, 0, 0)] * (ingest._MAX_PARTS - len(ranges))
-    first = np.array([r[1] for r in padded], dtype=np.int64)
-    end = np.array([r[2] for r in padded], dtype=np.int64)
-    part_of = np.empty(len(rows), dtype=np.int64)
-    index = np.empty(len(rows), dtype=np.int64)
-    ingest._merge_order(
+    n, limit = len(rows), ingest._PID_LIMIT
+    out64, out32 = np.empty((7, n), dtype=np.int64), np.empty((7, n), dtype=np.int32)
+    ingest._join_round(
+        tuple(p.rows for p, _, _ in padded),
         tuple(p.times for p, _, _ in padded),
         tuple(p.order for p, _, _ in padded),
-        first,
-        end,
-        part_of,
-        index,
+        np.array([a for _, a, _ in padded]),
+        np.array([b for _, _, b in padded]),
+        np.zeros(len(padded), dtype=np.int64),  # path numbers as they are
+        np.zeros(len(padded), dtype=np.bool_),  # our codes
+        np.arange(4),
+        np.arange(4),
+        np.zeros(len(ingest.KINDS), dtype=np.int64),  # no descriptor-based call
+        np.zeros(limit, dtype=np.uint8),
+        np.zeros(limit + 1, dtype=np.int16),
+        np.full(16, -1, dtype=np.int64),
+        np.empty(16, dtype=np.int64),
+        np.zeros(limit, dtype=np.int32),
+        np.zeros(3, dtype=np.int64),
+        out64,
+        out32,
+        np.empty(n, dtype=np.int8),
+        np.empty(n, dtype=np.bool_),
+        np.zeros((1, 128, 3), dtype=np.int64),
     )
-    pairs = zip(part_of, index, strict=True)
-    got = np.array([padded[p][0].rows[i, ingest._C_PID] for p, i in pairs])
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(out32[ingest._O_PID], want)
 
     # copied into one part, a parsed block's codes and path numbers become ours
     for k, (part, _, _) in enumerate(ranges):
@@ -242,3 +254,31 @@ def test_rounds_take_rows_in_the_order_of_a_stable_sort(seed: int) -> None:
         np.testing.assert_array_equal(mine[:, ingest._C_KIND], kind[at])
         np.testing.assert_array_equal(mine[:, ingest._C_COMM], comm[at])
         np.testing.assert_array_equal(mine[:, ingest._C_PATH], path[at])
+
+
+def test_the_descriptor_table_grows_in_the_middle_of_a_round(tmp_path: Path) -> None:
+    """Thousands of open descriptors (the table starts with room for 2048) and a fork that
+    copies them: the join stops, grows the table and goes on where it was, in time order."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines, t = [], 1_000_000_000
+
+    def emit(kind: str, pid: int, fd: int, ret: int, path: str = "") -> None:
+        nonlocal t
+        t += 1000
+        lines.append(f"{t}\t{kind}\t{pid}\t{pid}\t{fd}\t{ret}\t-1\t500\tmain\t{path}")
+
+    for fd in range(3, 3003):
+        emit("openat", 100, -1, fd, f"/data/f{fd}.bin")
+    fork_at = t + 500
+    for fd in range(3, 3003, 7):
+        emit("read", 100, fd, 4096)
+        emit("read", 200, fd, 100)  # the child's, inherited
+    body = lines[:10] + lines[12:3500] + lines[10:12] + lines[3500:]  # a little out of order
+    (raw / "syscalls.txt").write_text("\n".join(body) + "\n")
+    (raw / "proc.txt").write_text(f"{fork_at}\tfork\t100\t100\t200\tmain\t\n")
+    want, _ = reference.build_events(raw, None)
+    got, _ = ingest.build_events(raw, None)
+    pd.testing.assert_frame_equal(frame(got), frame(want))
+    reads = frame(got)[lambda df: df["kind"] == "read"]
+    assert reads["path"].notna().all() and (reads["pid"] == 200).sum() == 429

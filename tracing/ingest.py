@@ -880,19 +880,21 @@ _O_TS, _O_BYTES, _O_COUNT, _O_RET, _O_OFFSET, _O_LAT, _O_LATMAX = range(7)
 _O_PID, _O_TID, _O_FD, _O_COMM, _O_DEV, _O_CONTAINER, _O_PATH = range(7)
 #: Task ids are below this (the kernel's PID_MAX_LIMIT): dense tables are indexed by them.
 _PID_LIMIT = 1 << 22
-# join state slots: rows done, rows written, descriptor table entries
-_S_DONE, _S_WRITTEN, _S_USED = 0, 1, 2
+# join state slots: rows written, descriptor table entries
+_S_WRITTEN, _S_USED = 1, 2
 
 
 @_kernel
 def _join_round(
     parts: tuple,
+    times: tuple,
+    orders: tuple,
+    at: np.ndarray,
+    end: np.ndarray,
     bases: np.ndarray,
     parsed: np.ndarray,
     comm_map: np.ndarray,
     kind_map: np.ndarray,
-    part_of: np.ndarray,
-    index: np.ndarray,
     action: np.ndarray,
     leaders: np.ndarray,
     owners: np.ndarray,
@@ -906,11 +908,13 @@ def _join_round(
     out_inside: np.ndarray,
     totals: np.ndarray,
 ) -> bool:
-    """Join one round of merge rows, taken in time order (``parts[part_of[j]][index[j]]``),
-    into the output columns, from row ``state[_S_DONE]`` on; returns False when the
-    descriptor table is half full (grow it and call again), True when done. The rows of a
-    part with ``parsed`` set have the parser's codes of kinds and thread names (``kind_map``,
-    ``comm_map``: ours), and paths numbered from ``bases[part]``.
+    """Join one round of merge rows into the output columns (from ``state[_S_WRITTEN]`` on):
+    the rows ``orders[p][at[p]:end[p]]`` of each part ``p`` (in time order, at ``times[p]``),
+    merged in time order (ties: the row of the lower part first); returns False when the
+    descriptor table is half full (grow it and call again: ``at`` says where it stopped),
+    True when done. The rows of a part with ``parsed`` set have the parser's codes of kinds
+    and thread names (``kind_map``, ``comm_map``: ours), and paths numbered from
+    ``bases[part]``.
 
     The path of an fd-based call is looked up in the (pid, fd) -> path table (``fd_keys``,
     ``fd_values``), which the calls update as they go: ``action[kind]`` says whether a row
@@ -922,118 +926,125 @@ def _join_round(
     of its thread (``tid_comms``: comm + 1 by tid), -1 when there was none. ``owners``: the
     container (code + 1) of an in-container pid, 0 for none; ``owners[_PID_LIMIT]`` applies
     to every pid (one container). ``totals[container + 1, kind]`` adds up rows, count, bytes."""
-    n = len(part_of)
-    part = 0
-    rows = parts[0]
-    base = bases[0]
-    coded = parsed[0]
     every_pid = owners[len(owners) - 1]
     m = state[_S_WRITTEN]
     room = len(fd_keys) // 2
-    for j in range(state[_S_DONE], n):
-        if state[_S_USED] + 2 > room:
-            state[_S_DONE] = j
-            state[_S_WRITTEN] = m
-            return False
-        if part_of[j] != part:
-            part = part_of[j]
-            rows = parts[part]
-            base = bases[part]
-            coded = parsed[part]
-        i = index[j]
-        kind = rows[i, _C_KIND]
-        comm = rows[i, _C_COMM]
-        path = rows[i, _C_PATH]
-        if coded:
-            kind = kind_map[kind]
-            if comm >= 0:
-                comm = comm_map[comm]
-        if path >= 0:
-            path += base
-        what = action[kind]
-        pid = rows[i, _C_PID]
-        tid = rows[i, _C_TID]
-        line = rows[i, _C_LINE]
-        if line == 1:
-            if 0 <= tid < len(tid_comms):
-                tid_comms[tid] = comm + 1
-        elif line == 2:
-            comm = tid_comms[tid] - 1 if 0 <= tid < len(tid_comms) else -1
-        if what == _A_FORK:
-            child = rows[i, _C_RET]
-            if 0 <= child < len(leaders) and leaders[child] == 0:
-                continue  # a thread
-            if child != pid and child >= 0:
-                copies = 0
-                for s in range(len(fd_keys)):
-                    k = fd_keys[s]
-                    if k != -1 and (k >> 32) == pid:
-                        copies += 1
-                if state[_S_USED] + copies + 2 > room:
-                    state[_S_DONE] = j
-                    state[_S_WRITTEN] = m
-                    return False
-                for s in range(len(fd_keys)):
-                    k = fd_keys[s]
-                    if k != -1 and (k >> 32) == child:
-                        fd_values[s] = -1
-                for s in range(len(fd_keys)):
-                    k = fd_keys[s]
-                    if k != -1 and (k >> 32) == pid:
-                        _put(
-                            fd_keys,
-                            fd_values,
-                            state[_S_USED:],
-                            (child << 32) | (k & 0xFFFFFFFF),
-                            fd_values[s],
-                        )
-        elif what != _A_NONE:
-            fd = rows[i, _C_FD]
-            if fd >= 0:
-                key = (pid << 32) | fd
-                if what == _A_OPEN:
-                    _put(fd_keys, fd_values, state[_S_USED:], key, path)
-                else:
-                    path = _get(fd_keys, fd_values, key)
-                    if what == _A_CLOSE:
-                        if rows[i, _C_RET] == 0 and path != -1:
-                            _put(fd_keys, fd_values, state[_S_USED:], key, -1)
-                    elif what == _A_DUP:
-                        new_fd = rows[i, _C_RET]
-                        if new_fd >= 0:
-                            new_key = (pid << 32) | new_fd
-                            if path != -1 or _get(fd_keys, fd_values, new_key) != -1:
-                                _put(fd_keys, fd_values, state[_S_USED:], new_key, path)
-        inside = rows[i, _C_INC] != 0
-        container = -1
-        if inside:
-            if every_pid:
-                container = every_pid - 1
-            elif 0 <= pid < _PID_LIMIT:
-                container = owners[pid] - 1
-        nbytes = rows[i, _C_BYTES]
-        count = rows[i, _C_COUNT]
-        totals[container + 1, kind, 0] += 1
-        totals[container + 1, kind, 1] += count
-        totals[container + 1, kind, 2] += nbytes
-        out64[_O_TS, m] = rows[i, _C_TS]
-        out64[_O_BYTES, m] = nbytes
-        out64[_O_COUNT, m] = count
-        out64[_O_RET, m] = rows[i, _C_RET]
-        out64[_O_OFFSET, m] = rows[i, _C_OFFSET]
-        out64[_O_LAT, m] = rows[i, _C_LAT]
-        out64[_O_LATMAX, m] = rows[i, _C_LATMAX]
-        out32[_O_PID, m] = pid
-        out32[_O_TID, m] = tid
-        out32[_O_FD, m] = rows[i, _C_FD]
-        out32[_O_COMM, m] = comm
-        out32[_O_DEV, m] = rows[i, _C_DEV]
-        out32[_O_CONTAINER, m] = container
-        out32[_O_PATH, m] = path
-        out_kind[m] = kind
-        out_inside[m] = inside
-        m += 1
-    state[_S_DONE] = n
+    while True:
+        best = second = -1  # the parts with the earliest next rows
+        best_ts = second_ts = 0
+        for p in range(len(at)):
+            if at[p] < end[p]:
+                t = times[p][at[p]]
+                if best < 0 or t < best_ts:
+                    second, second_ts = best, best_ts
+                    best, best_ts = p, t
+                elif second < 0 or t < second_ts:
+                    second, second_ts = p, t
+        if best < 0:
+            break
+        rows, order, ts, a, e = parts[best], orders[best], times[best], at[best], end[best]
+        base, coded = bases[best], parsed[best]
+        # the best part's rows up to the second's next row
+        while a < e and (second < 0 or ts[a] < second_ts or (ts[a] == second_ts and best < second)):
+            if state[_S_USED] + 2 > room:
+                at[best] = a
+                state[_S_WRITTEN] = m
+                return False
+            i = order[a]
+            a += 1
+            kind = rows[i, _C_KIND]
+            comm = rows[i, _C_COMM]
+            path = rows[i, _C_PATH]
+            if coded:
+                kind = kind_map[kind]
+                if comm >= 0:
+                    comm = comm_map[comm]
+            if path >= 0:
+                path += base
+            what = action[kind]
+            pid = rows[i, _C_PID]
+            tid = rows[i, _C_TID]
+            line = rows[i, _C_LINE]
+            if line == 1:
+                if 0 <= tid < len(tid_comms):
+                    tid_comms[tid] = comm + 1
+            elif line == 2:
+                comm = tid_comms[tid] - 1 if 0 <= tid < len(tid_comms) else -1
+            if what == _A_FORK:
+                child = rows[i, _C_RET]
+                if 0 <= child < len(leaders) and leaders[child] == 0:
+                    continue  # a thread
+                if child != pid and child >= 0:
+                    copies = 0
+                    for s in range(len(fd_keys)):
+                        k = fd_keys[s]
+                        if k != -1 and (k >> 32) == pid:
+                            copies += 1
+                    if state[_S_USED] + copies + 2 > room:
+                        at[best] = a - 1
+                        state[_S_WRITTEN] = m
+                        return False
+                    for s in range(len(fd_keys)):
+                        k = fd_keys[s]
+                        if k != -1 and (k >> 32) == child:
+                            fd_values[s] = -1
+                    for s in range(len(fd_keys)):
+                        k = fd_keys[s]
+                        if k != -1 and (k >> 32) == pid:
+                            _put(
+                                fd_keys,
+                                fd_values,
+                                state[_S_USED:],
+                                (child << 32) | (k & 0xFFFFFFFF),
+                                fd_values[s],
+                            )
+            elif what != _A_NONE:
+                fd = rows[i, _C_FD]
+                if fd >= 0:
+                    key = (pid << 32) | fd
+                    if what == _A_OPEN:
+                        _put(fd_keys, fd_values, state[_S_USED:], key, path)
+                    else:
+                        path = _get(fd_keys, fd_values, key)
+                        if what == _A_CLOSE:
+                            if rows[i, _C_RET] == 0 and path != -1:
+                                _put(fd_keys, fd_values, state[_S_USED:], key, -1)
+                        elif what == _A_DUP:
+                            new_fd = rows[i, _C_RET]
+                            if new_fd >= 0:
+                                new_key = (pid << 32) | new_fd
+                                if path != -1 or _get(fd_keys, fd_values, new_key) != -1:
+                                    _put(fd_keys, fd_values, state[_S_USED:], new_key, path)
+            inside = rows[i, _C_INC] != 0
+            container = -1
+            if inside:
+                if every_pid:
+                    container = every_pid - 1
+                elif 0 <= pid < _PID_LIMIT:
+                    container = owners[pid] - 1
+            nbytes = rows[i, _C_BYTES]
+            count = rows[i, _C_COUNT]
+            totals[container + 1, kind, 0] += 1
+            totals[container + 1, kind, 1] += count
+            totals[container + 1, kind, 2] += nbytes
+            out64[_O_TS, m] = rows[i, _C_TS]
+            out64[_O_BYTES, m] = nbytes
+            out64[_O_COUNT, m] = count
+            out64[_O_RET, m] = rows[i, _C_RET]
+            out64[_O_OFFSET, m] = rows[i, _C_OFFSET]
+            out64[_O_LAT, m] = rows[i, _C_LAT]
+            out64[_O_LATMAX, m] = rows[i, _C_LATMAX]
+            out32[_O_PID, m] = pid
+            out32[_O_TID, m] = tid
+            out32[_O_FD, m] = rows[i, _C_FD]
+            out32[_O_COMM, m] = comm
+            out32[_O_DEV, m] = rows[i, _C_DEV]
+            out32[_O_CONTAINER, m] = container
+            out32[_O_PATH, m] = path
+            out_kind[m] = kind
+            out_inside[m] = inside
+            m += 1
+        at[best] = a
     state[_S_WRITTEN] = m
     return True
 
@@ -1191,44 +1202,8 @@ def _renumber_paths(rows: np.ndarray, which: np.ndarray, base: int, numbers: np.
             rows[i, _C_PATH] = numbers[base + path]
 
 
-#: The most parts a round's rows are taken from without a copy (see :func:`_merge_order`).
+#: The most parts a round's rows are taken from without a copy (see :func:`_join_round`).
 _MAX_PARTS = 8
-
-
-@_kernel
-def _merge_order(
-    times: tuple,
-    orders: tuple,
-    first: np.ndarray,
-    end: np.ndarray,
-    part_of: np.ndarray,
-    index: np.ndarray,
-) -> None:
-    """The rows of ranges of parts in time order: ``part_of`` and ``index`` get, row after row,
-    the part and the row number (``orders[p][first[p]:end[p]]``, at ``times[p]``, each in time
-    order); ties: the row of the lower part first."""
-    k = len(first)
-    at = first.copy()
-    m = 0
-    while m < len(part_of):
-        best = second = -1  # the parts with the earliest next rows
-        best_ts = second_ts = 0
-        for p in range(k):
-            if at[p] < end[p]:
-                t = times[p][at[p]]
-                if best < 0 or t < best_ts:
-                    second, second_ts = best, best_ts
-                    best, best_ts = p, t
-                elif second < 0 or t < second_ts:
-                    second, second_ts = p, t
-        # the best part's rows up to the second's next row
-        ts, order, a, e = times[best], orders[best], at[best], end[best]
-        while a < e and (second < 0 or ts[a] < second_ts or (ts[a] == second_ts and best < second)):
-            part_of[m] = best
-            index[m] = order[a]
-            m += 1
-            a += 1
-        at[best] = a
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2229,35 +2204,26 @@ class _Merge:
         if len(ranges) > _MAX_PARTS:  # many parts (never seen): one, copied
             ranges = [_joined(ranges, self.sys_comms, self.sys_kinds)]
         ranges += [(_NO_PART, 0, 0)] * (_MAX_PARTS - len(ranges))
-        parts = tuple(part.rows for part, _, _ in ranges)
-        first = np.array([r[1] for r in ranges], dtype=np.int64)
+        at = np.array([r[1] for r in ranges], dtype=np.int64)
         end = np.array([r[2] for r in ranges], dtype=np.int64)
-        n = int((end - first).sum())
-        part_of = np.empty(n, dtype=np.int64)
-        index = np.empty(n, dtype=np.int64)
-        _merge_order(
-            tuple(part.times for part, _, _ in ranges),
-            tuple(part.order for part, _, _ in ranges),
-            first,
-            end,
-            part_of,
-            index,
-        )
+        n = int((end - at).sum())
         out64 = np.empty((7, n), dtype=np.int64)
         out32 = np.empty((7, n), dtype=np.int32)
         kind = np.empty(n, dtype=np.int8)
         inside = np.empty(n, dtype=np.bool_)
         state = self.join_state
-        state[_S_DONE] = state[_S_WRITTEN] = 0
+        state[_S_WRITTEN] = 0
         action = self._actions()
         while not _join_round(
-            parts,
+            tuple(part.rows for part, _, _ in ranges),
+            tuple(part.times for part, _, _ in ranges),
+            tuple(part.order for part, _, _ in ranges),
+            at,
+            end,
             np.array([part.base for part, _, _ in ranges], dtype=np.int64),
             np.array([part.parsed for part, _, _ in ranges], dtype=np.bool_),
             self.sys_comms,
             self.sys_kinds,
-            part_of,
-            index,
             action,
             self.leaders,
             self.pid_owners,
