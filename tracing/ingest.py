@@ -92,6 +92,9 @@ _WRITE_SCHEMA = pa.schema(
 ROW_GROUP_ROWS = 256 * 1024
 #: Bytes of raw text parsed at a time.
 BLOCK_BYTES = 8 << 20
+#: Parsed blocks of raw/syscalls.txt the reader's thread may be ahead by, and tables of rounds
+#: waiting for the writer's thread: the threads keep working while another is slower a while.
+READ_AHEAD, WRITE_AHEAD = 2, 3
 #: Paths kept before the heap is compacted to those still referred to (then twice as many).
 HEAP_PATHS = 1 << 16
 #: How far behind the latest line of every streamed file a row must be before it is released:
@@ -1939,8 +1942,8 @@ class _Background:
 
     _DONE = object()
 
-    def __init__(self, items: Iterator[Any], depth: int = 2) -> None:
-        self.channel: queue.Queue = queue.Queue(maxsize=depth)
+    def __init__(self, items: Iterator[Any], depth: int | None = None) -> None:
+        self.channel: queue.Queue = queue.Queue(maxsize=depth or READ_AHEAD)
         self.stop = threading.Event()
         self.items = items
         self.finished = False
@@ -2394,7 +2397,7 @@ class _ParquetSink:
             data_page_version="2.0",  # levels not compressed: a few percent faster
             store_schema=False,
         )
-        self.channel: queue.Queue = queue.Queue(maxsize=3)
+        self.channel: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="twintrace-ingest-writer")
         self.thread.start()
