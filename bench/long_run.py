@@ -49,8 +49,6 @@ import pandas as pd  # noqa: E402
 
 from bench.tracer_storm import FILE, FILE_BYTES  # noqa: E402
 from core.units import parse_size  # noqa: E402
-from tracing.request import RunOptions, image_request  # noqa: E402
-from tracing.runner import trace  # noqa: E402
 from tracing.samplers import SAMPLER_RSS  # noqa: E402
 from workloads.config import BASE_TAG  # noqa: E402
 
@@ -154,31 +152,53 @@ class LongRun:
 def run_long(
     runs: Path, seconds: float, size: int = 4096, threads: int = 1, progress=print
 ) -> LongRun:
-    """Trace the job for ``seconds``; a UserError if the run did not finish."""
-    marks: dict[str, float] = {}
-
-    def note(msg: str) -> None:
-        if msg == "processing the trace":
-            marks["processing"] = time.monotonic()
-        progress(msg)
-
-    request = image_request(
+    """Trace the job for ``seconds`` with ``./cli.py trace --image`` in a process of its own, as
+    a user runs it: its ``sampler_rss`` is then the memory of a twintrace process and nothing
+    else (not of a test runner that has run hundreds of tests). SystemExit if the run failed."""
+    command = [
+        sys.executable,
+        str(REPO / "cli.py"),
+        "trace",
+        "--image",
         BASE_TAG,
-        ["python3", "-c", JOB, str(seconds), str(size), str(threads)],
-        runs,
-        run=RunOptions(timeout_s=seconds + 600),
-    )
-    outcome = trace(request, note)
-    processing_s = time.monotonic() - marks.get("processing", time.monotonic())
-    run_dir = outcome.check()
+        "--out",
+        str(runs),
+        "--timeout",
+        str(seconds + 600),
+        "--quiet",
+        "--",
+        "python3",
+        "-c",
+        JOB,
+        str(seconds),
+        str(size),
+        str(threads),
+    ]
+    processing = None
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stderr is not None and proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stderr:
+            if "processing the trace" in line:
+                processing = time.monotonic()
+            progress(line.rstrip("\n"))
+            tail = [*tail[-19:], line]
+        out = proc.stdout.read()
+        code = proc.wait()
+    processing_s = time.monotonic() - processing if processing is not None else float("nan")
+    if code != 0 or not out.strip():
+        raise SystemExit(f"the traced run failed (exit {code}): {''.join(tail)[-2000:]}")
+    run_dir = Path(out.strip().splitlines()[-1])
+    manifest = json.loads((run_dir / "manifest.json").read_text())
     log = (run_dir / "raw" / "main" / "container.log").read_text()
     match = _LONGRUN_RE.search(log)
     if match is None:
         raise SystemExit(f"{run_dir}: the job printed no LONGRUN line: {log[-500:]}")
-    manifest = json.loads((run_dir / "manifest.json").read_text())
     return LongRun(
         run_dir,
-        outcome.status,
+        manifest["status"],
         size,
         threads,
         int(match.group(1)),
