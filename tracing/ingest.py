@@ -41,6 +41,7 @@ bench/trace_ingest.py measures the whole against a bare ``pandas.read_csv`` of t
 from __future__ import annotations
 
 import contextlib
+import mmap
 import queue
 import re
 import threading
@@ -1307,37 +1308,51 @@ class _NameTable:
 # Reading raw files in blocks
 
 
-def _blocks(path: Path, size: int | None = None) -> Iterator[tuple[np.ndarray, int]]:
-    """(buffer, end) for successive pieces of a file (about ``size`` bytes, BLOCK_BYTES by
-    default), each ``buffer[:end]`` whole lines ending with a newline (one is added to a last
-    line without it), at least 16 bytes of the buffer after them, its length a multiple of 8.
-    The buffer is reused: use it before taking the next piece."""
-    if not path.exists():
+def _blocks(path: Path, size: int | None = None) -> Iterator[tuple[np.ndarray, int, int]]:
+    """(buffer, start, end) for successive pieces of a file (about ``size`` bytes, BLOCK_BYTES
+    by default), each ``buffer[start:end]`` whole lines ending with a newline (one is added to
+    a last line without it), at least 16 bytes of the buffer after them, its length a multiple
+    of 8. The file is mapped, not copied (but its last piece): a piece is only valid until the
+    next is taken, when its pages are unmapped (the memory stays flat)."""
+    if not path.exists() or path.stat().st_size == 0:
         return
     size = size or BLOCK_BYTES
-    buffer = np.empty((size + (1 << 16) + 7) // 8 * 8, dtype=np.uint8)  # words: see _word
-    carry = 0
-    with open(path, "rb", buffering=0) as fh:
-        while True:
-            if carry + size > len(buffer) - 64:  # a line longer than the buffer
-                bigger = np.empty(2 * len(buffer), dtype=np.uint8)
-                bigger[:carry] = buffer[:carry]
-                buffer = bigger
-            got = fh.readinto(memoryview(buffer)[carry : carry + size])
-            end = carry + (got or 0)
-            if not got:
-                if end:
-                    buffer[end] = 10
-                    yield buffer, end + 1
-                return
-            cut = _last_newline(buffer, carry, end)
-            if cut < 0:
-                carry = end
-                continue
-            yield buffer, cut + 1
-            rest = end - cut - 1
-            buffer[:rest] = buffer[cut + 1 : end].copy()
-            carry = rest
+    with open(path, "rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    data = np.frombuffer(mapped, dtype=np.uint8)
+    whole = len(data) // 8 * 8  # words: see _word
+    start = read = done = 0  # a piece goes to the last newline of the next ``size`` bytes
+    while True:
+        if read == len(data):  # the rest, a line without its newline: copied, one added
+            if start < len(data):
+                buffer = np.zeros((len(data) - start + 1 + 16 + 7) // 8 * 8, dtype=np.uint8)
+                buffer[: len(data) - start] = data[start:]
+                buffer[len(data) - start] = 10
+                yield buffer, 0, len(data) - start + 1
+            return
+        cut = _last_newline(data, read, min(read + size, len(data)))
+        read = min(read + size, len(data))
+        if cut < 0:
+            continue  # a line longer than a piece
+        if cut + 1 + 16 <= whole:
+            base = start & ~7
+            yield data[base:whole], start - base, cut + 1 - base
+        else:  # too near the end of the file
+            yield _padded(data[start : cut + 1], 0, cut + 1 - start)
+        start = cut + 1
+        if start - done >= mmap.PAGESIZE:  # the pages read
+            length = (start - done) // mmap.PAGESIZE * mmap.PAGESIZE
+            mapped.madvise(mmap.MADV_DONTNEED, done, length)
+            done += length
+
+
+def _padded(buf: np.ndarray, start: int, end: int) -> tuple[np.ndarray, int, int]:
+    """``buf``, ``start``, ``end`` as :func:`_blocks` gives them (a copy when not)."""
+    if len(buf) % 8 or len(buf) < end + 16:
+        padded = np.zeros((end - start + 16 + 7) // 8 * 8, dtype=np.uint8)
+        padded[: end - start] = buf[start:end]
+        return padded, 0, end - start
+    return buf, start, end
 
 
 def _last_newline(buffer: np.ndarray, start: int, end: int) -> int:
@@ -1384,21 +1399,19 @@ class _SyscallParser:
         self.rows_per_byte = 1 / 48
         self.aggs_per_byte = 1 / 2000
 
-    def parse(self, buf: np.ndarray, end: int) -> _Parsed:
-        """Parse ``buf[:end]`` (whole lines; :func:`_blocks` leaves room after them)."""
-        if len(buf) % 8 or len(buf) < end + 16:
-            padded = np.zeros((end + 16 + 7) // 8 * 8, dtype=np.uint8)
-            padded[:end] = buf[:end]
-            buf = padded
+    def parse(self, buf: np.ndarray, end: int, start: int = 0) -> _Parsed:
+        """Parse ``buf[start:end]`` (whole lines; :func:`_blocks` leaves room after them)."""
+        buf, start, end = _padded(buf, start, end)
         words = buf.view(np.uint64)
-        rows = np.empty((int(end * self.rows_per_byte * 1.25) + 64, _N_COLS), dtype=np.int64)
-        aggs = np.empty((int(end * self.aggs_per_byte * 1.5) + 64, _N_COLS), dtype=np.int64)
+        size = end - start
+        rows = np.empty((int(size * self.rows_per_byte * 1.25) + 64, _N_COLS), dtype=np.int64)
+        aggs = np.empty((int(size * self.aggs_per_byte * 1.5) + 64, _N_COLS), dtype=np.int64)
         row_times = np.empty(rows.shape[0], dtype=np.int64)
         agg_times = np.empty(aggs.shape[0], dtype=np.int64)
         offsets = np.zeros(rows.shape[0] + 1, dtype=np.int32)
-        heap = np.empty(end, dtype=np.uint8)
+        heap = np.empty(size, dtype=np.uint8)
         info = np.zeros(_I_EXAMPLES + 10, dtype=np.int64)
-        pos = 0
+        pos = start
         while True:
             pos = _parse_syscall_block(
                 buf,
@@ -1437,8 +1450,8 @@ class _SyscallParser:
                 code = int(info[_I_BAD_KIND])
                 raise ValueError(f"aggregated row with an unknown kind code {code}")
         n, n_agg, n_paths, used = (int(info[i]) for i in (_I_ROWS, _I_AGGS, _I_PATHS, _I_HEAP))
-        self.rows_per_byte = max(n / end, 1 / 4096)
-        self.aggs_per_byte = max(n_agg / end, 1 / 65536)
+        self.rows_per_byte = max(n / size, 1 / 4096)
+        self.aggs_per_byte = max(n_agg / size, 1 / 65536)
         paths = pa.StringArray.from_buffers(
             n_paths, pa.py_buffer(offsets[: n_paths + 1]), pa.py_buffer(heap[:used].copy())
         )
@@ -1511,8 +1524,8 @@ def parse_syscalls(path: Path, stats: ParseStats) -> pd.DataFrame:
     parser = _SyscallParser()
     rows, aggs, paths = [], [], []
     base = 0
-    for buf, end in _blocks(path):
-        parsed = parser.parse(buf, end)
+    for buf, start, end in _blocks(path):
+        parsed = parser.parse(buf, end, start)
         _count_parse(stats, parsed)
         refs = parsed.rows[:, _C_PATH]
         np.add(refs, base, out=refs, where=refs >= 0)  # path numbers are per block
@@ -1592,15 +1605,14 @@ class _BlockParser:
         self.devs: list[int] = []  # device numbers by code
         self.rows_per_byte = 1 / 64
 
-    def parse(self, buf: np.ndarray, end: int, stats: ParseStats) -> np.ndarray:
-        if len(buf) % 8 or len(buf) < end + 16:
-            padded = np.zeros((end + 16 + 7) // 8 * 8, dtype=np.uint8)
-            padded[:end] = buf[:end]
-            buf = padded
-        rows = np.empty((int(end * self.rows_per_byte * 1.25) + 64, _N_COLS), dtype=np.int64)
+    def parse(self, buf: np.ndarray, start: int, end: int, stats: ParseStats) -> np.ndarray:
+        """The rows of ``buf[start:end]`` (whole lines, see :func:`_blocks`)."""
+        buf, start, end = _padded(buf, start, end)
+        size = end - start
+        rows = np.empty((int(size * self.rows_per_byte * 1.25) + 64, _N_COLS), dtype=np.int64)
         info = np.zeros(_I_EXAMPLES + 10, dtype=np.int64)
         info[_I_PATHS] = len(self.devs)
-        pos = 0
+        pos = start
         while True:
             pos = _parse_block_lines(
                 buf,
@@ -1629,7 +1641,7 @@ class _BlockParser:
             else:
                 rows = _widen(rows, info[_I_ROWS])
         n = int(info[_I_ROWS])
-        self.rows_per_byte = max(n / end, 1 / 4096)
+        self.rows_per_byte = max(n / size, 1 / 4096)
         for code in range(len(self.devs), int(info[_I_PATHS])):  # the devices added, in order
             slot = np.flatnonzero((self.dev_values == code) & (self.dev_keys != -1))
             self.devs.append(int(self.dev_keys[slot[0]]) >> 1)
@@ -1658,7 +1670,7 @@ class _BlockParser:
 def parse_block(path: Path, stats: ParseStats) -> pd.DataFrame:
     """Parse raw/block.txt (tracing/bpf/block.bt)."""
     parser = _BlockParser()
-    parts = [parser.parse(buf, end, stats) for buf, end in _blocks(path)]
+    parts = [parser.parse(buf, start, end, stats) for buf, start, end in _blocks(path)]
     rows = np.concatenate([np.empty((0, _N_COLS), dtype=np.int64), *parts])
     kinds = np.array(parser.kinds() or [""], dtype=object)
     comms = np.array(parser.comms.decoded or [""], dtype=object)
@@ -2140,15 +2152,15 @@ class _Merge:
 
     def _syscall_blocks(self) -> Iterator[tuple[_Parsed, _Part, _Part]]:
         parser = _SyscallParser(self.leaders)
-        for buf, end in _blocks(self.raw_dir / "syscalls.txt"):
-            parsed = parser.parse(buf, end)
+        for buf, start, end in _blocks(self.raw_dir / "syscalls.txt"):
+            parsed = parser.parse(buf, end, start)
             lines = _Part(parsed.rows, parsed.row_times, parsed=True)
             yield parsed, lines, _Part(parsed.aggs, parsed.agg_times, parsed=True)
 
     def _block_blocks(self) -> Iterator[np.ndarray]:
         parser = _BlockParser()
-        for buf, end in _blocks(self.raw_dir / "block.txt"):
-            rows = parser.parse(buf, end, self.stats)
+        for buf, start, end in _blocks(self.raw_dir / "block.txt"):
+            rows = parser.parse(buf, start, end, self.stats)
             kinds = np.array([self.kinds.code(k) for k in parser.kinds()] + [-1])
             comms = np.array([self.comms.code(c) for c in parser.comms.decoded] + [-1])
             devs = np.array([self.devs.code(d) for d in parser.dev_names()] + [-1])
