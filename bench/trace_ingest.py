@@ -21,22 +21,34 @@ Prints each round, the median and spread (min-max) of time(B) / time(A) (>= 0.5 
 the whole ingest in at most twice the time of a bare parse), and the peak RSS of an ingest run
 alone in a child process (:func:`peak_rss`).
 
-Measured on the 2-vCPU AMD EPYC VM of the project (other jobs running, hence the spread),
-LZ4, a row group per round (~120 Ki rows), `--rounds 5` (5 M) and `--rounds 3` (20 M):
+The output of each round is removed before it (the runner writes events.parquet into a new run
+directory; renaming over an existing file costs ext4 a flush, ~50 ms for 100 MB).
+
+Measured on the 2-vCPU AMD EPYC VM of the project (other jobs running, hence the spread: other
+sessions' traced workloads at times), LZ4 but delta-encoded times and latencies, a row group per
+round (~110 Ki rows), `--rounds 3`:
 
   lines   rows     ratio median (min-max)   ingest   pandas.read_csv   ingest peak RSS
-  5 M     5.35 M   0.36 (0.26-0.39)         1.76 s   0.60 s            592 MiB
-  20 M    21.4 M   0.68 (0.46-0.74)         6.32 s   4.28 s            683 MiB
+  5 M     5.35 M   0.57 (0.51-0.58)         0.97 s   0.56 s            532 MiB
+  20 M    21.4 M   0.73 (0.70-0.98)         5.88 s   4.76 s            578 MiB   (loaded VM)
 
-(the streaming ingest's memory is flat: +91 MiB for 4x the trace, where pandas.read_csv holds the
-whole file). Before (the merge_asof implementation, build_events + write_table): 0.14 at 5 M
-(4.3-5.5 s against 0.6-0.8 s) with 1.7 GB RSS, on the old bench's trace (tests/data/raw repeated).
+(the streaming ingest's memory is flat: +46 MiB for 4x the trace, where pandas.read_csv holds the
+whole file; events.parquet is 101 MB at 5 M, it was 128 MB). Before this version: 0.36
+(0.26-0.39) at 5 M, 1.76 s, 592 MiB; 0.68 at 20 M. Before that (the merge_asof
+implementation, build_events + write_table): 0.14 at 5 M (4.3-5.5 s against 0.6-0.8 s) with
+1.7 GB RSS, on the old bench's trace (tests/data/raw repeated).
 
-Where the time goes now, CPU seconds at 5 M lines (three threads on two cores): parsing
-(numba, reader thread) 0.70-0.75; merge and join (main thread) ~0.9, of which the join kernel
-0.19, the path strings of the table 0.12-0.18, block.txt 0.13, releasing and ordering rows
-0.14; writing Parquet (writer thread) 0.92, the path column alone 0.27. Before: parse 1.30 s,
-derived columns 1.45 s, merge_asof join 1.58 s, zstd write 0.83 s.
+Where the time goes, CPU seconds at 5 M lines (three threads on two cores; the least of 3 runs,
+on a busy VM): process 1.65-1.73, was 2.42-2.52. Reader thread 0.53-0.59 (was 0.75-0.78):
+parsing syscalls.txt 0.48-0.54 (was 0.67), each block's rows ordered by time 0.03. Main
+thread 0.45-0.48 (was 0.72-0.75): the join 0.21, which now also merges the round's rows
+(releasing and ordering them cost 0.08, copying them about as much); the table 0.14, of which
+the path column (a dictionary of the round's distinct paths) 0.08-0.09 (the path strings
+built row by row cost 0.12-0.18 in the table and 0.27 in the writer); block.txt 0.03 (was
+0.11 with pyarrow's CSV reader); cache.txt 0.01 (was 0.1, before the first round). Writer
+thread 0.67-0.68 (was 0.89-0.93), by column about a fifth each for the path (its dictionary
+hashed again by the writer, LZ4), the three delta-encoded ones and bytes, ret and offset (LZ4).
+Earlier still: parse 1.30 s, derived columns 1.45 s, merge_asof join 1.58 s, zstd write 0.83 s.
 
 Usage: python bench/trace_ingest.py [--events 5000000] [--rounds 5] [--dir DIR] [--keep]
 """
