@@ -1493,17 +1493,8 @@ def _read_tsv(path: Path, columns: dict[str, pa.DataType], stats: ParseStats) ->
     """Read a tab-separated bpftrace output file into a DataFrame with the given columns."""
     if not path.exists() or path.stat().st_size == 0:
         return pd.DataFrame({c: pd.Series(dtype=t.to_pandas_dtype()) for c, t in columns.items()})
-    return _read_tsv_table(path, columns, stats).to_pandas()
-
-
-def _read_tsv_table(
-    source: Path | pa.Buffer, columns: dict[str, pa.DataType], stats: ParseStats
-) -> pa.Table:
-    """Tab-separated bpftrace output (a file or a block of one) with the given columns."""
-    if isinstance(source, pa.Buffer):
-        source = pa.BufferReader(source)
     return pacsv.read_csv(
-        source,
+        path,
         read_options=pacsv.ReadOptions(column_names=list(columns), block_size=16 << 20),
         parse_options=pacsv.ParseOptions(
             delimiter="\t", quote_char=False, escape_char=False, invalid_row_handler=stats.handler
@@ -1511,7 +1502,7 @@ def _read_tsv_table(
         convert_options=pacsv.ConvertOptions(
             column_types=columns, strings_can_be_null=False, quoted_strings_can_be_null=False
         ),
-    )
+    ).to_pandas()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1848,8 +1839,7 @@ class _Owners:
 
 
 def _frame_rows(df: pd.DataFrame, kinds: _Names, comms: _Names, devs: _Names) -> np.ndarray:
-    """A frame of :func:`parse_block`, :func:`parse_cache` or :func:`parse_proc` as merge rows
-    (path numbers still to be set: -1)."""
+    """A frame of :func:`parse_proc` as merge rows (path numbers still to be set: -1)."""
     rows = np.empty((len(df), _N_COLS), dtype=np.int64)
     if not len(df):
         return rows
