@@ -30,13 +30,24 @@ def _manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
 
 
+def _trace_over_files(
+    tmp_path: Path, runs_root: Path, files: dict[str, int], script: str, cold: bool = False
+) -> Path:
+    """Write ``files`` (name -> random bytes of that size) into a directory mounted at /data and
+    trace ``python3 -c script`` over it in the base image (page cache dropped first if ``cold``)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, size in files.items():
+        (data / name).write_bytes(os.urandom(size))
+    if cold:
+        drop_caches()
+    mounts = (BindMount(data, "/data", True),)
+    return trace(image_request(BASE, ["python3", "-c", script], runs_root, mounts=mounts)).check()
+
+
 def test_reading_n_known_files_shows_n_opens_and_their_bytes(
     images, tmp_path: Path, runs_root: Path
 ) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    for i, size in enumerate(SIZES):
-        (data / f"file{i}.bin").write_bytes(os.urandom(size))
     script = (
         "import os\n"
         "for name in sorted(os.listdir('/data')):\n"
@@ -44,15 +55,8 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(
         "        fh.read()\n"
     )
     # Cold cache, so the page-cache lane must show the files coming in.
-    drop_caches()
-    run_dir = trace(
-        image_request(
-            BASE,
-            ["python3", "-c", script],
-            runs_root,
-            mounts=(BindMount(data, "/data", True),),
-        )
-    ).check()
+    files = {f"file{i}.bin": size for i, size in enumerate(SIZES)}
+    run_dir = _trace_over_files(tmp_path, runs_root, files, script, cold=True)
     manifest = _manifest(run_dir)
     assert manifest["status"] == "completed" and manifest["exit_code"] == 0
     assert manifest["lost_events"] == 0
@@ -295,11 +299,7 @@ def test_small_reads_at_storm_rate_are_aggregated_and_still_exact(
     folds them into aggregated rows, and every file still shows its opens, its read calls and
     its bytes exactly, although the files follow each other on the same descriptor number
     within a bin (the descriptor generation keeps them apart)."""
-    data = tmp_path / "data"
-    data.mkdir()
     sizes = [(1 << 20) + 7 * i for i in range(12)]
-    for i, size in enumerate(sizes):
-        (data / f"f{i:02d}.bin").write_bytes(os.urandom(size))
     script = (
         "import os\n"
         "names = sorted(os.listdir('/data'))\n"
@@ -314,11 +314,8 @@ def test_small_reads_at_storm_rate_are_aggregated_and_still_exact(
         "    os.pread(fd, 4096, (i % 256) * 4096)\n"
         "os.close(fd)\n"
     )
-    run_dir = trace(
-        image_request(
-            BASE, ["python3", "-c", script], runs_root, mounts=(BindMount(data, "/data", True),)
-        )
-    ).check()
+    files = {f"f{i:02d}.bin": size for i, size in enumerate(sizes)}
+    run_dir = _trace_over_files(tmp_path, runs_root, files, script)
     manifest = _manifest(run_dir)
     assert manifest["status"] == "completed" and manifest["lost_events"] == 0
     events = traced_events(run_dir)
