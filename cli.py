@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent
@@ -378,6 +379,11 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--max-steps", type=int, default=None, help="Steps per epoch (0: whole dataset).")
 @click.option("--seed", type=int, default=None)
+@click.option(
+    "--synthetic",
+    is_flag=True,
+    help="Synthetic data: one batch loaded at start-up feeds every step (no reads, no decode).",
+)
 @click.option("--eval-every", type=int, default=None, help="Evaluate every N epochs (0: never).")
 @click.option(
     "--checkpoint-every", type=int, default=None, help="Checkpoint every N epochs (0: never)."
@@ -484,6 +490,7 @@ def trace(
     accelerators: int | None,
     max_steps: int | None,
     seed: int | None,
+    synthetic: bool,
     eval_every: int | None,
     checkpoint_every: int | None,
     profile_path: Path | None,
@@ -547,6 +554,7 @@ def trace(
             "seed": seed,
             "eval_every": eval_every,
             "checkpoint_every": checkpoint_every,
+            "synthetic": synthetic or None,
         }
         request = workload_request(
             workload,
@@ -1002,6 +1010,128 @@ def _report_profile(prof: Any, warnings: list[str], out_path: Path | None) -> No
         click.echo(str(out_path))
 
 
+def _fractions(text: str | None, what: str) -> list[float]:
+    if not text:
+        return []
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{what}: give numbers separated by commas, got {text!r}") from None
+
+
+@cli.command()
+@click.option("--workload", required=True, help="Workload to measure (see ./cli.py workloads).")
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Dataset directory.",
+)
+@click.option(
+    "--variant",
+    type=click.Choice(["sleep", "instrumented"]),
+    default="sleep",
+    show_default=True,
+    help="sleep: emulated accelerators; instrumented: the real model on this host.",
+)
+@click.option(
+    "--accelerator",
+    "emulated",
+    metavar="NAME",
+    default=None,
+    help="Emulate this accelerator (profile database; ./cli.py profiles). Default: the "
+    "workload's shipped profile.",
+)
+@click.option(
+    "--profile-model", metavar="MODEL", default=None, help="Image workloads: the emulated model."
+)
+@click.option("--accelerators", type=int, default=1, show_default=True, help="Accelerators (G).")
+@click.option("--batch-size", type=int, default=None, help="Batch per accelerator.")
+@click.option("--workers", type=int, default=None, help="Loader workers per accelerator.")
+@click.option(
+    "--max-steps", type=int, default=0, show_default=True, help="Steps per epoch (0: all)."
+)
+@click.option("--set", "sets", multiple=True, help="Workload option KEY=VALUE (repeatable).")
+@click.option("--cpus", type=float, default=None, help="CPU limit of the container.")
+@click.option(
+    "--cache-fractions",
+    default=None,
+    help="Also sweep the cached fraction, e.g. 0.25,0.5,0.75 (memory limits, verified).",
+)
+@click.option(
+    "--cores", default=None, help="Also sweep CPU cores per accelerator, e.g. 0.5,1,2 (warm cache)."
+)
+@out_option(
+    "out_dir",
+    "Results directory (stalls.json, stalls.html, runs/). Default: runs/stalls/<time>-<workload>.",
+    kind="dir",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@user_errors
+def stalls(
+    workload: str,
+    data_dir: Path,
+    variant: str,
+    emulated: str | None,
+    profile_model: str | None,
+    accelerators: int,
+    batch_size: int | None,
+    workers: int | None,
+    max_steps: int,
+    sets: tuple[str, ...],
+    cpus: float | None,
+    cache_fractions: str | None,
+    cores: str | None,
+    out_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Data stalls by DS-Analyzer's differential method: three traced runs (synthetic data in
+    memory, real data fully cached, real data on a cold cache) split an epoch into compute,
+    host-to-device, prep stall and fetch stall, with a what-if table for cached fractions.
+
+    \b
+    Example:
+      ./cli.py stalls --workload resnet18 --data data/img --accelerator v100 --batch-size 64
+    """
+
+    from analysis.stalls import summary_lines
+    from experiments.stalls import StallSettings, measure_stalls
+
+    settings = StallSettings(
+        workload=workload,
+        data=data_dir,
+        variant=variant,
+        accelerator=emulated,
+        profile_model=profile_model,
+        accelerators=accelerators,
+        batch_size=batch_size,
+        workers=workers,
+        max_steps=max_steps,
+        options=_parse_sets(sets),
+        cpus=cpus,
+    )
+    if out_dir is None:
+        out_dir = (
+            Path("runs/stalls") / f"{time.strftime('%Y%m%d-%H%M%S')}-{profile_model or workload}"
+        )
+    if (out_dir / "stalls.json").exists():
+        raise UserError(f"{out_dir} already holds a result: give another --out")
+    result = measure_stalls(
+        settings,
+        out_dir,
+        cache_fractions=_fractions(cache_fractions, "--cache-fractions"),
+        cores=_fractions(cores, "--cores"),
+        log=lambda line: err_console.print(f"[dim]{line}[/]", highlight=False),
+    )
+    for line in summary_lines(result):
+        err_console.print(line, highlight=False)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        click.echo(str(out_dir / "stalls.json"))
+
+
 @cli.group()
 def experiment() -> None:
     """Experiment grids described in TOML files (see docs/experiments.md).
@@ -1027,7 +1157,18 @@ def experiment_run(path: Path, out_root: Path, dry_run: bool) -> None:
     Example: ./cli.py experiment run experiments/timelines.toml
     """
     from experiments.orchestrate import load_experiment, run_experiment
+    from experiments.studies import is_study, load_study, run_study
 
+    if is_study(path):  # a published method's procedure (docs/experiments.md, "Studies")
+        study = load_study(path)
+        if dry_run:
+            click.echo(f"study {study.name} ({study.kind}): {study.description}")
+            return
+        result = run_study(
+            study, out_root, log=lambda line: err_console.print(line, highlight=False)
+        )
+        click.echo(str(result))
+        return
     exp = load_experiment(path)
     if dry_run:
         for i, spec in enumerate(exp.runs, 1):

@@ -56,8 +56,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from analysis.figures import write_figure
 from analysis.tables import kind_mask
-from core.atomic import atomic_path
 from core.errors import UserError
 from core.rundir import READ_KINDS, Run
 
@@ -238,7 +238,7 @@ def storage_demand(run: Run, steps: pd.DataFrame | None = None) -> dict[str, flo
     nan = float("nan")
     if len(kept) == 0:
         return {"steps": 0, "au": nan, "needed_bytes_per_s": nan, "delivered_bytes_per_s": nan}
-    reads = _dataset_reads(run)
+    reads = dataset_reads(run)
     read_bytes = wall = compute = 0.0
     for role, mine in kept.groupby("container", sort=False):
         theirs = reads[reads["container"] == role]
@@ -279,7 +279,7 @@ def dataset_prefixes(run: Run) -> tuple[str, ...]:
     return tuple(d.rstrip("/") + "/" for d in run.data_mounts)
 
 
-def _dataset_reads(run: Run) -> pd.DataFrame:
+def dataset_reads(run: Run) -> pd.DataFrame:
     """The dataset's read syscalls (``ts_ns``, ``bytes``, ``latency_ns``, ``container``), sorted
     by time: reads of files under the run's read-only mounts (imports, ``/proc`` and pipes are
     not the storage being measured); without recorded mounts, every read."""
@@ -316,7 +316,7 @@ def _read_throughput(run: Run, kept: pd.DataFrame) -> np.ndarray:
     every reader's reads in a slice count: no read is counted twice. Reads are told apart by
     container: each container's steps count its own reads.
     """
-    reads = _dataset_reads(run)
+    reads = dataset_reads(run)
     values = [np.zeros(0)]
     for role, mine in kept.groupby("container", sort=False):  # one per container: a handful
         theirs = reads[reads["container"] == role]
@@ -589,9 +589,4 @@ def breakdown_figure(runs: Sequence[Run]) -> go.Figure:
 def write_breakdown(runs: Sequence[Run], out_path: Path) -> Path:
     """Write :func:`breakdown_figure` of ``runs`` as one self-contained HTML file (plotly.js
     embedded, opens offline), atomically; return its path."""
-    html = breakdown_figure(runs).to_html(
-        include_plotlyjs=True, full_html=True, config={"displaylogo": False}
-    )
-    with atomic_path(Path(out_path)) as tmp, open(tmp, "x", encoding="utf-8") as handle:
-        handle.write(html)
-    return Path(out_path)
+    return write_figure(breakdown_figure(runs), out_path)

@@ -146,7 +146,7 @@ class Experiment:
         )
 
 
-def _table(data: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
+def check_table(data: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a table, got {type(data).__name__}")
     unknown = sorted(set(data) - set(known))
@@ -155,41 +155,62 @@ def _table(data: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
     return data
 
 
-def _list(value: Any, where: str, kind: type) -> list[Any]:
+def check_list(value: Any, where: str, kind: type) -> list[Any]:
     values = value if isinstance(value, list) else [value]
     if not values or any(not isinstance(v, kind) or isinstance(v, bool) for v in values):
         raise UserError(f"{where}: expected a non-empty list of {kind.__name__}, got {value!r}")
     return values
 
 
-def load_experiment(path: Path) -> Experiment:
-    """Parse and validate an experiment file (every problem is a one-line UserError)."""
-    path = Path(path)
+def read_toml(path: Path) -> dict[str, Any]:
+    """An experiment file's tables (one-line UserErrors for a missing or invalid file)."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UserError(f"experiment file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"experiment file {path} is not valid TOML: {exc}") from None
-    _table(data, str(path), ("experiment", "datasets", "grid", "settings", "workloads", "produce"))
-    head = _table(data.get("experiment", {}), f"{path}: [experiment]", ("name", "description"))
-    name = head.get("name") or path.stem
+
+
+def parse_datasets(data: Mapping[str, Any], path: Path) -> list[Dataset]:
+    """The ``[[datasets]]`` of an experiment file, validated."""
     datasets = []
+    names = set()
     for i, item in enumerate(data.get("datasets", [])):
         where = f"{path}: datasets[{i}]"
-        item = _table(item, where, tuple(f.name for f in dataclasses.fields(Dataset)))
+        item = check_table(item, where, tuple(f.name for f in dataclasses.fields(Dataset)))
         if not {"name", "generator", "size"} <= set(item):
             raise UserError(f"{where}: needs name, generator and size")
+        if item["name"] in names:
+            raise UserError(f"{where}: a second dataset named {item['name']!r}")
+        names.add(item["name"])
         parse_size(item["size"])
         datasets.append(Dataset(**item))
-    grid = _table(data.get("grid", {}), f"{path}: [grid]", (*GRID_KEYS, "repetitions"))
+    return datasets
+
+
+def load_experiment(path: Path) -> Experiment:
+    """Parse and validate an experiment file (every problem is a one-line UserError)."""
+    path = Path(path)
+    data = read_toml(path)
+    check_table(
+        data, str(path), ("experiment", "datasets", "grid", "settings", "workloads", "produce")
+    )
+    head = check_table(data.get("experiment", {}), f"{path}: [experiment]", ("name", "description"))
+    name = head.get("name") or path.stem
+    datasets = parse_datasets(data, path)
+    grid = check_table(data.get("grid", {}), f"{path}: [grid]", (*GRID_KEYS, "repetitions"))
     axes = {
-        "workload": _list(grid.get("workload", []), f"{path}: grid.workload", str),
-        "variant": _list(grid.get("variant", list(VARIANTS)), f"{path}: grid.variant", str),
-        "batch_size": _list(grid.get("batch_size", [0]), f"{path}: grid.batch_size", int),
-        "accelerators": _list(grid.get("accelerators", [1]), f"{path}: grid.accelerators", int),
-        "workers": _list(grid.get("workers", [2]), f"{path}: grid.workers", int),
-        "memory_limit": _list(grid.get("memory_limit", [""]), f"{path}: grid.memory_limit", str),
+        "workload": check_list(grid.get("workload", []), f"{path}: grid.workload", str),
+        "variant": check_list(grid.get("variant", list(VARIANTS)), f"{path}: grid.variant", str),
+        "batch_size": check_list(grid.get("batch_size", [0]), f"{path}: grid.batch_size", int),
+        "accelerators": check_list(
+            grid.get("accelerators", [1]), f"{path}: grid.accelerators", int
+        ),
+        "workers": check_list(grid.get("workers", [2]), f"{path}: grid.workers", int),
+        "memory_limit": check_list(
+            grid.get("memory_limit", [""]), f"{path}: grid.memory_limit", str
+        ),
     }
     for w in axes["workload"]:
         if w not in WORKLOADS:
@@ -203,19 +224,19 @@ def load_experiment(path: Path) -> Experiment:
     repetitions = grid.get("repetitions", 1)
     if not isinstance(repetitions, int) or repetitions < 1:
         raise UserError(f"{path}: grid.repetitions must be a whole number >= 1")
-    settings = _table(
+    settings = check_table(
         data.get("settings", {}),
         f"{path}: [settings]",
         (*SETTINGS_KEYS, *EMULATION_KEYS, *RUN_KEYS),
     )
-    workloads = _table(data.get("workloads", {}), f"{path}: [workloads]", tuple(WORKLOADS))
+    workloads = check_table(data.get("workloads", {}), f"{path}: [workloads]", tuple(WORKLOADS))
     for w, table in workloads.items():
-        _table(
+        check_table(
             table,
             f"{path}: [workloads.{w}]",
             ("dataset", "options", "batch_size", *SETTINGS_KEYS, *EMULATION_KEYS, *RUN_KEYS),
         )
-    produce = _table(data.get("produce", {}), f"{path}: [produce]", PRODUCE_KEYS)
+    produce = check_table(data.get("produce", {}), f"{path}: [produce]", PRODUCE_KEYS)
     runs = []
     for values in itertools.product(*axes.values(), range(1, repetitions + 1)):
         spec = RunSpec(*values)
@@ -224,7 +245,7 @@ def load_experiment(path: Path) -> Experiment:
             # The workload's own batch sizes replace the grid's (records for DLRM, images...).
             if spec.batch_size != axes["batch_size"][0]:
                 continue
-            for b in _list(own, f"{path}: workloads.{spec.workload}.batch_size", int):
+            for b in check_list(own, f"{path}: workloads.{spec.workload}.batch_size", int):
                 runs.append(dataclasses.replace(spec, batch_size=b))
             continue
         if spec.batch_size == 0:  # the workload's default
@@ -380,19 +401,12 @@ def _completed(run_dir: str | None) -> bool:
     return manifest.get("status") in FINISHED
 
 
-def ensure_datasets(experiment: Experiment, data_root: Path, log: Log) -> dict[str, Path]:
-    """Generate every dataset the runs need that is not already complete; name -> path."""
+def ensure_dataset(d: Dataset, data_root: Path, log: Log) -> Path:
+    """``data_root/<name>``, generated unless a complete one (with ``manifest.json``) is there."""
     from datagen.registry import generate
 
-    paths = {}
-    needed = {experiment.dataset_for(w).name for w in {r.workload for r in experiment.runs}}
-    for d in experiment.datasets:
-        if d.name not in needed:
-            continue
-        path = data_root / d.name
-        paths[d.name] = path
-        if (path / "manifest.json").exists():
-            continue
+    path = data_root / d.name
+    if not (path / "manifest.json").exists():
         log(f"generating dataset {d.name} ({d.generator}, {d.size}) in {path}")
         generate(
             d.generator,
@@ -403,7 +417,15 @@ def ensure_datasets(experiment: Experiment, data_root: Path, log: Log) -> dict[s
             scale=d.scale,
             group_size=d.group_size,
         )
-    return paths
+    return path
+
+
+def ensure_datasets(experiment: Experiment, data_root: Path, log: Log) -> dict[str, Path]:
+    """Generate every dataset the runs need that is not already complete; name -> path."""
+    needed = {experiment.dataset_for(w).name for w in {r.workload for r in experiment.runs}}
+    return {
+        d.name: ensure_dataset(d, data_root, log) for d in experiment.datasets if d.name in needed
+    }
 
 
 def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> list[Outcome]:

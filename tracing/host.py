@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import functools
+import mmap
 import os
 import platform
 import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from core.errors import UserError
 from tracing.bpftrace import BPF_DIR
@@ -274,3 +280,71 @@ def drop_caches() -> None:
     """Write dirty pages back, then drop the page cache (root): the next run reads cold."""
     subprocess.run(["sync"], check=True)
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.mmap.argtypes = (
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    )
+    libc.mmap.restype = ctypes.c_void_p
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    return libc
+
+
+def resident_bytes(path: Path) -> tuple[int, int]:
+    """(bytes of ``path`` in the page cache now, its size): ``mincore(2)`` over a read-only
+    shared mapping of the file, as vmtouch and fincore measure it (mapping faults nothing in)."""
+    libc = _libc()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return 0, 0
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap {path}: {os.strerror(err)}")
+        pages = (size + _PAGE - 1) // _PAGE
+        vec = np.zeros(pages, dtype=np.uint8)
+        try:
+            if libc.mincore(address, size, vec.ctypes.data) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"mincore {path}: {os.strerror(err)}")
+        finally:
+            libc.munmap(address, size)
+    resident = vec & 1
+    # The last page holds only the file's tail.
+    tail = size - (pages - 1) * _PAGE
+    return int(resident[:-1].sum()) * _PAGE + int(resident[-1]) * tail, size
+
+
+def resident_fraction(paths: Iterable[Path]) -> float:
+    """Fraction of the bytes of ``paths`` in the page cache now (0 for no bytes)."""
+    resident = total = 0
+    for path in paths:
+        r, n = resident_bytes(path)
+        resident += r
+        total += n
+    return resident / total if total else 0.0
+
+
+def warm_files(paths: Iterable[Path], chunk: int = 8 << 20) -> int:
+    """Read every file of ``paths`` whole, so that it is in the page cache; return the bytes."""
+    done = 0
+    buf = bytearray(chunk)
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                done += n
+    return done

@@ -84,6 +84,11 @@ class WorkloadConfig:
 
     ``options`` holds the workload's own settings (validated by the workload); ``profile`` is
     the path, inside the container, of a sleep profile file (None: the workload's default).
+
+    ``synthetic``: feed the model data already in memory (DS-Analyzer's first run, the
+    accelerators' maximum ingestion rate): one real batch is loaded while the run starts up
+    (``init``) and then given to every step, so the epochs read and decode nothing; an epoch has
+    as many steps as the real data would give it (``max_steps`` still caps them).
     """
 
     workload: str
@@ -97,6 +102,7 @@ class WorkloadConfig:
     eval_every: int = 0  # evaluate every N epochs; 0 disables evaluation
     checkpoint_every: int = 1  # checkpoint every N epochs; 0 disables checkpoints
     device: str = "auto"  # auto, cpu or cuda (original and instrumented variants)
+    synthetic: bool = False  # one in-memory batch for every step (no reads, no decode)
     profile: str | None = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     # One container per rank: this process runs only rank ``rank`` of ``accelerators`` and

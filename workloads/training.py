@@ -720,6 +720,11 @@ class _Loop:
         self.compute = compute
         self.em = em
         self.train = plan.task.train_loader(plan.config, rank, device, em)
+        # Synthetic data: one batch of the real loader, taken now (during init) and given to
+        # every step of every epoch, as many steps as the real loader would make.
+        self.synthetic: tuple[Any, int] | None = None
+        if plan.config.synthetic:
+            self.synthetic = synthetic_batches(self.train.loader, plan.config)
         self.eval = None
         if plan.config.eval_every > 0:
             self.eval = plan.task.eval_loader(plan.config, rank, device, em)
@@ -745,7 +750,11 @@ class _Loop:
 
     def _train_epoch(self, epoch: int) -> tuple[int, int]:
         self.train.set_epoch(epoch)
-        batches = batches_of(self.train.loader)
+        if self.synthetic is not None:
+            batch, count = self.synthetic
+            batches: Iterator[Any] = _repeat(batch, count)
+        else:
+            batches = batches_of(self.train.loader)
         steps = samples = 0
         while not self.config.max_steps or steps < self.config.max_steps:
             t0 = time.monotonic_ns()
@@ -788,6 +797,35 @@ class _Loop:
             tmp.unlink(missing_ok=True)
             raise
         self.em.stop("checkpoint", epoch=epoch, value=size, path=str(path))
+
+
+def synthetic_batches(loader: DataLoader[Any], config: WorkloadConfig) -> tuple[Any, int]:
+    """(the loader's first batch, steps per epoch) for ``config.synthetic``: the batch is read
+    and prepared once, by the loader itself, and its workers shut down."""
+    try:
+        count = len(loader)
+    except TypeError:  # an iterable dataset of unknown length
+        count = 0
+    if config.max_steps:
+        count = min(count, config.max_steps) if count else config.max_steps
+    if not count:
+        raise UserError(
+            f"synthetic data: the {config.workload} loader does not know its length; give "
+            "--max-steps to say how many steps an epoch has"
+        )
+    batches = batches_of(loader)
+    try:
+        batch = next(batches, None)
+    finally:
+        batches.close()
+    if batch is None:
+        raise UserError("synthetic data: the dataset gave no batch to repeat")
+    return batch, count
+
+
+def _repeat(batch: Any, count: int) -> Iterator[Any]:
+    for _ in range(count):
+        yield batch
 
 
 def batches_of(loader: DataLoader[Any]) -> Iterator[Any]:
