@@ -1,0 +1,1089 @@
+"""The gpufs "file grouping" study: data stall per epoch against the group size G, traced.
+
+Image classification on a cold page cache, the same images stored in the folder layout (one
+JPEG per file, ImageNet's class folders) and in grouped layouts (G JPEGs concatenated per group
+file plus an index; a loader item is one group, a step reads ``batch_size / G`` of them). The
+published result (AlexNet, cold cache, 8 loader workers): 419 s of data stall per epoch
+ungrouped -> 261 (G=2) -> 176 (4) -> 117 (8) -> 66 (16) -> 47 s (32), compute unchanged;
+GPEmu's plot of the same experiment: 410, 265, 174, 114, 67, 35 s (:data:`PUBLISHED`).
+
+An experiment file with ``kind = "grouping"``::
+
+    [experiment]
+    name = "grouping"
+
+    [study]
+    kind = "grouping"
+    workload = "alexnet"          # an image workload: alexnet, resnet18, resnet50
+    variant = "sleep"             # sleep (emulated accelerator) or instrumented (real CPU steps)
+    accelerator = "v100"          # sleep only: the profile database's accelerator ...
+    profile_model = "alexnet"     # ... and model (default: the workload's own)
+    batch_size = 32               # a multiple of every group size
+    workers = 2                   # DataLoader workers
+    epochs = 2                    # cold epochs measured per layout (see below)
+    group_sizes = [1, 2, 4, 8, 16, 32]
+    seed = 0                      # the runs' seed (shuffling); round r uses seed + r
+    timeout_s = 600               # optional: a run still going after this is stopped, failed
+    options = {image_size = 112}  # the workload's --set options
+
+    [study.dataset]               # the images every layout holds (datagen.images' params)
+    images = 2048                 # a multiple of batch_size and of the largest group size
+    mean_kb = 110.0               # optional: mean_kb, size_sigma, min_kb, quality, classes,
+    seed = 0                      # distinct_images (ImageGenParams), seed (the generator's)
+
+Every key but ``kind`` has the default shown (``timeout_s``: none, ``options``: none,
+``profile_model``: the workload, ``[study.dataset]``: 2048 images, the generator's defaults
+otherwise); unknown keys are refused when the file is loaded, and so is ``[[datasets]]``: the
+study generates its own layouts.
+
+**The layouts hold exactly the same images.** :func:`plan_layouts` draws the image plan of
+``datagen.images`` for the folder layout, takes its first ``images`` sizes and asks every
+layout for exactly their total: the folder layout then writes those images (no shrunk last
+one) and a grouped one the same images in ``images / G`` whole groups (the generator writes only
+full groups, and the same seed with a rounded size would give each G a different set). There is
+no val split (``val_fraction`` 0: the grouped layouts would move whole groups into it, a
+different number of images per G). They are written under ``OUT/NAME/data/<layout>``
+(``folder``, ``g1``, ``g2``, ...) and reused while their manifest matches;
+:func:`check_same_images` then lists each layout as the workload does and refuses to go on
+unless every one holds the same image names, sizes and labels.
+
+**Runs.** Each measured epoch is a traced run of one epoch after the page cache is dropped
+(``tracing.host.drop_caches``): a second epoch in the same run would read from the page cache.
+``epochs`` rounds, each tracing every layout once (in reverse order every other round, so that
+a drift of the host does not favour one end of the curve), round ``r`` with seed ``seed + r``.
+No evaluation, no checkpoint. Runs go to ``OUT/NAME/runs``; ``OUT/NAME/grouping-state.json``
+records each completed one, so an interrupted study resumes with the runs it lacks (while the
+settings and dataset are unchanged).
+
+**What is measured** (:func:`epoch_evidence`, over the epoch interval of the lowest rank):
+
+- ``data_stall_s``: the sum of its ``load_batch_mem`` durations, the time the training loop
+  waited for the loader (the first step's wait, the workers' start-up included, is also
+  reported alone: ``first_wait_s``); ``compute_s``: its ``all_compute`` durations (emulated
+  host-to-device copy and compute); ``epoch_s``: the epoch's wall time;
+- from the syscall trace, the dataset's files only (the JPEGs or group files, by path under the
+  data mount): ``opens`` (successful ``openat``), ``reads`` and ``read_bytes`` (calls weighted by
+  ``count``), ``mean_read_bytes``;
+- from the block trace, the requests the run's container issued (``in_container``) that
+  completed in the epoch: ``block_reads``, ``block_read_bytes``, ``mean_block_read_bytes``,
+  ``block_busy_s`` (time some read was in flight) and ``sequential_fraction``: of the read
+  requests that have a predecessor on their device (in issue order), the fraction starting at
+  the byte where it ended.
+
+A layout's figures are the means over its epochs (:func:`layout_rows`; ``data_stall_min_s``
+and ``_max_s`` give the spread). ``normalised_stall`` divides by the folder layout's stall; the
+published curves are divided by their own ungrouped value.
+
+**Output** in ``OUT/NAME/``: ``grouping.json`` (:data:`SCHEMA_VERSION`, ``kind: "grouping"``:
+settings, dataset, every run with its directory and figures, per-layout figures, the
+published curves with their sources; :func:`load_results` checks it) and ``grouping.html``
+(:func:`grouping_figure`: normalised data stall against G beside both published curves, and
+the evidence: stall and compute seconds, opens and reads per epoch, mean request sizes, bytes
+from disk, sequentiality). ``docs/grouping.md`` has a measured result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from core import __version__ as TWINTRACE_VERSION
+from core.atomic import atomic_write_json
+from core.errors import UserError
+from core.rundir import FINISHED, Run, git_revision, load_manifest, load_run, utc_now
+
+Log = Callable[[str], None]
+
+#: Version of the layout of ``grouping.json``; bump on any change.
+SCHEMA_VERSION = 1
+#: Version of ``grouping-state.json`` (the runs done so far).
+STATE_VERSION = 1
+KIND = "grouping"
+RESULTS_NAME = "grouping.json"
+FIGURE_NAME = "grouping.html"
+STATE_NAME = "grouping-state.json"
+
+STUDY_KEYS = (
+    "workload",
+    "variant",
+    "accelerator",
+    "profile_model",
+    "batch_size",
+    "workers",
+    "epochs",
+    "group_sizes",
+    "seed",
+    "timeout_s",
+    "options",
+    "dataset",
+)
+#: ``[study.dataset]`` keys: the image count, the generator's seed and ImageGenParams fields.
+DATASET_KEYS = (
+    "images",
+    "seed",
+    "mean_kb",
+    "size_sigma",
+    "min_kb",
+    "quality",
+    "classes",
+    "distinct_images",
+)
+DEFAULTS: Mapping[str, Any] = {
+    "workload": "alexnet",
+    "variant": "sleep",
+    "accelerator": "v100",
+    "profile_model": None,
+    "batch_size": 32,
+    "workers": 2,
+    "epochs": 2,
+    "group_sizes": [1, 2, 4, 8, 16, 32],
+    "seed": 0,
+    "timeout_s": None,
+    "options": {},
+}
+DEFAULT_IMAGES = 2048
+FOLDER = "folder"
+#: Variants whose training loop logs ``load_batch_mem`` and ``all_compute``.
+STALL_VARIANTS = ("sleep", "instrumented")
+READ_KINDS = ("read", "pread64", "readv")
+
+#: The published curves: data stall per epoch (s) by group size, 0 standing for the ungrouped
+#: layout (one JPEG per file).
+PUBLISHED: Mapping[str, Mapping[str, Any]] = {
+    "gpufs": {
+        "label": "gpufs (published)",
+        "source": (
+            "gpufs file grouping, as summarised in the project's reference notes "
+            "(shared/REFERENCE.md section 2): AlexNet, cold cache, 8 loader workers, data stall "
+            "per epoch, compute unchanged"
+        ),
+        "points": {0: 419.0, 2: 261.0, 4: 176.0, 8: 117.0, 16: 66.0, 32: 47.0},
+    },
+    "gpemu": {
+        "label": "GPEmu (plot data)",
+        "source": (
+            "GPEmu repository mengwanguc/gpemu, plots/new/group/perf/perf.csv at commit "
+            "4d83544275187a760912f4172eaf42afd0236652 (column Stall, s; its File Group Size 1, "
+            "one image per file, is the ungrouped baseline; Compute 95 s and Transfer 3 s at "
+            "every size; size 64: 35 s)"
+        ),
+        "points": {0: 410.0, 2: 265.0, 4: 174.0, 8: 114.0, 16: 67.0, 32: 35.0, 64: 35.0},
+        "compute_s": 95.0,
+        "transfer_s": 3.0,
+    },
+}
+
+_NS = 1e-9
+
+
+# --------------------------------------------------------------------------------------------
+# The study file
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupingSpec:
+    """A validated ``[study]`` table (see the module docstring)."""
+
+    workload: str
+    variant: str
+    accelerator: str | None
+    profile_model: str | None
+    batch_size: int
+    workers: int
+    epochs: int
+    group_sizes: tuple[int, ...]
+    seed: int
+    timeout_s: float | None
+    options: Mapping[str, Any]
+    images: int
+    dataset_seed: int
+    image_params: Mapping[str, Any]
+
+    @property
+    def layouts(self) -> tuple[tuple[str, int], ...]:
+        """(name, group size) of every layout, the folder layout (group size 0) first."""
+        return ((FOLDER, 0), *((layout_name(g), g) for g in self.group_sizes))
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that makes the study's runs what they are (recorded, fingerprinted)."""
+        return {
+            "workload": self.workload,
+            "variant": self.variant,
+            "accelerator": self.accelerator,
+            "profile_model": self.profile_model,
+            "batch_size": self.batch_size,
+            "workers": self.workers,
+            "epochs": self.epochs,
+            "group_sizes": list(self.group_sizes),
+            "seed": self.seed,
+            "timeout_s": self.timeout_s,
+            "options": dict(self.options),
+            "dataset": {
+                "images": self.images,
+                "seed": self.dataset_seed,
+                **self.image_params,
+            },
+        }
+
+
+def layout_name(group_size: int) -> str:
+    """``folder`` for group size 0, else ``g<G>``."""
+    return f"g{group_size}" if group_size else FOLDER
+
+
+def _int(spec: Mapping[str, Any], key: str, where: str, low: int, high: int) -> int:
+    value = spec[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UserError(
+            f"{where}: {key} must be a whole number from {low} to {high}, got {value!r}"
+        )
+    return value
+
+
+def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> GroupingSpec:
+    """Validate a ``[study]`` table (without ``kind``); one-line UserErrors naming the key."""
+    from workloads.registry import WORKLOADS
+
+    unknown = sorted(set(spec) - set(STUDY_KEYS))
+    if unknown:
+        raise UserError(
+            f"{where}: unknown key {unknown[0]!r}; known keys: kind, {', '.join(STUDY_KEYS)}"
+        )
+    s = {**DEFAULTS, **spec}
+    workload = s["workload"]
+    images_workloads = sorted(n for n, w in WORKLOADS.items() if w.datagen == "images")
+    if workload not in images_workloads:
+        raise UserError(
+            f"{where}: workload must be an image workload ({', '.join(images_workloads)}), "
+            f"got {workload!r}"
+        )
+    variant = s["variant"]
+    if variant not in STALL_VARIANTS:
+        raise UserError(
+            f"{where}: variant must be sleep or instrumented (their training loop logs the "
+            f"loader waits), got {variant!r}"
+        )
+    accelerator, model = s["accelerator"], s["profile_model"]
+    if variant != "sleep" and "accelerator" not in spec:
+        accelerator = None  # the default emulated card applies to the sleep variant only
+    for key, value in (("accelerator", accelerator), ("profile_model", model)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise UserError(f"{where}: {key} must be a name, got {value!r}")
+    batch_size = _int(s, "batch_size", where, 1, 1 << 16)
+    workers = _int(s, "workers", where, 0, 256)
+    epochs = _int(s, "epochs", where, 1, 1000)
+    seed = _int(s, "seed", where, 0, 2**31 - 1)
+    sizes = s["group_sizes"]
+    if (
+        not isinstance(sizes, list)
+        or not sizes
+        or any(isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 65536 for g in sizes)
+        or len(set(sizes)) != len(sizes)
+    ):
+        raise UserError(
+            f"{where}: group_sizes must be a non-empty list of distinct whole numbers from 1 to "
+            f"65536, got {sizes!r}"
+        )
+    group_sizes = tuple(sorted(sizes))
+    odd = [g for g in group_sizes if batch_size % g]
+    if odd:
+        raise UserError(
+            f"{where}: batch_size {batch_size} is not a multiple of group size {odd[0]} (a "
+            "loader item is one group): use a batch size that every group size divides"
+        )
+    timeout = s["timeout_s"]
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise UserError(f"{where}: timeout_s must be a positive number of seconds, got {timeout!r}")
+    options = s["options"]
+    if not isinstance(options, dict):
+        raise UserError(f"{where}: options must be a table, got {options!r}")
+    WORKLOADS[workload].parse_options(options)
+    images, dataset_seed, params = _parse_dataset(
+        s.get("dataset", {}), where, batch_size, group_sizes
+    )
+    parsed = GroupingSpec(
+        workload=workload,
+        variant=variant,
+        accelerator=accelerator,
+        profile_model=model,
+        batch_size=batch_size,
+        workers=workers,
+        epochs=epochs,
+        group_sizes=group_sizes,
+        seed=seed,
+        timeout_s=float(timeout) if timeout is not None else None,
+        options=dict(options),
+        images=images,
+        dataset_seed=dataset_seed,
+        image_params=params,
+    )
+    if accelerator is not None or model is not None:
+        from tracing.request import accelerator_profile
+
+        # The profile database's lookup, now: a card or model it lacks fails at load time.
+        accelerator_profile(
+            WORKLOADS[workload].config(variant, batch_size=batch_size, workers=workers),
+            accelerator,
+            model,
+        )
+    return parsed
+
+
+def _parse_dataset(
+    table: Any, where: str, batch_size: int, group_sizes: Sequence[int]
+) -> tuple[int, int, dict[str, Any]]:
+    from datagen.images import ImageGenParams
+
+    where = f"{where} dataset"
+    if not isinstance(table, dict):
+        raise UserError(f"{where}: must be a table, got {table!r}")
+    unknown = sorted(set(table) - set(DATASET_KEYS))
+    if unknown:
+        raise UserError(
+            f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(DATASET_KEYS)}"
+        )
+    table = {"images": DEFAULT_IMAGES, "seed": 0, **table}
+    images = _int(table, "images", where, 1, 100_000_000)
+    seed = _int(table, "seed", where, 0, 2**32 - 1)
+    unit = math.lcm(batch_size, *group_sizes)
+    if images % unit:
+        low, high = images // unit * unit, (images // unit + 1) * unit
+        nearest = f"{low} or {high}" if low else str(high)
+        raise UserError(
+            f"{where}: images {images} is not a multiple of {unit} (the batch size and every "
+            f"group size must divide it, so that every layout holds the same images in whole "
+            f"steps): use {nearest}"
+        )
+    params = {k: v for k, v in table.items() if k not in ("images", "seed")}
+    ImageGenParams(**params)  # the generator's own checks (ranges), as one-line UserErrors
+    return images, seed, params
+
+
+def check_study(study: Any) -> None:
+    """Validate a loaded study (:class:`experiments.studies.Study`) of kind ``grouping``."""
+    if study.datasets:
+        raise UserError(
+            f"{study.path}: the grouping study generates its own layouts from [study.dataset]: "
+            "remove [[datasets]]"
+        )
+    parse_spec(study.spec, f"{study.path}: [study]")
+
+
+# --------------------------------------------------------------------------------------------
+# The layouts
+
+
+def image_params(spec: GroupingSpec, group_size: int) -> Any:
+    """The generator's params of one layout: the study's, no val split, ``group_size``."""
+    from datagen.images import ImageGenParams
+
+    return ImageGenParams(**spec.image_params, group_size=group_size, val_fraction=0.0)
+
+
+def plan_layouts(spec: GroupingSpec) -> tuple[int, np.ndarray]:
+    """(dataset bytes, image sizes): the first ``spec.images`` images of the folder layout's
+    plan, which every layout asked for exactly these bytes writes (see the module doc)."""
+    from datagen.images import plan_images
+
+    params = image_params(spec, 0)
+    guess = int(spec.images * params.mean_kb * 1000 * 2) + 10**6
+    while True:
+        plan = plan_images(guess, spec.dataset_seed, params)
+        if plan.images > spec.images:
+            sizes = plan.sizes[: spec.images].copy()
+            return int(sizes.sum()), sizes
+        guess *= 2
+
+
+def _matches(manifest: Mapping[str, Any], spec: GroupingSpec, size: int, group_size: int) -> bool:
+    params = dataclasses.asdict(image_params(spec, group_size))
+    # The manifest records the pool actually drawn: at most one distinct image per file.
+    params["distinct_images"] = min(params["distinct_images"], spec.images)
+    have = manifest.get("params", {})
+    return (
+        manifest.get("seed") == spec.dataset_seed
+        and manifest.get("requested_bytes") == size
+        and have.get("images") == spec.images
+        and all(have.get(k) == v for k, v in params.items())
+    )
+
+
+def ensure_layouts(spec: GroupingSpec, data_root: Path, log: Log) -> dict[str, Path]:
+    """Generate every layout under ``data_root`` (reusing one whose manifest matches); name ->
+    path, folder first."""
+    from datagen.common import load_manifest as load_data_manifest
+    from datagen.images import generate_images
+
+    size, _ = plan_layouts(spec)
+    paths = {}
+    for name, group_size in spec.layouts:
+        path = Path(data_root) / name
+        manifest = None
+        if (path / "manifest.json").is_file():
+            manifest = load_data_manifest(path)
+        if manifest is None or not _matches(manifest, spec, size, group_size):
+            log(f"generating layout {name}: {spec.images} images, {size / 1e6:.1f} MB in {path}")
+            generate_images(
+                path,
+                size,
+                seed=spec.dataset_seed,
+                force=path.exists(),
+                params=image_params(spec, group_size),
+            )
+        paths[name] = path
+    return paths
+
+
+def layout_images(path: Path) -> list[tuple[str, int, int]]:
+    """(name in the folder layout, bytes, label) of every training image of the dataset at
+    ``path``, sorted, as the workload lists it (``workloads.images.files``)."""
+    from workloads.images.files import load_image_data
+
+    data = load_image_data(path)
+    if data.layout == "folder":
+        return sorted(
+            (s.path.relative_to(path).as_posix(), s.path.stat().st_size, s.label)
+            for s in data.train  # type: ignore[union-attr]
+        )
+    return sorted(
+        (m.name, m.size, m.label)
+        for g in data.train  # type: ignore[union-attr]
+        for m in g.members  # type: ignore[union-attr]
+    )
+
+
+def dataset_files(path: Path) -> list[tuple[str, int]]:
+    """(name, bytes) of the dataset's image or group files, from its manifest (the index and
+    the manifest itself are not read by the epoch)."""
+    from datagen.common import load_manifest as load_data_manifest
+
+    manifest = load_data_manifest(path)
+    return [
+        (f["name"], int(f["bytes"]))
+        for f in manifest["files"]
+        if not f["name"].endswith("index.csv")
+    ]
+
+
+def check_same_images(layouts: Mapping[str, Path]) -> dict[str, Any]:
+    """Refuse (UserError) unless every layout holds the same images (names, sizes, labels, as
+    the workload lists them) and its files' bytes add up to theirs; return the dataset's
+    description (images, bytes, files per layout)."""
+    from datagen.common import load_manifest as load_data_manifest
+
+    reference: list[tuple[str, int, int]] | None = None
+    first = ""
+    described: dict[str, Any] = {}
+    for name, path in layouts.items():
+        images = layout_images(path)
+        files = dataset_files(path)
+        total = sum(size for _, size, _ in images)
+        if reference is None:
+            reference, first = images, name
+        elif images != reference:
+            ours, theirs = set(images), set(reference)
+            differ = sorted(ours ^ theirs)[:1] or ["their order"]
+            raise UserError(
+                f"layouts {first} and {name} do not hold the same images ({len(reference)} and "
+                f"{len(images)} images; first difference: {differ[0]}): delete {path} and run "
+                "the study again"
+            )
+        if sum(size for _, size in files) != total:
+            raise UserError(
+                f"{path}: its files hold {sum(s for _, s in files)} bytes, its images {total}: "
+                f"delete it and run the study again"
+            )
+        manifest = load_data_manifest(path)
+        described[name] = {
+            "path": str(path),
+            "group_size": int(manifest["params"]["group_size"]),
+            "files": len(files),
+            "bytes": total,
+        }
+    assert reference is not None
+    return {
+        "images": len(reference),
+        "bytes": sum(size for _, size, _ in reference),
+        "mean_image_bytes": sum(size for _, size, _ in reference) / len(reference),
+        "layouts": described,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# One epoch's evidence (pure functions of a run's tables)
+
+
+def _union_s(start_ns: np.ndarray, end_ns: np.ndarray) -> float:
+    """Length of the union of the intervals, in seconds."""
+    if not len(start_ns):
+        return 0.0
+    order = np.argsort(start_ns, kind="stable")
+    start, end = start_ns[order], end_ns[order]
+    reach = np.maximum.accumulate(end)
+    new = np.concatenate([[True], start[1:] > reach[:-1]])
+    group = np.cumsum(new) - 1
+    last = np.zeros(int(new.sum()), dtype=np.int64)
+    np.maximum.at(last, group, end)
+    return float(np.sum(last - start[new])) * _NS
+
+
+def sequential_requests(blocks: pd.DataFrame) -> tuple[int, int]:
+    """(sequential, with a predecessor) among block requests (``ts_ns``, ``latency_ns``,
+    ``offset``, ``bytes``, ``dev``): in issue order per device, a request is sequential when
+    it starts at the byte where the previous one ended; the first of each device has no
+    predecessor."""
+    if not len(blocks):
+        return 0, 0
+    frame = pd.DataFrame(
+        {
+            "dev": blocks["dev"].astype("string").fillna("").to_numpy(),
+            "issue": blocks["ts_ns"].to_numpy(dtype=np.int64)
+            - blocks["latency_ns"].to_numpy(dtype=np.int64),
+            "offset": blocks["offset"].to_numpy(dtype=np.int64),
+            "end": blocks["offset"].to_numpy(dtype=np.int64)
+            + blocks["bytes"].to_numpy(dtype=np.int64),
+        }
+    ).sort_values(["dev", "issue"], kind="stable")
+    same_dev = frame["dev"].eq(frame["dev"].shift(1)).to_numpy()
+    follows = frame["offset"].to_numpy() == frame["end"].shift(1).to_numpy()
+    return int((same_dev & follows).sum()), int(same_dev.sum())
+
+
+def _is(series: pd.Series, value: str) -> np.ndarray:
+    return (series.astype("string") == value).fillna(False).to_numpy(dtype=bool)
+
+
+def epoch_evidence(
+    events: pd.DataFrame, phases: pd.DataFrame, files: Iterable[str], epoch: int = 1
+) -> dict[str, Any]:
+    """The figures of ``epoch`` (see the module doc) from a run's ``events`` and ``phases``;
+    ``files`` are the container paths of the dataset's files (``/data/train/...``)."""
+    if not len(phases) or not (phases["rank"] >= 0).any():
+        raise UserError("the run logged no training steps: trace the sleep or instrumented variant")
+    rank = int(phases.loc[phases["rank"] >= 0, "rank"].min())
+    mine = phases[(phases["rank"] == rank) & (phases["epoch"] == epoch)]
+    interval = _is(mine["kind"], "interval")
+
+    def durations(key: str) -> pd.DataFrame:
+        return mine[interval & _is(mine["key"], key)]
+
+    window = durations("epoch")
+    if not len(window):
+        raise UserError(f"the run has no epoch {epoch} of rank {rank}: it did not finish it")
+    start, end = int(window["ts_ns"].min()), int(window["end_ns"].max())
+    waits = durations("load_batch_mem").sort_values("step")
+    compute = durations("all_compute")
+    if not len(compute):
+        raise UserError(
+            "the run logs no all_compute intervals: trace the sleep or instrumented variant"
+        )
+    ends = mine[_is(mine["kind"], "point") & _is(mine["key"], "step_end")]
+    samples = pd.to_numeric(ends["value"], errors="coerce").fillna(0).sum()
+
+    ts = events["ts_ns"].to_numpy(dtype=np.int64)
+    inside = (ts > start) & (ts <= end)
+    paths = events["path"].astype("string")
+    ours = paths.isin(set(files)).fillna(False).to_numpy(dtype=bool) & inside
+    kind = events["kind"].astype("string")
+    count = events["count"].to_numpy(dtype=np.int64)
+    opened = ours & _is(kind, "openat") & (events["ret"].to_numpy() >= 0)
+    read = ours & kind.isin(READ_KINDS).fillna(False).to_numpy(dtype=bool)
+    reads = int(count[read].sum())
+    read_bytes = int(events["bytes"].to_numpy(dtype=np.int64)[read].sum())
+    block = (
+        inside & _is(kind, "block_read") & events["in_container"].fillna(False).to_numpy(dtype=bool)
+    )
+    blocks = events[block]
+    block_reads = int(count[block].sum())
+    block_bytes = int(blocks["bytes"].sum())
+    sequential, paired = sequential_requests(blocks)
+    issued = blocks["ts_ns"].to_numpy(dtype=np.int64) - blocks["latency_ns"].to_numpy(np.int64)
+    return {
+        "epoch": epoch,
+        "rank": rank,
+        "steps": len(ends),
+        "samples": int(samples),
+        "epoch_s": (end - start) * _NS,
+        "data_stall_s": float(waits["duration_ns"].sum()) * _NS,
+        "first_wait_s": float(waits["duration_ns"].iloc[0]) * _NS if len(waits) else 0.0,
+        "compute_s": float(compute["duration_ns"].sum()) * _NS,
+        "opens": int(count[opened].sum()),
+        "files_opened": int(paths[opened].nunique()),
+        "reads": reads,
+        "read_bytes": read_bytes,
+        "read_s": float(events["latency_ns"].to_numpy(dtype=np.int64)[read].sum()) * _NS,
+        "mean_read_bytes": read_bytes / reads if reads else math.nan,
+        "block_reads": block_reads,
+        "block_read_bytes": block_bytes,
+        "mean_block_read_bytes": block_bytes / block_reads if block_reads else math.nan,
+        "block_busy_s": _union_s(issued, blocks["ts_ns"].to_numpy(dtype=np.int64)),
+        "sequential_reads": sequential,
+        "sequential_fraction": sequential / paired if paired else math.nan,
+    }
+
+
+def run_evidence(run: Run, files: Iterable[str]) -> dict[str, Any]:
+    """:func:`epoch_evidence` of a loaded run's epoch 1."""
+    return epoch_evidence(run.events, run.phases, files)
+
+
+def container_paths(files: Iterable[tuple[str, int]], mount: str = "/data") -> list[str]:
+    """The paths inside the container of a dataset's files (``dataset_files`` names)."""
+    return [f"{mount.rstrip('/')}/{name}" for name, _ in files]
+
+
+# --------------------------------------------------------------------------------------------
+# Per layout, normalised, published
+
+#: Figures averaged per layout (each run is one epoch).
+MEAN_FIELDS = (
+    "epoch_s",
+    "data_stall_s",
+    "first_wait_s",
+    "compute_s",
+    "steps",
+    "samples",
+    "opens",
+    "reads",
+    "read_bytes",
+    "read_s",
+    "block_reads",
+    "block_read_bytes",
+    "block_busy_s",
+)
+
+
+def layout_rows(
+    runs: Sequence[Mapping[str, Any]], layouts: Sequence[tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """Per layout (in ``layouts`` order: (name, group size)), the means of its runs' figures
+    over its epochs, the stall's spread, mean request sizes and sequentiality from the summed
+    counts, and ``normalised_stall`` (its stall over the folder layout's)."""
+    frame = pd.DataFrame(list(runs))
+    rows = []
+    for name, group_size in layouts:
+        mine = frame[frame["layout"] == name] if len(frame) else frame
+        if not len(mine):
+            continue
+        row: dict[str, Any] = {"layout": name, "group_size": group_size, "epochs": len(mine)}
+        for field in MEAN_FIELDS:
+            row[field] = float(mine[field].mean())
+        row["data_stall_min_s"] = float(mine["data_stall_s"].min())
+        row["data_stall_max_s"] = float(mine["data_stall_s"].max())
+        reads, blocks = mine["reads"].sum(), mine["block_reads"].sum()
+        row["mean_read_bytes"] = float(mine["read_bytes"].sum() / reads) if reads else math.nan
+        row["mean_block_read_bytes"] = (
+            float(mine["block_read_bytes"].sum() / blocks) if blocks else math.nan
+        )
+        paired = (mine["block_reads"] - 1).clip(lower=0).sum()
+        row["sequential_fraction"] = (
+            float(mine["sequential_reads"].sum() / paired) if paired else math.nan
+        )
+        rows.append(row)
+    base = next((r["data_stall_s"] for r in rows if r["group_size"] == 0), math.nan)
+    for row in rows:
+        row["normalised_stall"] = row["data_stall_s"] / base if base > 0 else math.nan
+    return rows
+
+
+def published_curves() -> dict[str, Any]:
+    """:data:`PUBLISHED` with each curve normalised to its ungrouped value (JSON-ready: group
+    sizes as numbers, 0 = ungrouped)."""
+    out = {}
+    for key, curve in PUBLISHED.items():
+        points = curve["points"]
+        base = points[0]
+        out[key] = {
+            **{k: v for k, v in curve.items() if k != "points"},
+            "points": [
+                {"group_size": g, "data_stall_s": s, "normalised_stall": s / base}
+                for g, s in sorted(points.items())
+            ],
+        }
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Results file, table, figure
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """Read ``grouping.json``, refusing another kind or schema version."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist: run the study first") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is damaged (not valid JSON: {exc}): run the study again") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise UserError(f"{path} is not a grouping study's results")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(
+            f"{path} has schema_version {data.get('schema_version')!r}; this twintrace reads "
+            f"{SCHEMA_VERSION}: use the twintrace version that made it "
+            f"({data.get('twintrace_version', 'unknown')}) or run the study again"
+        )
+    return data
+
+
+def _category(group_size: int) -> str:
+    return "folder" if group_size == 0 else str(group_size)
+
+
+def _fmt(value: float, digits: int = 2) -> str:
+    return (
+        "-"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{value:.{digits}f}"
+    )
+
+
+def table_lines(result: Mapping[str, Any]) -> list[str]:
+    """The per-layout table (fixed-width text) with the published normalised curves."""
+    published = {
+        key: {p["group_size"]: p["normalised_stall"] for p in curve["points"]}
+        for key, curve in result["published"].items()
+    }
+    head = (
+        f"{'layout':>7} {'files':>6} {'stall s':>8} {'norm':>5} {'gpufs':>5} {'GPEmu':>5} "
+        f"{'epoch s':>8} {'compute':>7} {'opens':>6} {'reads':>6} {'read kB':>8} "
+        f"{'blk reqs':>8} {'blk kB':>7} {'disk MB':>7} {'seq':>5}"
+    )
+    lines = [head]
+    for row in result["layouts"]:
+        g = row["group_size"]
+        lines.append(
+            f"{row['layout']:>7} {result['dataset']['layouts'][row['layout']]['files']:>6} "
+            f"{row['data_stall_s']:>8.2f} {_fmt(row['normalised_stall']):>5} "
+            f"{_fmt(published['gpufs'].get(g, math.nan)):>5} "
+            f"{_fmt(published['gpemu'].get(g, math.nan)):>5} "
+            f"{row['epoch_s']:>8.2f} {row['compute_s']:>7.2f} {row['opens']:>6.0f} "
+            f"{row['reads']:>6.0f} {_fmt(row['mean_read_bytes'] / 1e3, 1):>8} "
+            f"{row['block_reads']:>8.0f} {_fmt(row['mean_block_read_bytes'] / 1e3, 1):>7} "
+            f"{row['block_read_bytes'] / 1e6:>7.1f} {_fmt(row['sequential_fraction']):>5}"
+        )
+    return lines
+
+
+def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
+    """Normalised data stall against G (ours beside the published curves) and the evidence."""
+    rows = result["layouts"]
+    cats = [_category(r["group_size"]) for r in rows]
+    fig = make_subplots(
+        rows=2,
+        cols=3,
+        subplot_titles=(
+            "data stall per epoch, normalised to ungrouped",
+            "seconds per epoch (ours)",
+            "dataset opens and reads per epoch",
+            "mean request size (kB)",
+            "bytes from disk per epoch (MB)",
+            "sequential block read requests (fraction)",
+        ),
+        horizontal_spacing=0.08,
+        vertical_spacing=0.14,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=cats,
+            y=[r["normalised_stall"] for r in rows],
+            mode="lines+markers",
+            name="ours (normalised to folder)",
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [
+                    (r["data_stall_max_s"] - r["data_stall_s"])
+                    / (r["data_stall_s"] / r["normalised_stall"])
+                    if r["normalised_stall"]
+                    else 0
+                    for r in rows
+                ],
+                "arrayminus": [
+                    (r["data_stall_s"] - r["data_stall_min_s"])
+                    / (r["data_stall_s"] / r["normalised_stall"])
+                    if r["normalised_stall"]
+                    else 0
+                    for r in rows
+                ],
+            },
+        ),
+        row=1,
+        col=1,
+    )
+    shown = set(cats)
+    for key, dash in (("gpufs", "dash"), ("gpemu", "dot")):
+        curve = result["published"][key]
+        points = [p for p in curve["points"] if _category(p["group_size"]) in shown]
+        fig.add_trace(
+            go.Scatter(
+                x=[_category(p["group_size"]) for p in points],
+                y=[p["normalised_stall"] for p in points],
+                mode="lines+markers",
+                line={"dash": dash},
+                name=curve["label"],
+            ),
+            row=1,
+            col=1,
+        )
+    for field, label in (
+        ("data_stall_s", "data stall"),
+        ("compute_s", "compute"),
+        ("epoch_s", "epoch"),
+    ):
+        fig.add_trace(go.Bar(x=cats, y=[r[field] for r in rows], name=f"{label} (s)"), row=1, col=2)
+    for field, label in (
+        ("opens", "opens"),
+        ("reads", "read calls"),
+        ("block_reads", "block reads"),
+    ):
+        fig.add_trace(
+            go.Scatter(x=cats, y=[r[field] for r in rows], mode="lines+markers", name=label),
+            row=1,
+            col=3,
+        )
+    for field, label in (
+        ("mean_read_bytes", "read call"),
+        ("mean_block_read_bytes", "block request"),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=cats,
+                y=[r[field] / 1e3 for r in rows],
+                mode="lines+markers",
+                name=f"mean {label} (kB)",
+            ),
+            row=2,
+            col=1,
+        )
+    fig.add_trace(
+        go.Bar(x=cats, y=[r["block_read_bytes"] / 1e6 for r in rows], name="read from disk (MB)"),
+        row=2,
+        col=2,
+    )
+    fig.add_trace(
+        go.Bar(x=cats, y=[r["read_bytes"] / 1e6 for r in rows], name="read calls (MB)"),
+        row=2,
+        col=2,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=cats,
+            y=[r["sequential_fraction"] for r in rows],
+            mode="lines+markers",
+            name="sequential fraction",
+        ),
+        row=2,
+        col=3,
+    )
+    fig.update_yaxes(type="log", row=1, col=3)
+    fig.update_yaxes(type="log", row=2, col=1)
+    fig.update_yaxes(range=[0, 1.05], row=2, col=3)
+    for col in (1, 2, 3):
+        fig.update_xaxes(title_text="group size G", row=2, col=col)
+    settings = result["settings"]
+    fig.update_layout(
+        title=(
+            f"File grouping: {settings['workload']} {settings['variant']}"
+            f"{' on an emulated ' + settings['accelerator'] if settings['accelerator'] else ''}, "
+            f"batch {settings['batch_size']}, {settings['workers']} workers, cold cache, "
+            f"{result['dataset']['images']} images ({result['dataset']['bytes'] / 1e6:.0f} MB)"
+        ),
+        barmode="group",
+        height=800,
+        width=1400,
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Running it
+
+
+def _fingerprint(spec: GroupingSpec) -> str:
+    text = json.dumps(spec.settings(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _load_state(path: Path, fingerprint: str, log: Log) -> dict[str, Any]:
+    fresh = {"schema_version": STATE_VERSION, "fingerprint": fingerprint, "runs": {}}
+    if not path.is_file():
+        return fresh
+    try:
+        state = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        log(f"{path} is damaged: starting the study's runs afresh")
+        return fresh
+    if state.get("schema_version") != STATE_VERSION or state.get("fingerprint") != fingerprint:
+        log("the study's settings or dataset changed since its last runs: running them all again")
+        return fresh
+    return state
+
+
+def _run_done(entry: Mapping[str, Any] | None) -> bool:
+    if not entry or not entry.get("run_dir"):
+        return False
+    try:
+        return load_manifest(Path(entry["run_dir"])).get("status") in FINISHED
+    except UserError:
+        return False
+
+
+def run_order(spec: GroupingSpec) -> list[tuple[int, str, int]]:
+    """(round, layout, group size) of every run, in the order they run: every layout once per
+    round, reversed every other round."""
+    order = []
+    for r in range(spec.epochs):
+        layouts = spec.layouts if r % 2 == 0 else tuple(reversed(spec.layouts))
+        order.extend((r, name, g) for name, g in layouts)
+    return order
+
+
+def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
+    """Run the study (see the module doc) under ``out``; return the path of ``grouping.json``.
+
+    ``data`` (the file's ``[[datasets]]``) is empty: the layouts are generated here."""
+    from tracing.host import drop_caches
+    from tracing.request import RunOptions, workload_request
+    from tracing.runner import trace
+
+    del data  # check_study refuses [[datasets]]
+    spec = parse_spec(study.spec, f"{study.path}: [study]")
+    started = time.monotonic()
+    out = Path(out)
+    runs_root = out / "runs"
+    runs_root.mkdir(parents=True, exist_ok=True)
+    layouts = ensure_layouts(spec, out / "data", log)
+    dataset = check_same_images(layouts)
+    log(
+        f"{dataset['images']} images ({dataset['bytes'] / 1e6:.1f} MB) in every layout: "
+        + ", ".join(f"{n} {d['files']} files" for n, d in dataset["layouts"].items())
+    )
+    files = {name: container_paths(dataset_files(path)) for name, path in layouts.items()}
+    state_path = out / STATE_NAME
+    state = _load_state(state_path, _fingerprint(spec), log)
+    order = run_order(spec)
+    for i, (r, name, _) in enumerate(order, 1):
+        key = f"{name}-e{r}"
+        if _run_done(state["runs"].get(key)):
+            log(f"[{i}/{len(order)}] {key}: done before, kept")
+            continue
+        log(f"[{i}/{len(order)}] {key}: cold cache, tracing one epoch")
+        drop_caches()
+        t0 = time.monotonic()
+        outcome = trace(
+            workload_request(
+                spec.workload,
+                spec.variant,
+                layouts[name],
+                runs_root,
+                settings={
+                    "epochs": 1,
+                    "batch_size": spec.batch_size,
+                    "workers": spec.workers,
+                    "seed": spec.seed + r,
+                    "eval_every": 0,
+                    "checkpoint_every": 0,
+                },
+                options=dict(spec.options),
+                accelerator=spec.accelerator,
+                profile_model=spec.profile_model,
+                run=RunOptions(timeout_s=spec.timeout_s),
+            )
+        )
+        outcome.check()  # a failed run is a UserError naming it: the study cannot be complete
+        if outcome.error:
+            log(f"[{i}/{len(order)}] {key}: {outcome.status}: {outcome.error}")
+        state["runs"][key] = {
+            "run_dir": str(outcome.run_dir),
+            "status": outcome.status,
+            "duration_s": round(time.monotonic() - t0, 3),
+        }
+        atomic_write_json(state_path, state)
+    runs = []
+    host: dict[str, Any] = {}
+    for r, name, g in order:
+        entry = state["runs"][f"{name}-e{r}"]
+        run = load_run(Path(entry["run_dir"]))
+        host = host or dict(run.manifest.get("host") or {})
+        runs.append(
+            {
+                "layout": name,
+                "group_size": g,
+                "round": r,
+                "run_id": run.run_id,
+                "run_dir": str(run.path),
+                "status": run.status,
+                "lost_events": run.manifest.get("lost_events", 0),
+                "duration_s": entry.get("duration_s"),
+                **run_evidence(run, files[name]),
+            }
+        )
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "name": study.name,
+        "description": study.description,
+        "twintrace_version": TWINTRACE_VERSION,
+        "git_revision": git_revision(),
+        "created_at": utc_now(),
+        "host": host,
+        "settings": spec.settings(),
+        "dataset": dataset,
+        "runs": runs,
+        "layouts": layout_rows(runs, spec.layouts),
+        "published": published_curves(),
+        "study_s": round(time.monotonic() - started, 1),
+    }
+    path = out / RESULTS_NAME
+    atomic_write_json(path, _json_ready(result))
+    from analysis.figures import write_figure
+
+    write_figure(grouping_figure(result), out / FIGURE_NAME)
+    for line in table_lines(result):
+        log(line)
+    log(f"figure: {out / FIGURE_NAME}")
+    return path
+
+
+def _json_ready(value: Any) -> Any:
+    """NaN (no reads, say) as null: JSON has no NaN."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, np.generic):
+        return _json_ready(value.item())
+    return value
+
+
+__all__ = [
+    "PUBLISHED",
+    "SCHEMA_VERSION",
+    "GroupingSpec",
+    "check_same_images",
+    "check_study",
+    "epoch_evidence",
+    "grouping_figure",
+    "layout_rows",
+    "load_results",
+    "parse_spec",
+    "plan_layouts",
+    "run_study",
+    "sequential_requests",
+]

@@ -1,0 +1,380 @@
+"""The file-grouping study (experiments/grouping.py): its arithmetic on synthetic tables, its
+layouts (the same images in every one), and one tiny traced study whose trace counts are
+checked exactly: per epoch one open and one read per dataset file (an image in the folder
+layout, a group of G in a grouped one), and the dataset's bytes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from core.errors import UserError
+from experiments import grouping
+from experiments.grouping import (
+    FOLDER,
+    GroupingSpec,
+    check_same_images,
+    epoch_evidence,
+    layout_rows,
+    parse_spec,
+    sequential_requests,
+)
+from experiments.studies import Study, load_study
+from tests.synthetic import events_frame, phases_frame
+
+SEC = 1_000_000_000
+
+
+# -- The study file ----------------------------------------------------------------------------
+
+
+def test_defaults_are_alexnet_sleep_on_an_emulated_v100() -> None:
+    spec = parse_spec({})
+    assert (spec.workload, spec.variant, spec.accelerator) == ("alexnet", "sleep", "v100")
+    assert spec.group_sizes == (1, 2, 4, 8, 16, 32)
+    assert spec.images % 32 == 0
+    assert spec.layouts[0] == (FOLDER, 0) and spec.layouts[-1] == ("g32", 32)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"colour": 1}, "unknown key 'colour'"),
+        ({"workload": "bert"}, "must be an image workload"),
+        ({"variant": "original"}, "variant must be sleep or instrumented"),
+        ({"batch_size": 24}, "not a multiple of group size 16"),
+        ({"group_sizes": [2, 2]}, "distinct whole numbers"),
+        ({"group_sizes": []}, "non-empty list"),
+        ({"epochs": 0}, "epochs must be a whole number"),
+        ({"dataset": {"images": 1000}}, "images 1000 is not a multiple of 32 .*use 992 or 1024"),
+        ({"dataset": {"images": 16}}, "use 32"),
+        ({"dataset": {"size": "1GB"}}, "unknown key 'size'"),
+        ({"dataset": {"mean_kb": -3}}, "mean_kb must be"),
+        ({"accelerator": "abacus"}, "abacus"),
+        ({"options": {"image_sise": 64}}, "image_sise"),
+        ({"timeout_s": 0}, "timeout_s must be a positive"),
+    ],
+)
+def test_bad_study_keys_are_refused_in_one_line(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(UserError, match=message) as caught:
+        parse_spec(spec)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_instrumented_variant_emulates_nothing_unless_asked() -> None:
+    assert parse_spec({"variant": "instrumented"}).accelerator is None
+    with pytest.raises(UserError, match="sleep variant"):
+        parse_spec({"variant": "instrumented", "accelerator": "v100"})
+
+
+def test_a_study_file_loads_and_refuses_datasets_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text(
+        '[experiment]\nname = "g"\n[study]\nkind = "grouping"\ngroup_sizes = [1, 4]\n'
+        "batch_size = 8\n[study.dataset]\nimages = 64\n"
+    )
+    study = load_study(path)
+    assert parse_spec(study.spec).images == 64
+    path.write_text(
+        path.read_text() + '[[datasets]]\nname = "d"\ngenerator = "images"\nsize = "1MB"\n'
+    )
+    with pytest.raises(UserError, match=r"remove \[\[datasets\]\]"):
+        load_study(path)
+
+
+def test_the_shipped_study_file_loads() -> None:
+    study = load_study(Path(__file__).resolve().parent.parent / "experiments" / "grouping.toml")
+    spec = parse_spec(study.spec)
+    assert spec.workload == "alexnet" and spec.accelerator == "v100" and spec.workers == 2
+    assert spec.group_sizes == (1, 2, 4, 8, 16, 32)
+
+
+# -- The arithmetic --------------------------------------------------------------------------
+
+
+def _blocks(rows: list[tuple[float, float, int, int, str]]) -> pd.DataFrame:
+    """Block reads from (issue s, completion s, offset, bytes, dev)."""
+    return events_frame(
+        {
+            "kind": "block_read",
+            "t": done,
+            "latency_ns": round((done - issue) * SEC),
+            "offset": offset,
+            "bytes": size,
+            "dev": dev,
+            "fd": -1,
+            "path": None,
+        }
+        for issue, done, offset, size, dev in rows
+    )
+
+
+def test_sequential_requests_follow_issue_order_per_device() -> None:
+    blocks = _blocks(
+        [
+            (0.0, 0.5, 0, 4096, "8:0"),  # first on 8:0: no predecessor
+            (0.1, 0.2, 4096, 8192, "8:0"),  # starts where the first ended: sequential
+            (0.2, 0.3, 65536, 4096, "8:0"),  # a jump
+            (0.3, 0.4, 69632, 4096, "8:0"),  # sequential again
+            (0.15, 0.35, 12288, 4096, "8:16"),  # first on 8:16; same offset as 8:0's end
+        ]
+    )
+    assert sequential_requests(blocks) == (2, 3)
+    assert sequential_requests(blocks.iloc[:0]) == (0, 0)
+
+
+def _epoch_phases(waits: list[float], compute: float = 0.1) -> pd.DataFrame:
+    """Rank 0's epoch 1 from 1 s: per step a wait of ``waits[i]`` then ``compute`` s."""
+    rows: list[dict[str, Any]] = []
+    t = 1.0
+    for step, wait in enumerate(waits):
+        rows.append(
+            {"key": "load_batch_mem", "t0": t, "t1": t + wait, "rank": 0, "epoch": 1, "step": step}
+        )
+        t += wait
+        rows.append(
+            {"key": "all_compute", "t0": t, "t1": t + compute, "rank": 0, "epoch": 1, "step": step}
+        )
+        t += compute
+        rows.append(
+            {
+                "key": "step_end",
+                "t0": t,
+                "kind": "point",
+                "rank": 0,
+                "epoch": 1,
+                "step": step,
+                "value": 8,
+            }
+        )
+    rows.append({"key": "epoch", "t0": 1.0, "t1": t, "rank": 0, "epoch": 1})
+    # A loader worker's event (rank -1) and a second rank's waits must not count.
+    rows.append({"key": "sample_load", "t0": 1.1, "t1": 1.2, "rank": -1, "epoch": 1})
+    rows.append({"key": "load_batch_mem", "t0": 1.0, "t1": 5.0, "rank": 1, "epoch": 1, "step": 0})
+    return phases_frame(rows)  # fmt: skip
+
+
+def test_epoch_evidence_counts_the_dataset_files_in_the_epoch_weighted_by_count() -> None:
+    phases = _epoch_phases([0.5, 0.25, 0.25])  # the epoch runs from 1 s to 2.3 s
+    files = ["/data/train/groups/group_000000.bin", "/data/train/groups/group_000001.bin"]
+    events = pd.concat(
+        [
+            events_frame(
+                [
+                    # before the epoch: the index and a group file's open are not counted
+                    {"kind": "openat", "t": 0.5, "path": files[0], "ret": 3},
+                    {"kind": "openat", "t": 0.6, "path": "/data/train/index.csv", "ret": 3},
+                    # in the epoch
+                    {"kind": "openat", "t": 1.1, "path": files[0], "ret": 3},
+                    {"kind": "read", "t": 1.2, "path": files[0], "bytes": 300_000},
+                    {"kind": "openat", "t": 1.3, "path": files[1], "ret": 4},
+                    {"kind": "openat", "t": 1.31, "path": files[1], "ret": -2},  # failed
+                    # an aggregated row of 3 calls
+                    {"kind": "read", "t": 1.4, "path": files[1], "bytes": 90_000, "count": 3},
+                    {"kind": "read", "t": 1.5, "path": "/usr/lib/libjpeg.so", "bytes": 4096},
+                    {"kind": "openat", "t": 1.6, "path": files[0], "ret": 3},
+                    {"kind": "read", "t": 1.7, "path": files[0], "bytes": 10_000},
+                    # after the epoch
+                    {"kind": "read", "t": 2.5, "path": files[0], "bytes": 1},
+                ]
+            ),
+            _blocks(
+                [
+                    (1.1, 1.15, 0, 131072, "8:0"),
+                    (1.15, 1.2, 131072, 131072, "8:0"),
+                    (1.3, 1.35, 10_000_000, 4096, "8:0"),
+                    (0.1, 0.2, 0, 4096, "8:0"),  # before the epoch
+                ]
+            ),
+            # writeback by a kernel thread: not the container's read
+            events_frame(
+                [{"kind": "block_read", "t": 1.5, "bytes": 1 << 20, "in_container": False, "container": None, "dev": "8:0"}]
+            ),
+        ]
+    ).sort_values("ts_ns", kind="stable")  # fmt: skip
+    got = epoch_evidence(events, phases, files)
+    assert got["steps"] == 3 and got["samples"] == 24
+    assert got["epoch_s"] == pytest.approx(1.3)
+    assert got["data_stall_s"] == pytest.approx(1.0)
+    assert got["first_wait_s"] == pytest.approx(0.5)
+    assert got["compute_s"] == pytest.approx(0.3)
+    assert (got["opens"], got["files_opened"]) == (3, 2)
+    assert (got["reads"], got["read_bytes"]) == (5, 400_000)
+    assert got["mean_read_bytes"] == pytest.approx(80_000)
+    assert (got["block_reads"], got["block_read_bytes"]) == (3, 266_240)
+    assert got["sequential_reads"] == 1 and got["sequential_fraction"] == pytest.approx(0.5)
+    assert got["block_busy_s"] == pytest.approx(0.15)
+
+
+def test_epoch_evidence_needs_the_loop_events() -> None:
+    with pytest.raises(UserError, match="sleep or instrumented"):
+        epoch_evidence(events_frame([]), phases_frame([]), [])
+
+
+def _run_row(layout: str, stall: float, **more: Any) -> dict[str, Any]:
+    row = {field: 1.0 for field in grouping.MEAN_FIELDS}
+    row.update(layout=layout, data_stall_s=stall, reads=10, read_bytes=1000, block_reads=5)
+    row.update(block_read_bytes=500, sequential_reads=2)
+    row.update(more)
+    return row
+
+
+def test_layouts_average_their_epochs_and_are_normalised_to_the_folder_layout() -> None:
+    runs = [
+        _run_row("folder", 10.0),
+        _run_row("folder", 12.0),
+        _run_row("g4", 4.0, reads=2, read_bytes=1000, block_reads=3, sequential_reads=2),
+        _run_row("g4", 7.0, reads=2, read_bytes=1000, block_reads=3, sequential_reads=2),
+    ]
+    rows = layout_rows(runs, [(FOLDER, 0), ("g1", 1), ("g4", 4)])
+    assert [r["layout"] for r in rows] == ["folder", "g4"]  # g1 had no run
+    folder, g4 = rows
+    assert folder["data_stall_s"] == pytest.approx(11.0) and folder["normalised_stall"] == 1.0
+    assert g4["normalised_stall"] == pytest.approx(5.5 / 11.0)
+    assert (g4["data_stall_min_s"], g4["data_stall_max_s"]) == (4.0, 7.0)
+    assert g4["mean_read_bytes"] == pytest.approx(500.0)  # 2000 bytes in 4 calls
+    assert g4["sequential_fraction"] == pytest.approx(4 / 4)  # 2 of 2 per epoch
+    assert folder["sequential_fraction"] == pytest.approx(4 / 8)
+
+
+def test_published_curves_are_normalised_to_their_ungrouped_value() -> None:
+    curves = grouping.published_curves()
+    gpufs = {p["group_size"]: p["normalised_stall"] for p in curves["gpufs"]["points"]}
+    gpemu = {p["group_size"]: p["data_stall_s"] for p in curves["gpemu"]["points"]}
+    assert gpufs[0] == 1.0 and gpufs[32] == pytest.approx(47 / 419)
+    assert [gpemu[g] for g in (0, 2, 4, 8, 16, 32)] == [410, 265, 174, 114, 67, 35]
+    assert "4d83544" in curves["gpemu"]["source"]
+
+
+def _result() -> dict[str, Any]:
+    runs = [_run_row("folder", 10.0), _run_row("g2", 6.0), _run_row("g32", 1.0)]
+    layouts = [(FOLDER, 0), ("g2", 2), ("g32", 32)]
+    return {
+        "schema_version": grouping.SCHEMA_VERSION,
+        "kind": "grouping",
+        "settings": parse_spec({"group_sizes": [2, 32]}).settings(),
+        "dataset": {
+            "images": 64,
+            "bytes": 1e6,
+            "layouts": {n: {"files": 64 // max(g, 1)} for n, g in layouts},
+        },
+        "layouts": layout_rows(runs, layouts),
+        "published": grouping.published_curves(),
+    }
+
+
+def test_the_table_and_figure_show_every_layout_and_both_published_curves(tmp_path: Path) -> None:
+    result = _result()
+    lines = grouping.table_lines(result)
+    assert len(lines) == 4 and lines[1].split()[:4] == ["folder", "64", "10.00", "1.00"]
+    assert lines[2].split()[3:6] == ["0.60", "0.62", "0.65"]  # ours, gpufs, GPEmu at G=2
+    fig = grouping.grouping_figure(result)
+    names = {t.name for t in fig.data}
+    assert {"ours (normalised to folder)", "gpufs (published)", "GPEmu (plot data)"} <= names
+    gpemu = next(t for t in fig.data if t.name == "GPEmu (plot data)")
+    assert list(gpemu.x) == ["folder", "2", "32"]  # only the sizes the study has
+
+
+def test_results_files_of_another_kind_or_version_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "grouping.json"
+    path.write_text(json.dumps({**_result(), "schema_version": 99}))
+    with pytest.raises(UserError, match="schema_version 99"):
+        grouping.load_results(path)
+    path.write_text(json.dumps({"kind": "stalls", "schema_version": 1}))
+    with pytest.raises(UserError, match="not a grouping"):
+        grouping.load_results(path)
+
+
+# -- The layouts -------------------------------------------------------------------------------
+
+
+def _tiny(group_sizes: list[int], images: int = 32, **dataset: Any) -> GroupingSpec:
+    return parse_spec(
+        {
+            "group_sizes": group_sizes,
+            "batch_size": 8,
+            "workers": 1,
+            "epochs": 1,
+            "options": {"image_size": 32},
+            "dataset": {"images": images, "mean_kb": 20.0, "classes": 4, **dataset},
+        }
+    )
+
+
+def test_every_layout_holds_the_same_images(tmp_path: Path) -> None:
+    spec = _tiny([1, 4, 8])
+    size, sizes = grouping.plan_layouts(spec)
+    assert len(sizes) == 32 and size == int(sizes.sum())
+    layouts = grouping.ensure_layouts(spec, tmp_path, lambda line: None)
+    assert list(layouts) == ["folder", "g1", "g4", "g8"]
+    dataset = check_same_images(layouts)
+    assert dataset["images"] == 32 and dataset["bytes"] == size
+    assert {n: d["files"] for n, d in dataset["layouts"].items()} == {
+        "folder": 32,
+        "g1": 32,
+        "g4": 8,
+        "g8": 4,
+    }
+    # A second call reuses them (manifests match); another seed does not hold the same images.
+    stamp = (layouts["g4"] / "manifest.json").stat().st_mtime_ns
+    grouping.ensure_layouts(spec, tmp_path, lambda line: None)
+    assert (layouts["g4"] / "manifest.json").stat().st_mtime_ns == stamp
+    other = grouping.ensure_layouts(_tiny([4], seed=9), tmp_path / "other", lambda line: None)
+    with pytest.raises(UserError, match="do not hold the same images"):
+        check_same_images({"folder": layouts["folder"], "g4": other["g4"]})
+
+
+# -- One tiny traced study ---------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_a_tiny_study_traces_one_open_and_read_per_file_and_the_dataset_bytes(
+    images, tmp_path: Path
+) -> None:
+    spec = {
+        "group_sizes": [1, 4],
+        "batch_size": 8,
+        "workers": 1,
+        "epochs": 1,
+        "timeout_s": 300,
+        "options": {"image_size": 32},
+        "dataset": {"images": 64, "mean_kb": 40.0, "classes": 4},
+    }
+    study = Study("tiny", "", "grouping", (), spec, tmp_path / "tiny.toml")
+    log: list[str] = []
+    path = grouping.run_study(study, tmp_path, {}, log.append)
+    result = grouping.load_results(path)
+    assert (tmp_path / grouping.FIGURE_NAME).is_file()
+    dataset = result["dataset"]
+    assert dataset["images"] == 64
+    files = {"folder": 64, "g1": 64, "g4": 16}
+    assert {n: d["files"] for n, d in dataset["layouts"].items()} == files
+    assert [r["layout"] for r in result["layouts"]] == ["folder", "g1", "g4"]
+    for run in result["runs"]:
+        n = files[run["layout"]]
+        assert run["status"] == "completed" and run["lost_events"] == 0, run["run_dir"]
+        assert run["steps"] == 8 and run["samples"] == 64
+        # Exact: one open and one whole-file read per image (folder) or group file, per epoch.
+        assert (run["opens"], run["files_opened"], run["reads"]) == (n, n, n), run["layout"]
+        assert run["read_bytes"] == dataset["bytes"]
+        assert run["mean_read_bytes"] == pytest.approx(dataset["bytes"] / n)
+        # A cold cache: every byte came from the disk, in the container's own requests.
+        assert run["block_read_bytes"] >= dataset["bytes"]
+        assert 0 <= run["sequential_fraction"] <= 1
+        assert run["data_stall_s"] > 0 and run["compute_s"] > 0
+        # The whole run opened nothing else of the dataset (the epoch's window lost nothing).
+        events = pd.read_parquet(Path(run["run_dir"]) / "events.parquet")
+        data_files = events["path"].astype("string").str.match(r"/data/train/(n\d+|groups)/")
+        opens = (events["kind"].astype(str) == "openat") & data_files.fillna(False)
+        assert int(events.loc[opens, "count"].sum()) == n
+    folder = next(r for r in result["layouts"] if r["layout"] == "folder")
+    assert folder["normalised_stall"] == 1.0
+    assert not math.isnan(result["layouts"][-1]["normalised_stall"])
+    assert any(line.split()[:1] == ["g4"] for line in log)
