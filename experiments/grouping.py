@@ -85,9 +85,12 @@ from disk, sequentiality). ``docs/grouping.md`` has a measured result.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
+import os
+import struct
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -523,6 +526,120 @@ def check_same_images(layouts: Mapping[str, Path]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# Where the dataset lies on the disk
+
+# FIEMAP (linux/fiemap.h): the header (start, length, flags, mapped, count, reserved), then
+# extents (logical, physical, length, 2 reserved, flags, 3 reserved).
+_FS_IOC_FIEMAP = 0xC020660B
+_FIEMAP_FLAG_SYNC = 0x1
+_FIEMAP_EXTENT_LAST = 0x1
+_FIEMAP_EXTENT_UNKNOWN = 0x2
+_FIEMAP_EXTENT_INLINE = 0x200
+_FIEMAP_HEAD = struct.Struct("=QQIIII")
+_FIEMAP_EXTENT = struct.Struct("=QQQQQIIII")
+_FIEMAP_BATCH = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskExtents:
+    """Byte ranges ``[starts[i], ends[i])`` of block device ``dev`` (``major:minor``, as block
+    events name it) holding a set of files' data: sorted, disjoint."""
+
+    dev: str
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @property
+    def bytes(self) -> int:
+        return int((self.ends - self.starts).sum())
+
+    def overlap(self, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Bytes of each request ``[offset, offset + size)`` that lie in the extents."""
+        lengths = self.ends - self.starts
+        below = np.concatenate([[0], np.cumsum(lengths)])
+
+        def covered(x: np.ndarray) -> np.ndarray:
+            # Bytes of the extents below device byte x.
+            i = np.searchsorted(self.starts, x, side="right") - 1
+            inside = np.minimum(x - self.starts[np.maximum(i, 0)], lengths[np.maximum(i, 0)])
+            return np.where(i >= 0, below[np.maximum(i, 0)] + inside, 0)
+
+        return covered(offset + size) - covered(offset)
+
+
+def file_extents(path: Path) -> list[tuple[int, int]]:
+    """(physical byte offset on the file system's device, length) of each extent of ``path``
+    (FIEMAP, after writing the file back); extents without a location are left out."""
+    extents: list[tuple[int, int]] = []
+    start = 0
+    with open(path, "rb") as f:
+        while True:
+            buf = bytearray(_FIEMAP_HEAD.size + _FIEMAP_BATCH * _FIEMAP_EXTENT.size)
+            _FIEMAP_HEAD.pack_into(
+                buf, 0, start, (1 << 64) - 1, _FIEMAP_FLAG_SYNC, 0, _FIEMAP_BATCH, 0
+            )
+            fcntl.ioctl(f.fileno(), _FS_IOC_FIEMAP, buf, True)
+            mapped = _FIEMAP_HEAD.unpack_from(buf)[3]
+            last = mapped == 0
+            for k in range(mapped):
+                logical, physical, length, _, _, flags, *_ = _FIEMAP_EXTENT.unpack_from(
+                    buf, _FIEMAP_HEAD.size + k * _FIEMAP_EXTENT.size
+                )
+                if not flags & (_FIEMAP_EXTENT_UNKNOWN | _FIEMAP_EXTENT_INLINE):
+                    extents.append((physical, length))
+                start = logical + length
+                last = last or bool(flags & _FIEMAP_EXTENT_LAST)
+            if last:
+                return extents
+
+
+def _device_of(path: Path) -> tuple[str, int] | None:
+    """(the whole disk's ``major:minor``, the byte offset of the file system on it) for a file
+    system on a disk or a partition; None for anything else (device mapper, network, tmpfs),
+    where file offsets cannot be placed on a device the block trace names."""
+    st = os.stat(path)
+    sys_dir = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    if (
+        not sys_dir.exists()
+        or (sys_dir / "dm").exists()
+        or (sys_dir / "slaves").exists()
+        and any((sys_dir / "slaves").iterdir())
+    ):
+        return None
+    if (sys_dir / "partition").exists():
+        start = int((sys_dir / "start").read_text()) * 512
+        return (sys_dir.resolve().parent / "dev").read_text().strip(), start
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}", 0
+
+
+def dataset_extents(path: Path) -> DiskExtents | None:
+    """Where the dataset's image or group files lie on the disk (:func:`file_extents` of every
+    file of its manifest), or None where that cannot be known (see :func:`_device_of`, or a
+    file system without FIEMAP)."""
+    device = _device_of(path)
+    if device is None:
+        return None
+    dev, base = device
+    pieces: list[tuple[int, int]] = []
+    try:
+        for name, _ in dataset_files(path):
+            pieces.extend(file_extents(path / name))
+    except OSError:  # no FIEMAP on this file system
+        return None
+    if not pieces:
+        return None
+    spans = np.array(sorted(pieces), dtype=np.int64)
+    starts, ends = spans[:, 0] + base, spans[:, 0] + spans[:, 1] + base
+    # Merge touching and overlapping extents: disjoint, sorted ranges.
+    reach = np.maximum.accumulate(ends)
+    new = np.concatenate([[True], starts[1:] > reach[:-1]])
+    group = np.cumsum(new) - 1
+    merged_ends = np.zeros(int(new.sum()), dtype=np.int64)
+    np.maximum.at(merged_ends, group, ends)
+    return DiskExtents(dev, starts[new], merged_ends)
+
+
+# --------------------------------------------------------------------------------------------
 # One epoch's evidence (pure functions of a run's tables)
 
 
@@ -567,10 +684,15 @@ def _is(series: pd.Series, value: str) -> np.ndarray:
 
 
 def epoch_evidence(
-    events: pd.DataFrame, phases: pd.DataFrame, files: Iterable[str], epoch: int = 1
+    events: pd.DataFrame,
+    phases: pd.DataFrame,
+    files: Iterable[str],
+    extents: DiskExtents | None = None,
+    epoch: int = 1,
 ) -> dict[str, Any]:
     """The figures of ``epoch`` (see the module doc) from a run's ``events`` and ``phases``;
-    ``files`` are the container paths of the dataset's files (``/data/train/...``)."""
+    ``files`` are the container paths of the dataset's files (``/data/train/...``), ``extents``
+    where they lie on the disk (None: the ``block_dataset_*`` figures are None)."""
     if not len(phases) or not (phases["rank"] >= 0).any():
         raise UserError("the run logged no training steps: trace the sleep or instrumented variant")
     rank = int(phases.loc[phases["rank"] >= 0, "rank"].min())
@@ -611,6 +733,26 @@ def epoch_evidence(
     block_bytes = int(blocks["bytes"].sum())
     sequential, paired = sequential_requests(blocks)
     issued = blocks["ts_ns"].to_numpy(dtype=np.int64) - blocks["latency_ns"].to_numpy(np.int64)
+    latency = events["latency_ns"].to_numpy(dtype=np.int64)
+    open_s, read_s = float(latency[opened].sum()) * _NS, float(latency[read].sum()) * _NS
+    on_disk: dict[str, Any] = dict.fromkeys(
+        ("block_dataset_reads", "block_dataset_bytes", "block_other_bytes"), None
+    )
+    on_disk["dataset_sequential_fraction"] = None
+    if extents is not None:
+        mine_dev = _is(blocks["dev"], extents.dev)
+        inside_bytes = extents.overlap(
+            blocks["offset"].to_numpy(dtype=np.int64), blocks["bytes"].to_numpy(dtype=np.int64)
+        )
+        data_rows = mine_dev & (inside_bytes > 0)
+        data_seq, data_paired = sequential_requests(blocks[data_rows])
+        on_disk = {
+            "block_dataset_reads": int(count[block][data_rows].sum()),
+            "block_dataset_bytes": int(inside_bytes[mine_dev].sum()),
+            "block_other_bytes": block_bytes - int(inside_bytes[mine_dev].sum()),
+            "dataset_sequential_fraction": data_seq / data_paired if data_paired else math.nan,
+        }
+    runs = block_reads - sequential
     return {
         "epoch": epoch,
         "rank": rank,
@@ -624,20 +766,27 @@ def epoch_evidence(
         "files_opened": int(paths[opened].nunique()),
         "reads": reads,
         "read_bytes": read_bytes,
-        "read_s": float(events["latency_ns"].to_numpy(dtype=np.int64)[read].sum()) * _NS,
+        "open_s": open_s,
+        "read_s": read_s,
+        "io_s": open_s + read_s,
         "mean_read_bytes": read_bytes / reads if reads else math.nan,
         "block_reads": block_reads,
         "block_read_bytes": block_bytes,
         "mean_block_read_bytes": block_bytes / block_reads if block_reads else math.nan,
         "block_busy_s": _union_s(issued, blocks["ts_ns"].to_numpy(dtype=np.int64)),
         "sequential_reads": sequential,
+        "block_successors": paired,
         "sequential_fraction": sequential / paired if paired else math.nan,
+        "mean_sequential_run_bytes": block_bytes / runs if runs else math.nan,
+        **on_disk,
     }
 
 
-def run_evidence(run: Run, files: Iterable[str]) -> dict[str, Any]:
+def run_evidence(
+    run: Run, files: Iterable[str], extents: DiskExtents | None = None
+) -> dict[str, Any]:
     """:func:`epoch_evidence` of a loaded run's epoch 1."""
-    return epoch_evidence(run.events, run.phases, files)
+    return epoch_evidence(run.events, run.phases, files, extents)
 
 
 def container_paths(files: Iterable[tuple[str, int]], mount: str = "/data") -> list[str]:
@@ -659,10 +808,19 @@ MEAN_FIELDS = (
     "opens",
     "reads",
     "read_bytes",
+    "open_s",
     "read_s",
+    "io_s",
     "block_reads",
     "block_read_bytes",
     "block_busy_s",
+)
+#: Figures averaged per layout when every run has them (None without the dataset's extents).
+OPTIONAL_MEAN_FIELDS = (
+    "block_dataset_reads",
+    "block_dataset_bytes",
+    "block_other_bytes",
+    "dataset_sequential_fraction",
 )
 
 
@@ -671,7 +829,8 @@ def layout_rows(
 ) -> list[dict[str, Any]]:
     """Per layout (in ``layouts`` order: (name, group size)), the means of its runs' figures
     over its epochs, the stall's spread, mean request sizes and sequentiality from the summed
-    counts, and ``normalised_stall`` (its stall over the folder layout's)."""
+    counts, and ``normalised_stall`` and ``normalised_io`` (its stall and its time in the
+    dataset's opens and reads over the folder layout's)."""
     frame = pd.DataFrame(list(runs))
     rows = []
     for name, group_size in layouts:
@@ -681,6 +840,10 @@ def layout_rows(
         row: dict[str, Any] = {"layout": name, "group_size": group_size, "epochs": len(mine)}
         for field in MEAN_FIELDS:
             row[field] = float(mine[field].mean())
+        for field in OPTIONAL_MEAN_FIELDS:
+            values = mine[field] if field in mine else pd.Series([None])
+            known = values.notna().all()
+            row[field] = float(pd.to_numeric(values).mean()) if known else None
         row["data_stall_min_s"] = float(mine["data_stall_s"].min())
         row["data_stall_max_s"] = float(mine["data_stall_s"].max())
         reads, blocks = mine["reads"].sum(), mine["block_reads"].sum()
@@ -688,14 +851,18 @@ def layout_rows(
         row["mean_block_read_bytes"] = (
             float(mine["block_read_bytes"].sum() / blocks) if blocks else math.nan
         )
-        paired = (mine["block_reads"] - 1).clip(lower=0).sum()
-        row["sequential_fraction"] = (
-            float(mine["sequential_reads"].sum() / paired) if paired else math.nan
+        sequential, paired = mine["sequential_reads"].sum(), mine["block_successors"].sum()
+        row["sequential_fraction"] = float(sequential / paired) if paired else math.nan
+        runs = blocks - sequential
+        row["mean_sequential_run_bytes"] = (
+            float(mine["block_read_bytes"].sum() / runs) if runs else math.nan
         )
         rows.append(row)
-    base = next((r["data_stall_s"] for r in rows if r["group_size"] == 0), math.nan)
+    folder = next((r for r in rows if r["group_size"] == 0), None)
     for row in rows:
-        row["normalised_stall"] = row["data_stall_s"] / base if base > 0 else math.nan
+        for field, key in (("data_stall_s", "normalised_stall"), ("io_s", "normalised_io")):
+            base = folder[field] if folder else math.nan
+            row[key] = row[field] / base if base > 0 else math.nan
     return rows
 
 
@@ -751,31 +918,44 @@ def _fmt(value: float, digits: int = 2) -> str:
     )
 
 
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.1f}"
+
+
 def table_lines(result: Mapping[str, Any]) -> list[str]:
-    """The per-layout table (fixed-width text) with the published normalised curves."""
+    """The per-layout table (fixed-width text) with the published normalised curves: per
+    epoch, seconds (stall, its normalised value beside gpufs' and GPEmu's, compute, time in
+    the dataset's opens and reads), calls (opens, reads, mean read), the disk (block requests,
+    their mean size, MB of the dataset's files and of anything else, the sequential fraction)."""
     published = {
         key: {p["group_size"]: p["normalised_stall"] for p in curve["points"]}
         for key, curve in result["published"].items()
     }
     head = (
-        f"{'layout':>7} {'files':>6} {'stall s':>8} {'norm':>5} {'gpufs':>5} {'GPEmu':>5} "
-        f"{'epoch s':>8} {'compute':>7} {'opens':>6} {'reads':>6} {'read kB':>8} "
-        f"{'blk reqs':>8} {'blk kB':>7} {'disk MB':>7} {'seq':>5}"
+        f"{'layout':>6} {'files':>5} {'stall s':>7} {'norm':>5} {'gpufs':>5} {'GPEmu':>5} "
+        f"{'compute':>7} {'io s':>6} {'opens':>5} {'reads':>5} {'read kB':>7} {'blk req':>7} "
+        f"{'blk kB':>6} {'data MB':>7} {'else MB':>7} {'seq':>4}"
     )
     lines = [head]
     for row in result["layouts"]:
         g = row["group_size"]
         lines.append(
-            f"{row['layout']:>7} {result['dataset']['layouts'][row['layout']]['files']:>6} "
-            f"{row['data_stall_s']:>8.2f} {_fmt(row['normalised_stall']):>5} "
+            f"{row['layout']:>6} {result['dataset']['layouts'][row['layout']]['files']:>5} "
+            f"{row['data_stall_s']:>7.2f} {_fmt(row['normalised_stall']):>5} "
             f"{_fmt(published['gpufs'].get(g, math.nan)):>5} "
             f"{_fmt(published['gpemu'].get(g, math.nan)):>5} "
-            f"{row['epoch_s']:>8.2f} {row['compute_s']:>7.2f} {row['opens']:>6.0f} "
-            f"{row['reads']:>6.0f} {_fmt(row['mean_read_bytes'] / 1e3, 1):>8} "
-            f"{row['block_reads']:>8.0f} {_fmt(row['mean_block_read_bytes'] / 1e3, 1):>7} "
-            f"{row['block_read_bytes'] / 1e6:>7.1f} {_fmt(row['sequential_fraction']):>5}"
+            f"{row['compute_s']:>7.2f} {row['io_s']:>6.2f} {row['opens']:>5.0f} "
+            f"{row['reads']:>5.0f} {_fmt(row['mean_read_bytes'] / 1e3, 1):>7} "
+            f"{row['block_reads']:>7.0f} {_fmt(row['mean_block_read_bytes'] / 1e3, 1):>6} "
+            f"{_mb(row['block_dataset_bytes']):>7} {_mb(row['block_other_bytes']):>7} "
+            f"{_fmt(row['sequential_fraction']):>4}"
         )
     return lines
+
+
+def _values(rows: Sequence[Mapping[str, Any]], field: str, scale: float = 1.0) -> list[Any]:
+    """A field of every row, scaled; None stays None (a gap in the plot)."""
+    return [None if r.get(field) is None else r[field] / scale for r in rows]
 
 
 def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
@@ -788,38 +968,38 @@ def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
         subplot_titles=(
             "data stall per epoch, normalised to ungrouped",
             "seconds per epoch (ours)",
-            "dataset opens and reads per epoch",
+            "dataset opens and reads, block requests per epoch",
             "mean request size (kB)",
-            "bytes from disk per epoch (MB)",
+            "MB per epoch",
             "sequential block read requests (fraction)",
         ),
         horizontal_spacing=0.08,
         vertical_spacing=0.14,
     )
+    base = next((r["data_stall_s"] for r in rows if r["group_size"] == 0), math.nan)
     fig.add_trace(
         go.Scatter(
             x=cats,
-            y=[r["normalised_stall"] for r in rows],
+            y=_values(rows, "normalised_stall"),
             mode="lines+markers",
             name="ours (normalised to folder)",
             error_y={
                 "type": "data",
                 "symmetric": False,
-                "array": [
-                    (r["data_stall_max_s"] - r["data_stall_s"])
-                    / (r["data_stall_s"] / r["normalised_stall"])
-                    if r["normalised_stall"]
-                    else 0
-                    for r in rows
-                ],
-                "arrayminus": [
-                    (r["data_stall_s"] - r["data_stall_min_s"])
-                    / (r["data_stall_s"] / r["normalised_stall"])
-                    if r["normalised_stall"]
-                    else 0
-                    for r in rows
-                ],
+                "array": [(r["data_stall_max_s"] - r["data_stall_s"]) / base for r in rows],
+                "arrayminus": [(r["data_stall_s"] - r["data_stall_min_s"]) / base for r in rows],
             },
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=cats,
+            y=_values(rows, "normalised_io"),
+            mode="lines+markers",
+            line={"dash": "dashdot"},
+            name="ours: time in dataset opens + reads (normalised)",
         ),
         row=1,
         col=1,
@@ -843,68 +1023,96 @@ def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
         ("data_stall_s", "data stall"),
         ("compute_s", "compute"),
         ("epoch_s", "epoch"),
+        ("io_s", "in dataset opens + reads (all workers)"),
     ):
-        fig.add_trace(go.Bar(x=cats, y=[r[field] for r in rows], name=f"{label} (s)"), row=1, col=2)
+        fig.add_trace(go.Bar(x=cats, y=_values(rows, field), name=f"{label} (s)"), row=1, col=2)
     for field, label in (
         ("opens", "opens"),
         ("reads", "read calls"),
-        ("block_reads", "block reads"),
+        ("block_reads", "block read requests"),
     ):
         fig.add_trace(
-            go.Scatter(x=cats, y=[r[field] for r in rows], mode="lines+markers", name=label),
+            go.Scatter(x=cats, y=_values(rows, field), mode="lines+markers", name=label),
             row=1,
             col=3,
         )
     for field, label in (
         ("mean_read_bytes", "read call"),
         ("mean_block_read_bytes", "block request"),
+        ("mean_sequential_run_bytes", "sequential run of requests"),
     ):
         fig.add_trace(
             go.Scatter(
-                x=cats,
-                y=[r[field] / 1e3 for r in rows],
-                mode="lines+markers",
-                name=f"mean {label} (kB)",
+                x=cats, y=_values(rows, field, 1e3), mode="lines+markers", name=f"mean {label} (kB)"
             ),
             row=2,
             col=1,
         )
     fig.add_trace(
-        go.Bar(x=cats, y=[r["block_read_bytes"] / 1e6 for r in rows], name="read from disk (MB)"),
+        go.Bar(x=cats, y=_values(rows, "read_bytes", 1e6), name="read calls (MB)", offsetgroup=0),
         row=2,
         col=2,
     )
-    fig.add_trace(
-        go.Bar(x=cats, y=[r["read_bytes"] / 1e6 for r in rows], name="read calls (MB)"),
-        row=2,
-        col=2,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=cats,
-            y=[r["sequential_fraction"] for r in rows],
-            mode="lines+markers",
-            name="sequential fraction",
-        ),
-        row=2,
-        col=3,
-    )
+    if all(r.get("block_dataset_bytes") is not None for r in rows):
+        fig.add_trace(
+            go.Bar(
+                x=cats,
+                y=_values(rows, "block_dataset_bytes", 1e6),
+                name="from disk: the dataset's files (MB)",
+                offsetgroup=1,
+            ),
+            row=2,
+            col=2,
+        )
+        fig.add_trace(
+            go.Bar(
+                x=cats,
+                y=_values(rows, "block_other_bytes", 1e6),
+                name="from disk: metadata, libraries (MB)",
+                offsetgroup=1,
+                base=_values(rows, "block_dataset_bytes", 1e6),
+            ),
+            row=2,
+            col=2,
+        )
+    else:
+        fig.add_trace(
+            go.Bar(
+                x=cats,
+                y=_values(rows, "block_read_bytes", 1e6),
+                name="from disk (MB)",
+                offsetgroup=1,
+            ),
+            row=2,
+            col=2,
+        )
+    for field, label in (
+        ("sequential_fraction", "all the container's requests"),
+        ("dataset_sequential_fraction", "the dataset's requests"),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=cats, y=_values(rows, field), mode="lines+markers", name=f"sequential: {label}"
+            ),
+            row=2,
+            col=3,
+        )
     fig.update_yaxes(type="log", row=1, col=3)
     fig.update_yaxes(type="log", row=2, col=1)
     fig.update_yaxes(range=[0, 1.05], row=2, col=3)
     for col in (1, 2, 3):
         fig.update_xaxes(title_text="group size G", row=2, col=col)
     settings = result["settings"]
+    emulated = f" on an emulated {settings['accelerator']}" if settings["accelerator"] else ""
     fig.update_layout(
         title=(
-            f"File grouping: {settings['workload']} {settings['variant']}"
-            f"{' on an emulated ' + settings['accelerator'] if settings['accelerator'] else ''}, "
-            f"batch {settings['batch_size']}, {settings['workers']} workers, cold cache, "
+            f"File grouping: {settings['workload']} {settings['variant']}{emulated}, batch "
+            f"{settings['batch_size']}, {settings['workers']} workers, cold cache, "
             f"{result['dataset']['images']} images ({result['dataset']['bytes'] / 1e6:.0f} MB)"
         ),
         barmode="group",
         height=800,
-        width=1400,
+        width=1500,
     )
     return fig
 
@@ -956,7 +1164,7 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
     """Run the study (see the module doc) under ``out``; return the path of ``grouping.json``.
 
     ``data`` (the file's ``[[datasets]]``) is empty: the layouts are generated here."""
-    from tracing.host import drop_caches
+    from tracing.host import drop_caches, resident_bytes
     from tracing.request import RunOptions, workload_request
     from tracing.runner import trace
 
@@ -973,6 +1181,12 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         + ", ".join(f"{n} {d['files']} files" for n, d in dataset["layouts"].items())
     )
     files = {name: container_paths(dataset_files(path)) for name, path in layouts.items()}
+    extents = {name: dataset_extents(path) for name, path in layouts.items()}
+    host_files = {
+        name: [path / n for n, _ in dataset_files(path)] for name, path in layouts.items()
+    }
+    if any(e is None for e in extents.values()):
+        log("the dataset's place on the disk is unknown here: no block_dataset_* figures")
     state_path = out / STATE_NAME
     state = _load_state(state_path, _fingerprint(spec), log)
     order = run_order(spec)
@@ -982,28 +1196,30 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
             log(f"[{i}/{len(order)}] {key}: done before, kept")
             continue
         log(f"[{i}/{len(order)}] {key}: cold cache, tracing one epoch")
-        drop_caches()
         t0 = time.monotonic()
-        outcome = trace(
-            workload_request(
-                spec.workload,
-                spec.variant,
-                layouts[name],
-                runs_root,
-                settings={
-                    "epochs": 1,
-                    "batch_size": spec.batch_size,
-                    "workers": spec.workers,
-                    "seed": spec.seed + r,
-                    "eval_every": 0,
-                    "checkpoint_every": 0,
-                },
-                options=dict(spec.options),
-                accelerator=spec.accelerator,
-                profile_model=spec.profile_model,
-                run=RunOptions(timeout_s=spec.timeout_s),
-            )
+        request = workload_request(
+            spec.workload,
+            spec.variant,
+            layouts[name],
+            runs_root,
+            settings={
+                "epochs": 1,
+                "batch_size": spec.batch_size,
+                "workers": spec.workers,
+                "seed": spec.seed + r,
+                "eval_every": 0,
+                "checkpoint_every": 0,
+            },
+            options=dict(spec.options),
+            accelerator=spec.accelerator,
+            profile_model=spec.profile_model,
+            run=RunOptions(timeout_s=spec.timeout_s),
         )
+        # After the request is made: making it checks the dataset, which reads the start of
+        # every group file and would leave them in the page cache.
+        drop_caches()
+        cached = sum(resident_bytes(f)[0] for f in host_files[name])
+        outcome = trace(request)
         outcome.check()  # a failed run is a UserError naming it: the study cannot be complete
         if outcome.error:
             log(f"[{i}/{len(order)}] {key}: {outcome.status}: {outcome.error}")
@@ -1011,6 +1227,7 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
             "run_dir": str(outcome.run_dir),
             "status": outcome.status,
             "duration_s": round(time.monotonic() - t0, 3),
+            "cached_before_bytes": cached,
         }
         atomic_write_json(state_path, state)
     runs = []
@@ -1029,7 +1246,8 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
                 "status": run.status,
                 "lost_events": run.manifest.get("lost_events", 0),
                 "duration_s": entry.get("duration_s"),
-                **run_evidence(run, files[name]),
+                "cached_before_bytes": entry.get("cached_before_bytes"),
+                **run_evidence(run, files[name], extents[name]),
             }
         )
     result = {
