@@ -64,11 +64,18 @@ settings and dataset are unchanged).
 - from the syscall trace, the dataset's files only (the JPEGs or group files, by path under the
   data mount): ``opens`` (successful ``openat``), ``reads`` and ``read_bytes`` (calls weighted by
   ``count``), ``mean_read_bytes``;
-- from the block trace, the requests the run's container issued (``in_container``) that
-  completed in the epoch: ``block_reads``, ``block_read_bytes``, ``mean_block_read_bytes``,
-  ``block_busy_s`` (time some read was in flight) and ``sequential_fraction``: of the read
-  requests that have a predecessor on their device (in issue order), the fraction starting at
-  the byte where it ended.
+- from the block trace, the read requests that completed in the epoch and that the run's
+  container issued (``in_container``) or that read the dataset's blocks (the block layer also
+  dispatches requests from its own worker threads, outside the container): ``block_reads``,
+  ``block_read_bytes``, ``mean_block_read_bytes``, ``block_busy_s`` (time some read was in
+  flight), ``sequential_fraction`` (of the requests that have a predecessor on their device,
+  in issue order, the fraction starting at the byte where it ended) and
+  ``mean_sequential_run_bytes`` (bytes per run of such requests);
+- where the layout's files lie on the disk (:func:`dataset_extents`, FIEMAP; a file system on
+  a disk or partition), the part of those bytes that is the dataset's files
+  (``block_dataset_bytes``, in ``block_dataset_reads`` requests, and their own
+  ``dataset_sequential_fraction``) and the rest (``block_other_bytes``: file-system metadata
+  such as inode tables, and library pages the loader workers fault in).
 
 A layout's figures are the means over its epochs (:func:`layout_rows`; ``data_stall_min_s``
 and ``_max_s`` give the spread). ``normalised_stall`` divides by the folder layout's stall; the
@@ -725,9 +732,19 @@ def epoch_evidence(
     read = ours & kind.isin(READ_KINDS).fillna(False).to_numpy(dtype=bool)
     reads = int(count[read].sum())
     read_bytes = int(events["bytes"].to_numpy(dtype=np.int64)[read].sum())
-    block = (
-        inside & _is(kind, "block_read") & events["in_container"].fillna(False).to_numpy(dtype=bool)
-    )
+    # The container's block reads: those its processes issued, and (where the dataset's place
+    # on the disk is known) any that read the dataset's blocks, since requests are also
+    # dispatched from the block layer's worker threads (kblockd), outside the container.
+    candidates = inside & _is(kind, "block_read")
+    block = candidates & events["in_container"].fillna(False).to_numpy(dtype=bool)
+    in_extents = np.zeros(len(events), dtype=np.int64)
+    if extents is not None:
+        rows = candidates & _is(events["dev"], extents.dev)
+        in_extents[rows] = extents.overlap(
+            events["offset"].to_numpy(dtype=np.int64)[rows],
+            events["bytes"].to_numpy(dtype=np.int64)[rows],
+        )
+        block |= in_extents > 0
     blocks = events[block]
     block_reads = int(count[block].sum())
     block_bytes = int(blocks["bytes"].sum())
@@ -740,16 +757,13 @@ def epoch_evidence(
     )
     on_disk["dataset_sequential_fraction"] = None
     if extents is not None:
-        mine_dev = _is(blocks["dev"], extents.dev)
-        inside_bytes = extents.overlap(
-            blocks["offset"].to_numpy(dtype=np.int64), blocks["bytes"].to_numpy(dtype=np.int64)
-        )
-        data_rows = mine_dev & (inside_bytes > 0)
-        data_seq, data_paired = sequential_requests(blocks[data_rows])
+        data_rows = in_extents > 0
+        data_seq, data_paired = sequential_requests(events[data_rows])
+        dataset_bytes = int(in_extents.sum())
         on_disk = {
-            "block_dataset_reads": int(count[block][data_rows].sum()),
-            "block_dataset_bytes": int(inside_bytes[mine_dev].sum()),
-            "block_other_bytes": block_bytes - int(inside_bytes[mine_dev].sum()),
+            "block_dataset_reads": int(count[data_rows].sum()),
+            "block_dataset_bytes": dataset_bytes,
+            "block_other_bytes": block_bytes - dataset_bytes,
             "dataset_sequential_fraction": data_seq / data_paired if data_paired else math.nan,
         }
     runs = block_reads - sequential
@@ -923,32 +937,42 @@ def _mb(value: float | None) -> str:
 
 
 def table_lines(result: Mapping[str, Any]) -> list[str]:
-    """The per-layout table (fixed-width text) with the published normalised curves: per
-    epoch, seconds (stall, its normalised value beside gpufs' and GPEmu's, compute, time in
-    the dataset's opens and reads), calls (opens, reads, mean read), the disk (block requests,
-    their mean size, MB of the dataset's files and of anything else, the sequential fraction)."""
+    """Two per-layout tables (fixed-width text, under 80 columns): per epoch the seconds (data
+    stall, normalised beside gpufs' and GPEmu's, compute, epoch, time in the dataset's opens
+    and reads), then the evidence (opens, reads and their mean size, block read requests and
+    their mean size, MB of the dataset's files and of anything else from the disk, the
+    sequential fraction of the requests)."""
     published = {
         key: {p["group_size"]: p["normalised_stall"] for p in curve["points"]}
         for key, curve in result["published"].items()
     }
-    head = (
-        f"{'layout':>6} {'files':>5} {'stall s':>7} {'norm':>5} {'gpufs':>5} {'GPEmu':>5} "
-        f"{'compute':>7} {'io s':>6} {'opens':>5} {'reads':>5} {'read kB':>7} {'blk req':>7} "
-        f"{'blk kB':>6} {'data MB':>7} {'else MB':>7} {'seq':>4}"
-    )
-    lines = [head]
-    for row in result["layouts"]:
+    rows = result["layouts"]
+    lines = [
+        f"{'layout':>6} {'files':>5} {'stall s':>8} {'norm':>5} {'gpufs':>5} {'GPEmu':>5} "
+        f"{'compute s':>9} {'epoch s':>8} {'io s':>6} {'io norm':>7}"
+    ]
+    for row in rows:
         g = row["group_size"]
         lines.append(
             f"{row['layout']:>6} {result['dataset']['layouts'][row['layout']]['files']:>5} "
-            f"{row['data_stall_s']:>7.2f} {_fmt(row['normalised_stall']):>5} "
+            f"{row['data_stall_s']:>8.2f} {_fmt(row['normalised_stall']):>5} "
             f"{_fmt(published['gpufs'].get(g, math.nan)):>5} "
             f"{_fmt(published['gpemu'].get(g, math.nan)):>5} "
-            f"{row['compute_s']:>7.2f} {row['io_s']:>6.2f} {row['opens']:>5.0f} "
-            f"{row['reads']:>5.0f} {_fmt(row['mean_read_bytes'] / 1e3, 1):>7} "
-            f"{row['block_reads']:>7.0f} {_fmt(row['mean_block_read_bytes'] / 1e3, 1):>6} "
+            f"{row['compute_s']:>9.2f} {row['epoch_s']:>8.2f} {row['io_s']:>6.2f} "
+            f"{_fmt(row['normalised_io']):>7}"
+        )
+    lines.append(
+        f"{'layout':>6} {'opens':>5} {'reads':>5} {'read kB':>8} {'blk reqs':>8} {'blk kB':>7} "
+        f"{'data MB':>7} {'else MB':>7} {'seq':>5} {'run kB':>7}"
+    )
+    for row in rows:
+        lines.append(
+            f"{row['layout']:>6} {row['opens']:>5.0f} {row['reads']:>5.0f} "
+            f"{_fmt(row['mean_read_bytes'] / 1e3, 1):>8} {row['block_reads']:>8.0f} "
+            f"{_fmt(row['mean_block_read_bytes'] / 1e3, 1):>7} "
             f"{_mb(row['block_dataset_bytes']):>7} {_mb(row['block_other_bytes']):>7} "
-            f"{_fmt(row['sequential_fraction']):>4}"
+            f"{_fmt(row['sequential_fraction']):>5} "
+            f"{_fmt(row['mean_sequential_run_bytes'] / 1e3, 1):>7}"
         )
     return lines
 

@@ -192,9 +192,13 @@ def test_epoch_evidence_counts_the_dataset_files_in_the_epoch_weighted_by_count(
                     (0.1, 0.2, 0, 4096, "8:0"),  # before the epoch
                 ]
             ),
-            # writeback by a kernel thread: not the container's read
+            # A kernel thread's read elsewhere: not the container's; one that kblockd
+            # dispatched for the dataset's blocks: the container's when the extents are known.
             events_frame(
-                [{"kind": "block_read", "t": 1.5, "bytes": 1 << 20, "in_container": False, "container": None, "dev": "8:0"}]
+                [
+                    {"kind": "block_read", "t": 1.5, "bytes": 1 << 20, "offset": 50_000_000, "in_container": False, "container": None, "dev": "8:0", "latency_ns": 50_000_000},
+                    {"kind": "block_read", "t": 1.25, "bytes": 4096, "offset": 262_144, "in_container": False, "container": None, "dev": "8:0", "latency_ns": 50_000_000},
+                ]
             ),
         ]
     ).sort_values("ts_ns", kind="stable")  # fmt: skip
@@ -214,11 +218,12 @@ def test_epoch_evidence_counts_the_dataset_files_in_the_epoch_weighted_by_count(
     assert got["mean_sequential_run_bytes"] == pytest.approx(266_240 / 2)
     assert got["open_s"] == pytest.approx(3 * 1000e-9)  # the synthetic latency, 1 us a call
     assert got["io_s"] == pytest.approx(got["open_s"] + got["read_s"])
-    # The files occupy the first 256 KiB of 8:0: the request at 10 MB is something else's.
-    extents = grouping.DiskExtents("8:0", np.array([0]), np.array([262_144]))
+    # The files occupy the first 260 KiB of 8:0: the request at 10 MB is something else's.
+    extents = grouping.DiskExtents("8:0", np.array([0]), np.array([266_240]))
     got = epoch_evidence(events, phases, files, extents)
-    assert (got["block_dataset_reads"], got["block_dataset_bytes"]) == (2, 262_144)
-    assert got["block_other_bytes"] == 4096
+    assert (got["block_dataset_reads"], got["block_dataset_bytes"]) == (3, 266_240)
+    assert (got["block_reads"], got["block_other_bytes"]) == (4, 4096)
+    assert got["sequential_fraction"] == pytest.approx(2 / 3)
     assert got["dataset_sequential_fraction"] == 1.0
 
 
@@ -304,7 +309,8 @@ def _result() -> dict[str, Any]:
 def test_the_table_and_figure_show_every_layout_and_both_published_curves(tmp_path: Path) -> None:
     result = _result()
     lines = grouping.table_lines(result)
-    assert len(lines) == 4 and lines[1].split()[:4] == ["folder", "64", "10.00", "1.00"]
+    assert len(lines) == 8 and lines[1].split()[:4] == ["folder", "64", "10.00", "1.00"]
+    assert max(map(len, lines)) < 80
     assert lines[2].split()[3:6] == ["0.60", "0.62", "0.65"]  # ours, gpufs, GPEmu at G=2
     fig = grouping.grouping_figure(result)
     names = {t.name for t in fig.data}
