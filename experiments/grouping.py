@@ -77,9 +77,14 @@ settings and dataset are unchanged).
   ``dataset_sequential_fraction``) and the rest (``block_other_bytes``: file-system metadata
   such as inode tables, and library pages the loader workers fault in).
 
-A layout's figures are the means over its epochs (:func:`layout_rows`; ``data_stall_min_s``
-and ``_max_s`` give the spread). ``normalised_stall`` divides by the folder layout's stall; the
-published curves are divided by their own ungrouped value.
+Each run also records ``other_cpu_cores`` (:func:`other_cpu_cores`): the cores something
+outside the run kept busy during its epoch, from the samples; above :data:`BUSY_HOST_CORES`
+the study warns that the run was disturbed (on a 2-core host another job halves the loaders).
+
+A layout's figures are the medians over its epochs (:func:`layout_rows`: one disturbed epoch
+does not move them; ``data_stall_min_s`` and ``_max_s`` give the spread). ``normalised_stall``
+divides by the folder layout's stall, ``normalised_io`` its time in the dataset's opens and
+reads by the folder layout's; the published curves are divided by their own ungrouped value.
 
 **Output** in ``OUT/NAME/``: ``grouping.json`` (:data:`SCHEMA_VERSION`, ``kind: "grouping"``:
 settings, dataset, every run with its directory and figures, per-layout figures, the
@@ -195,6 +200,8 @@ PUBLISHED: Mapping[str, Mapping[str, Any]] = {
 }
 
 _NS = 1e-9
+#: Another job using more cores than this during a run's epoch makes the study warn.
+BUSY_HOST_CORES = 0.25
 
 
 # --------------------------------------------------------------------------------------------
@@ -796,11 +803,39 @@ def epoch_evidence(
     }
 
 
+def other_cpu_cores(samples: pd.DataFrame, cpus: int, start_ns: int, end_ns: int) -> float:
+    """Cores busy with something else than the run between ``start_ns`` and ``end_ns``: the
+    host's busy share of its ``cpus`` less the containers', the tracer's and the sampler's
+    (means of their samples; NaN without samples). On a shared host this says whether another
+    job took the CPU from the run's loaders."""
+    inside = samples[(samples["ts_ns"] > start_ns) & (samples["ts_ns"] <= end_ns)]
+    if not len(inside) or not cpus:
+        return math.nan
+    means = inside.groupby(inside["metric"].astype(str))["value"].mean()
+    if "host_cpu_idle" not in means:
+        return math.nan
+    host = (100.0 - means["host_cpu_idle"] - means.get("host_cpu_iowait", 0.0)) / 100.0 * cpus
+    ours = sum(
+        v
+        for k, v in means.items()
+        if k in ("container_cpu", "sampler_cpu") or k.startswith("tracer_cpu_")
+    )
+    return float(host - ours / 100.0)
+
+
 def run_evidence(
     run: Run, files: Iterable[str], extents: DiskExtents | None = None
 ) -> dict[str, Any]:
-    """:func:`epoch_evidence` of a loaded run's epoch 1."""
-    return epoch_evidence(run.events, run.phases, files, extents)
+    """:func:`epoch_evidence` of a loaded run's epoch 1, and :func:`other_cpu_cores` over it."""
+    figures = epoch_evidence(run.events, run.phases, files, extents)
+    phases = run.phases
+    rank = phases[(phases["rank"] == figures["rank"]) & (phases["epoch"] == 1)]
+    window = rank[_is(rank["kind"], "interval") & _is(rank["key"], "epoch")]
+    cpus = int((run.manifest.get("host") or {}).get("cpus") or 0)
+    figures["other_cpu_cores"] = other_cpu_cores(
+        run.samples, cpus, int(window["ts_ns"].min()), int(window["end_ns"].max())
+    )
+    return figures
 
 
 def container_paths(files: Iterable[tuple[str, int]], mount: str = "/data") -> list[str]:
@@ -811,7 +846,7 @@ def container_paths(files: Iterable[tuple[str, int]], mount: str = "/data") -> l
 # --------------------------------------------------------------------------------------------
 # Per layout, normalised, published
 
-#: Figures averaged per layout (each run is one epoch).
+#: Figures of a layout: the median over its epochs (each run is one epoch).
 MEAN_FIELDS = (
     "epoch_s",
     "data_stall_s",
@@ -829,7 +864,7 @@ MEAN_FIELDS = (
     "block_read_bytes",
     "block_busy_s",
 )
-#: Figures averaged per layout when every run has them (None without the dataset's extents).
+#: Medians per layout when every run has them (None without the dataset's extents).
 OPTIONAL_MEAN_FIELDS = (
     "block_dataset_reads",
     "block_dataset_bytes",
@@ -841,9 +876,10 @@ OPTIONAL_MEAN_FIELDS = (
 def layout_rows(
     runs: Sequence[Mapping[str, Any]], layouts: Sequence[tuple[str, int]]
 ) -> list[dict[str, Any]]:
-    """Per layout (in ``layouts`` order: (name, group size)), the means of its runs' figures
-    over its epochs, the stall's spread, mean request sizes and sequentiality from the summed
-    counts, and ``normalised_stall`` and ``normalised_io`` (its stall and its time in the
+    """Per layout (in ``layouts`` order: (name, group size)), the medians of its runs'
+    figures over its epochs (one disturbed epoch does not move them), the stall's spread, mean
+    request sizes and sequentiality from the summed counts, the most CPU another job took
+    (``other_cpu_cores_max``), and ``normalised_stall`` and ``normalised_io`` (its stall and its time in the
     dataset's opens and reads over the folder layout's)."""
     frame = pd.DataFrame(list(runs))
     rows = []
@@ -853,11 +889,13 @@ def layout_rows(
             continue
         row: dict[str, Any] = {"layout": name, "group_size": group_size, "epochs": len(mine)}
         for field in MEAN_FIELDS:
-            row[field] = float(mine[field].mean())
+            row[field] = float(mine[field].median())
         for field in OPTIONAL_MEAN_FIELDS:
             values = mine[field] if field in mine else pd.Series([None])
             known = values.notna().all()
-            row[field] = float(pd.to_numeric(values).mean()) if known else None
+            row[field] = float(pd.to_numeric(values).median()) if known else None
+        other = mine["other_cpu_cores"] if "other_cpu_cores" in mine else pd.Series([math.nan])
+        row["other_cpu_cores_max"] = float(other.max())
         row["data_stall_min_s"] = float(mine["data_stall_s"].min())
         row["data_stall_max_s"] = float(mine["data_stall_s"].max())
         reads, blocks = mine["reads"].sum(), mine["block_reads"].sum()
@@ -1274,6 +1312,14 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
                 **run_evidence(run, files[name], extents[name]),
             }
         )
+    for run in runs:
+        if run["other_cpu_cores"] > BUSY_HOST_CORES:
+            log(
+                f"warning: {run['layout']} epoch {run['round']} shared the host with another "
+                f"job ({run['other_cpu_cores']:.2f} cores busy outside the run): its figures "
+                "are off; each layout's median over its epochs leaves one such epoch out. "
+                "Run the study on an idle host for clean numbers"
+            )
     result = {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,

@@ -26,7 +26,7 @@ from experiments.grouping import (
     sequential_requests,
 )
 from experiments.studies import Study, load_study
-from tests.synthetic import events_frame, phases_frame
+from tests.synthetic import START_NS, events_frame, phases_frame, samples_frame
 
 SEC = 1_000_000_000
 
@@ -233,7 +233,8 @@ def test_epoch_evidence_needs_the_loop_events() -> None:
 
 
 def _run_row(layout: str, stall: float, **more: Any) -> dict[str, Any]:
-    row = {field: 1.0 for field in grouping.MEAN_FIELDS}
+    row: dict[str, Any] = {field: 1.0 for field in grouping.MEAN_FIELDS}
+    row["other_cpu_cores"] = 0.0
     row.update(dict.fromkeys(grouping.OPTIONAL_MEAN_FIELDS))
     row.update(layout=layout, data_stall_s=stall, reads=10, read_bytes=1000, block_reads=5)
     row.update(block_read_bytes=500, sequential_reads=2)
@@ -242,9 +243,10 @@ def _run_row(layout: str, stall: float, **more: Any) -> dict[str, Any]:
     return row
 
 
-def test_layouts_average_their_epochs_and_are_normalised_to_the_folder_layout() -> None:
+def test_layouts_take_the_median_of_their_epochs_normalised_to_the_folder_layout() -> None:
     runs = [
         _run_row("folder", 10.0),
+        _run_row("folder", 30.0, other_cpu_cores=0.9),  # a disturbed epoch
         _run_row("folder", 12.0),
         _run_row("g4", 4.0, reads=2, read_bytes=1000, block_reads=3, sequential_reads=2),
         _run_row("g4", 7.0, reads=2, read_bytes=1000, block_reads=3, sequential_reads=2),
@@ -252,12 +254,14 @@ def test_layouts_average_their_epochs_and_are_normalised_to_the_folder_layout() 
     rows = layout_rows(runs, [(FOLDER, 0), ("g1", 1), ("g4", 4)])
     assert [r["layout"] for r in rows] == ["folder", "g4"]  # g1 had no run
     folder, g4 = rows
-    assert folder["data_stall_s"] == pytest.approx(11.0) and folder["normalised_stall"] == 1.0
-    assert g4["normalised_stall"] == pytest.approx(5.5 / 11.0)
+    assert folder["data_stall_s"] == pytest.approx(12.0) and folder["normalised_stall"] == 1.0
+    assert (folder["data_stall_min_s"], folder["data_stall_max_s"]) == (10.0, 30.0)
+    assert folder["other_cpu_cores_max"] == 0.9
+    assert g4["normalised_stall"] == pytest.approx(5.5 / 12.0)
     assert (g4["data_stall_min_s"], g4["data_stall_max_s"]) == (4.0, 7.0)
     assert g4["mean_read_bytes"] == pytest.approx(500.0)  # 2000 bytes in 4 calls
     assert g4["sequential_fraction"] == pytest.approx(4 / 4)  # 2 of 2 per epoch
-    assert folder["sequential_fraction"] == pytest.approx(4 / 8)
+    assert folder["sequential_fraction"] == pytest.approx(6 / 12)
     assert g4["mean_sequential_run_bytes"] == pytest.approx(1000 / 2)  # 6 requests, 4 follow
     assert g4["normalised_io"] == 1.0 and g4["block_dataset_bytes"] is None
 
@@ -278,6 +282,27 @@ def test_file_extents_cover_a_written_file(tmp_path: Path) -> None:
     except OSError:
         pytest.skip(f"no FIEMAP on the file system of {tmp_path}")
     assert 1_000_000 <= sum(n for _, n in pieces) < 1_000_000 + 4096 * len(pieces)
+
+
+def test_other_cpu_is_the_hosts_busy_cores_less_the_runs() -> None:
+    samples = samples_frame(
+        [
+            (t, metric, value, "%")
+            for t in (1.0, 1.1, 1.2)
+            for metric, value in (
+                ("host_cpu_idle", 20.0),
+                ("host_cpu_iowait", 5.0),
+                ("container_cpu", 100.0),
+                ("tracer_cpu_syscalls", 10.0),
+                ("sampler_cpu", 5.0),
+            )
+        ]
+        + [(5.0, "host_cpu_idle", 100.0, "%")]  # after the epoch
+    )
+    start, end = START_NS + SEC // 2, START_NS + 2 * SEC
+    # 75 % of 2 cores busy = 1.5 cores; the run's own: 1.15.
+    assert grouping.other_cpu_cores(samples, 2, start, end) == pytest.approx(0.35)
+    assert math.isnan(grouping.other_cpu_cores(samples.iloc[:0], 2, start, end))
 
 
 def test_published_curves_are_normalised_to_their_ungrouped_value() -> None:
