@@ -1091,8 +1091,9 @@ def stalls(
     host-to-device, prep stall and fetch stall, with a what-if table for cached fractions.
 
     \b
-    Example:
+    Examples:
       ./cli.py stalls --workload resnet18 --data data/img --accelerator v100 --batch-size 64
+      ./cli.py stalls --workload resnet18 --data data/img --cache-fractions 0.25,0.5 --cores 1,2
     """
 
     from analysis.stalls import summary_lines

@@ -12,7 +12,8 @@ Three runs of the same training epoch, each traced (``experiments/stalls.py`` ma
 A run's figures come from its measured epoch (:func:`epoch_figures`): the epoch interval of
 its lowest rank, the ``load_batch_gpu`` (host-to-device) and ``all_compute`` durations of its
 steps, its ``load_batch_mem`` waits, and from the trace the dataset's read syscalls (files
-under the run's read-only mounts) and the block device's reads completing inside the epoch.
+under the run's read-only mounts) and the block reads its containers issued that completed
+inside the epoch.
 
 The epoch's time is split (:func:`differential`) into ``compute`` and ``host_to_device`` (run
 1's sums), ``other`` (the rest of run 1's epoch: the loop's own time and its first batch),
@@ -126,7 +127,12 @@ def epoch_figures(run: Run, epoch: int = 1) -> EpochFigures:
     events = run.events
     reads = dataset_reads(run)
     inside = (reads["ts_ns"] > start) & (reads["ts_ns"] <= end)
-    blocks = events[kind_mask(events, ("block_read",))]
+    # The run's own block reads: the block trace is host-wide, and reads (readahead included)
+    # are issued in the reading task's context, so in its container's cgroup.
+    blocks = events[
+        kind_mask(events, ("block_read",))
+        & events["in_container"].fillna(False).to_numpy(dtype=bool)
+    ]
     ts = blocks["ts_ns"].to_numpy(dtype=np.int64)
     keep = (ts > start) & (ts <= end)
     done = ts[keep]

@@ -71,6 +71,9 @@ def test_epoch_figures_of_a_known_run(tmp_path: Path) -> None:
             {"t": 3.0, "kind": "block_read", "bytes": 4 * MIB, "latency_ns": 6 * SEC // 10,
              "fd": -1},
             {"t": 6.5, "kind": "block_read", "bytes": MIB, "latency_ns": 1000, "fd": -1},
+            # another container's (or the host's) block read: not this run's
+            {"t": 4.0, "kind": "block_read", "bytes": MIB, "latency_ns": 1000, "fd": -1,
+             "in_container": False},
         ]
     )  # fmt: skip
     run = load_run(make_run(tmp_path, events=events, phases=phases, mounts=MOUNTS))
