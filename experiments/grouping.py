@@ -51,7 +51,10 @@ unless every one holds the same image names, sizes and labels.
 (``tracing.host.drop_caches``): a second epoch in the same run would read from the page cache.
 ``epochs`` rounds, each tracing every layout once (in reverse order every other round, so that
 a drift of the host does not favour one end of the curve), round ``r`` with seed ``seed + r``.
-No evaluation, no checkpoint. Runs go to ``OUT/NAME/runs``; ``OUT/NAME/grouping-state.json``
+The cache is dropped after the run's request is made (making it checks the dataset, which
+reads the start of every group file), and the dataset's bytes still cached then are recorded
+(``cached_before_bytes``, ``tracing.host.resident_bytes``). No evaluation, no checkpoint. Runs
+go to ``OUT/NAME/runs``; ``OUT/NAME/grouping-state.json``
 records each completed one, so an interrupted study resumes with the runs it lacks (while the
 settings and dataset are unchanged).
 
@@ -63,7 +66,8 @@ settings and dataset are unchanged).
   host-to-device copy and compute); ``epoch_s``: the epoch's wall time;
 - from the syscall trace, the dataset's files only (the JPEGs or group files, by path under the
   data mount): ``opens`` (successful ``openat``), ``reads`` and ``read_bytes`` (calls weighted by
-  ``count``), ``mean_read_bytes``;
+  ``count``), ``mean_read_bytes``, and the time in those calls summed over the loader workers
+  (``open_s``, ``read_s``, ``io_s`` their sum);
 - from the block trace, the read requests that completed in the epoch and that the run's
   container issued (``in_container``) or that read the dataset's blocks (the block layer also
   dispatches requests from its own worker threads, outside the container): ``block_reads``,
