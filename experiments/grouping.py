@@ -54,9 +54,9 @@ a drift of the host does not favour one end of the curve), round ``r`` with seed
 The cache is dropped after the run's request is made (making it checks the dataset, which
 reads the start of every group file), and the dataset's bytes still cached then are recorded
 (``cached_before_bytes``, ``tracing.host.resident_bytes``). No evaluation, no checkpoint. Runs
-go to ``OUT/NAME/runs``; ``OUT/NAME/grouping-state.json``
-records each completed one, so an interrupted study resumes with the runs it lacks (while the
-settings and dataset are unchanged).
+go to ``OUT/NAME/runs``; ``OUT/NAME/grouping-state.json`` records each completed one, so an
+interrupted study resumes with the runs it lacks (while the settings and dataset are
+unchanged).
 
 **What is measured** (:func:`epoch_evidence`, over the epoch interval of the lowest rank):
 
