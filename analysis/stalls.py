@@ -85,7 +85,7 @@ class EpochFigures:
         return {**dataclasses.asdict(self), "throughput": self.throughput}
 
 
-def _union_s(start_ns: np.ndarray, end_ns: np.ndarray) -> float:
+def union_s(start_ns: np.ndarray, end_ns: np.ndarray) -> float:
     """Length of the union of the intervals, in seconds."""
     if not len(start_ns):
         return 0.0
@@ -149,7 +149,7 @@ def epoch_figures(run: Run, epoch: int = 1) -> EpochFigures:
         dataset_bytes=int(reads.loc[inside, "bytes"].sum()),
         read_s=float(reads.loc[inside, "latency_ns"].sum()) * _NS,
         block_read_bytes=int(blocks["bytes"].to_numpy()[keep].sum()),
-        block_busy_s=_union_s(began, done),
+        block_busy_s=union_s(began, done),
     )
 
 

@@ -117,6 +117,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from analysis.stalls import union_s
 from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_write_json
 from core.errors import UserError
@@ -661,20 +662,6 @@ def dataset_extents(path: Path) -> DiskExtents | None:
 # One epoch's evidence (pure functions of a run's tables)
 
 
-def _union_s(start_ns: np.ndarray, end_ns: np.ndarray) -> float:
-    """Length of the union of the intervals, in seconds."""
-    if not len(start_ns):
-        return 0.0
-    order = np.argsort(start_ns, kind="stable")
-    start, end = start_ns[order], end_ns[order]
-    reach = np.maximum.accumulate(end)
-    new = np.concatenate([[True], start[1:] > reach[:-1]])
-    group = np.cumsum(new) - 1
-    last = np.zeros(int(new.sum()), dtype=np.int64)
-    np.maximum.at(last, group, end)
-    return float(np.sum(last - start[new])) * _NS
-
-
 def sequential_requests(blocks: pd.DataFrame) -> tuple[int, int]:
     """(sequential, with a predecessor) among block requests (``ts_ns``, ``latency_ns``,
     ``offset``, ``bytes``, ``dev``): in issue order per device, a request is sequential when
@@ -798,7 +785,7 @@ def epoch_evidence(
         "block_reads": block_reads,
         "block_read_bytes": block_bytes,
         "mean_block_read_bytes": block_bytes / block_reads if block_reads else math.nan,
-        "block_busy_s": _union_s(issued, blocks["ts_ns"].to_numpy(dtype=np.int64)),
+        "block_busy_s": union_s(issued, blocks["ts_ns"].to_numpy(dtype=np.int64)),
         "sequential_reads": sequential,
         "block_successors": paired,
         "sequential_fraction": sequential / paired if paired else math.nan,

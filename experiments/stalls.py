@@ -137,8 +137,11 @@ def traced_run(
     memory_bytes: int | None = None,
     cpus: float | None = None,
     workers: int | None = None,
+    prepare: Callable[[], object] | None = None,
 ) -> Run:
-    """One traced run of ``s`` (the caller prepares the page cache)."""
+    """One traced run of ``s``. ``prepare`` (dropping or warming the page cache) is called
+    once the request is built and just before the run starts: building it checks the dataset,
+    which reads the start of its files."""
     settings: dict[str, Any] = {
         "epochs": epochs,
         "accelerators": s.accelerators,
@@ -163,6 +166,8 @@ def traced_run(
         profile_model=s.profile_model,
         run=RunOptions(limits=Limits(memory_bytes, cpus if cpus is not None else s.cpus)),
     )
+    if prepare is not None:
+        prepare()
     return load_run(trace(request).check())
 
 
@@ -207,11 +212,9 @@ def measure_stalls(
     # the real pipeline runs (decoders the synthetic run never touched) and the cached run
     # finds it in memory with the data.
     log(f"{label}: 2/3 real data, cold cache")
-    drop_caches()
-    cold = traced_run(s, runs_root)
+    cold = traced_run(s, runs_root, prepare=drop_caches)
     log(f"{label}: 3/3 real data, fully cached (warming {len(files)} files first)")
-    warm_files(files)
-    cached = traced_run(s, runs_root)
+    cached = traced_run(s, runs_root, prepare=lambda: warm_files(files))
     figures = {
         k: epoch_figures(r)
         for k, r in zip(("synthetic", "cached", "cold"), (synthetic, cached, cold), strict=True)
@@ -273,8 +276,7 @@ def cache_sweep(
             f"cache sweep {i}/{len(fractions)}: {fraction:.0%} of {epoch_bytes / 1e6:.0f} MB "
             f"-> memory limit {limit / 2**20:.0f} MiB"
         )
-        drop_caches()
-        run = traced_run(s, runs_root, epochs=2, memory_bytes=limit)
+        run = traced_run(s, runs_root, epochs=2, memory_bytes=limit, prepare=drop_caches)
         fig = epoch_figures(run, epoch=2)
         read = epoch_files(run, s.data, 2)
         hit = 1 - fig.block_read_bytes / fig.dataset_bytes if fig.dataset_bytes else 0.0
@@ -315,8 +317,9 @@ def cores_sweep(
         workers = max(1, math.ceil(c)) * s.accelerators
         cpus = c * s.accelerators
         log(f"cores sweep {i}/{len(cores)}: {c:g} core(s) per accelerator, {workers} worker(s)")
-        warm_files(files)
-        run = traced_run(s, runs_root, cpus=cpus, workers=max(1, math.ceil(c)))
+        run = traced_run(
+            s, runs_root, cpus=cpus, workers=max(1, math.ceil(c)), prepare=lambda: warm_files(files)
+        )
         fig = epoch_figures(run)
         points.append(
             {

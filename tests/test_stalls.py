@@ -16,9 +16,9 @@ from analysis.stalls import (
     CACHED_TOLERANCE,
     WHAT_IF_PERCENTS,
     EpochFigures,
-    _union_s,
     differential,
     epoch_figures,
+    union_s,
     what_if,
 )
 from core.errors import UserError
@@ -50,8 +50,8 @@ def test_union_of_intervals() -> None:
     start = np.array([0, 5, 2, 20], dtype=np.int64) * SEC
     end = np.array([3, 6, 4, 21], dtype=np.int64) * SEC
     # [0, 4] + [5, 6] + [20, 21] = 6 s
-    assert _union_s(start, end) == pytest.approx(6.0)
-    assert _union_s(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == 0.0
+    assert union_s(start, end) == pytest.approx(6.0)
+    assert union_s(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == 0.0
 
 
 def test_epoch_figures_of_a_known_run(tmp_path: Path) -> None:
