@@ -300,6 +300,12 @@ def list_workloads(as_json: bool) -> None:
     default=None,
     help="images: write the grouped format, G JPEGs per group file plus an index.",
 )
+@click.option(
+    "--mean-kb",
+    type=float,
+    default=None,
+    help="images: mean JPEG size in kB (default 110, ImageNet's); small images make I/O matter.",
+)
 @user_errors
 def datagen(
     generator: str,
@@ -310,6 +316,7 @@ def datagen(
     force: bool,
     scale: float | None,
     group_size: int | None,
+    mean_kb: float | None,
 ) -> None:
     """Generate a synthetic dataset in a workload's real on-disk format.
 
@@ -347,6 +354,7 @@ def datagen(
             progress=lambda done, total: bar.update(task, completed=done, total=total),
             scale=scale,
             group_size=group_size,
+            mean_kb=mean_kb,
         )
     click.echo(f"{len(manifest['files'])} files, {format_size(manifest['total_bytes'])} in {out}")
 

@@ -34,23 +34,30 @@ def generate(
     progress: ProgressCallback | None = None,
     scale: float | None = None,
     group_size: int | None = None,
+    mean_kb: float | None = None,
 ) -> dict[str, Any]:
-    """Run generator ``name`` and return its manifest (see each generator's module)."""
+    """Run generator ``name`` and return its manifest (see each generator's module).
+    ``mean_kb`` (images): the mean file size in kB (ImageNet's is about 110)."""
     if name not in GENERATORS:
         raise UserError(f"unknown generator {name!r}: choose one of {', '.join(GENERATORS)}")
     if scale is not None and name != "unet3d":
         raise UserError(f"--scale applies to unet3d only, not {name}: leave it out")
     if group_size is not None and name != "images":
         raise UserError(f"--group-size applies to images only, not {name}: leave it out")
+    if mean_kb is not None and name != "images":
+        raise UserError(f"--mean-kb applies to images only, not {name}: leave it out")
     params: Any = None
     if name == "unet3d" and scale is not None and scale != 1.0:
         from datagen.unet3d import UNet3DGenParams
 
         params = UNet3DGenParams.scaled(scale)
-    if name == "images" and group_size is not None:
+    if name == "images" and (group_size is not None or mean_kb is not None):
         from datagen.images import ImageGenParams
 
-        params = ImageGenParams(group_size=group_size)
+        image: dict[str, Any] = {"group_size": group_size or 0}
+        if mean_kb is not None:
+            image["mean_kb"] = float(mean_kb)
+        params = ImageGenParams(**image)
     module, function, _ = GENERATORS[name]
     generator = getattr(importlib.import_module(module), function)
     return generator(

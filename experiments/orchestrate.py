@@ -86,6 +86,7 @@ class Dataset:
     size: str
     scale: float | None = None
     group_size: int | None = None
+    mean_kb: float | None = None
     seed: int = 0
 
 
@@ -416,6 +417,7 @@ def ensure_dataset(d: Dataset, data_root: Path, log: Log) -> Path:
             force=path.exists(),
             scale=d.scale,
             group_size=d.group_size,
+            mean_kb=d.mean_kb,
         )
     return path
 

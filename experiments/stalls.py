@@ -15,9 +15,10 @@ memory too; in the cold run those faults are part of the fetch stall, as on a co
 Sweeps (optional, after the three runs):
 
 - cached fraction (:func:`cache_sweep`): a container memory limit bounds the page cache the run
-  may use. A limit is not a fraction, so it is set to what the synthetic run used at its peak
-  (resident memory plus page cache: the interpreter, libraries and one batch) plus the
-  requested fraction of the bytes an epoch reads, the cache is dropped, and two epochs run: the
+  may use. A limit is not a fraction, so it is set to what the cold run held that cannot be
+  reclaimed (its peak of resident memory plus the page cache mapped into its processes or in
+  shared memory) plus the requested fraction of the bytes an epoch reads, the cache is
+  dropped, and two epochs run: the
   first fills the cache, the second is measured. The fraction is then VERIFIED two ways and
   both are reported beside the requested one: from the trace (``measured_fraction``: 1 - the
   block reads' bytes over the dataset reads' bytes of epoch 2) and with ``mincore(2)`` over the
@@ -71,7 +72,7 @@ from workloads.registry import WORKLOADS
 
 Log = Callable[[str], None]
 
-#: Added to the synthetic run's peak memory when a limit is set: the kernel's own charges
+#: Added to the base of a cache-sweep memory limit: the kernel's own charges
 #: (page tables, socket buffers) that the samplers' figures leave out.
 MEMORY_MARGIN = 32 << 20
 
@@ -171,10 +172,13 @@ def traced_run(
     return load_run(trace(request).check())
 
 
-def peak_memory(run: Run) -> int:
-    """The run's peak of resident memory plus page cache over its containers (bytes)."""
+def peak_memory(
+    run: Run, metrics: Sequence[str] = ("container_mem_rss", "container_mem_cache")
+) -> int:
+    """The run's peak of the sum of ``metrics`` over its containers (bytes): by default
+    resident memory plus page cache."""
     samples = run.samples
-    mem = samples[samples["metric"].isin(["container_mem_rss", "container_mem_cache"])]
+    mem = samples[samples["metric"].isin(list(metrics))]
     if not len(mem):
         raise UserError(f"run {run.run_id} has no memory samples: cannot size a memory limit")
     return int(mem.groupby(["container", "ts_ns"])["value"].sum().max())
@@ -232,7 +236,7 @@ def measure_stalls(
         **differential(figures),
     }
     if cache_fractions:
-        result["sweep"] = cache_sweep(s, cache_fractions, result, synthetic, runs_root, log)
+        result["sweep"] = cache_sweep(s, cache_fractions, result, cold, runs_root, log)
         result["runs_used"] += [
             {"kind": "cache_sweep", "run_id": p["run_id"], "path": p["path"], "epoch": 2}
             for p in result["sweep"]
@@ -259,14 +263,19 @@ def cache_sweep(
     s: StallSettings,
     fractions: Sequence[float],
     result: Mapping[str, Any],
-    synthetic: Run,
+    cold: Run,
     runs_root: Path,
     log: Log = print,
 ) -> list[dict[str, Any]]:
     """One run per requested cached fraction (module doc); per point the requested, measured
     and resident fractions, the measured epoch, and the what-if predictions at the measured
-    fraction with their errors."""
-    base = peak_memory(synthetic) + MEMORY_MARGIN
+    fraction with their errors.
+
+    The limit's base is what the cold run held that the kernel cannot reclaim while it runs:
+    its peak of resident memory plus pinned page cache (mapped code and libraries, shared
+    memory: ``container_mem_pinned``).
+    """
+    base = peak_memory(cold, ("container_mem_rss", "container_mem_pinned")) + MEMORY_MARGIN
     epoch_bytes = int(result["storage"]["dataset_bytes"])
     cached_s = float(result["runs"]["cached"]["epoch_s"])
     points = []

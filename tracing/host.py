@@ -282,7 +282,6 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

@@ -12,7 +12,8 @@ Host-wide: ``host_cpu_user``, ``host_cpu_system``, ``host_cpu_iowait``, ``host_c
 Per container: ``container_cpu`` (percent of one core, the cgroup's CPU time),
 ``container_cpu_loader`` (the part of it used by data-loader worker processes: PyTorch names
 them ``pt_data_worker``; from each process's ``/proc/PID/stat`` CPU time, in clock ticks),
-``container_mem_rss`` and ``container_mem_cache`` (bytes). The loader share lets a
+``container_mem_rss``, ``container_mem_cache`` and ``container_mem_pinned`` (bytes; the part
+of the page cache mapped into its processes or in shared memory). The loader share lets a
 comparison tell the data pipeline's CPU from the model's on a host whose accelerator is its
 CPU (docs/similarity.md).
 
@@ -208,6 +209,8 @@ class Sampler:
                 rows.append(("container_mem_rss", now["mem"]["rss"], "bytes", role))
             if now["mem"].get("cache") is not None:
                 rows.append(("container_mem_cache", now["mem"]["cache"], "bytes", role))
+            if now["mem"].get("pinned") is not None:
+                rows.append(("container_mem_pinned", now["mem"]["pinned"], "bytes", role))
         deltas = [c - p for c, p in zip(cur["host"], prev["host"], strict=True)]
         total = sum(deltas) or 1
         by_name = dict(zip(_HOST_CPU_FIELDS, deltas, strict=True))
@@ -249,16 +252,33 @@ def _container_counters(cg: ProcessCgroups) -> dict:
         stat = _read_keyed(cg.memory_dir / "memory.stat")
         return {
             "usage_ns": usage_ns,
-            "mem": {"rss": stat.get("rss"), "cache": stat.get("cache")},
+            "mem": {
+                "rss": stat.get("rss"),
+                "cache": stat.get("cache"),
+                "pinned": _pinned(stat, "mapped_file"),
+            },
             "loaders": loaders,
         }
     usec = _read_keyed(cg.v2_dir / "cpu.stat").get("usage_usec")
     stat = _read_keyed(cg.v2_dir / "memory.stat")
     return {
         "usage_ns": usec * 1000 if usec is not None else None,
-        "mem": {"rss": stat.get("anon"), "cache": stat.get("file")},
+        "mem": {
+            "rss": stat.get("anon"),
+            "cache": stat.get("file"),
+            "pinned": _pinned(stat, "file_mapped"),
+        },
         "loaders": loaders,
     }
+
+
+def _pinned(stat: dict, mapped: str) -> int | None:
+    """Page cache the container cannot give back while it runs: file pages mapped into its
+    processes (their code and libraries) plus shared memory (tmpfs, /dev/shm: the loader
+    workers' batches), which has nowhere to go without swap."""
+    if stat.get(mapped) is None:
+        return None
+    return int(stat[mapped]) + int(stat.get("shmem") or 0)
 
 
 def cpu_metric(rss_metric: str) -> str:
