@@ -36,7 +36,7 @@ proportional to the bytes that miss). The cached-fraction sweep measures which i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -379,12 +379,3 @@ def summary_lines(result: Mapping[str, Any]) -> list[str]:
     lines += what_if_lines(result)
     lines += [f"warning: {w}" for w in result.get("warnings", [])]
     return lines
-
-
-def runs_table(results: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per run of several results (kind, run id, epoch seconds, throughput)."""
-    rows = []
-    for result in results:
-        for kind, run in result["runs"].items():
-            rows.append({"kind": kind, **run})
-    return pd.DataFrame(rows)

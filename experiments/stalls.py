@@ -172,11 +172,8 @@ def traced_run(
     return load_run(trace(request).check())
 
 
-def peak_memory(
-    run: Run, metrics: Sequence[str] = ("container_mem_rss", "container_mem_cache")
-) -> int:
-    """The run's peak of the sum of ``metrics`` over its containers (bytes): by default
-    resident memory plus page cache."""
+def peak_memory(run: Run, metrics: Sequence[str]) -> int:
+    """The run's peak of the sum of ``metrics`` (memory samples) over its containers (bytes)."""
     samples = run.samples
     mem = samples[samples["metric"].isin(list(metrics))]
     if not len(mem):
@@ -323,18 +320,18 @@ def cores_sweep(
     files = dataset_files(s.data)
     points = []
     for i, c in enumerate(cores, 1):
-        workers = max(1, math.ceil(c)) * s.accelerators
+        workers = max(1, math.ceil(c))  # per accelerator
         cpus = c * s.accelerators
-        log(f"cores sweep {i}/{len(cores)}: {c:g} core(s) per accelerator, {workers} worker(s)")
+        log(f"cores sweep {i}/{len(cores)}: {c:g} core(s) and {workers} worker(s) per accelerator")
         run = traced_run(
-            s, runs_root, cpus=cpus, workers=max(1, math.ceil(c)), prepare=lambda: warm_files(files)
+            s, runs_root, cpus=cpus, workers=workers, prepare=lambda: warm_files(files)
         )
         fig = epoch_figures(run)
         points.append(
             {
                 "cores_per_accelerator": c,
                 "cpus": cpus,
-                "workers_per_accelerator": max(1, math.ceil(c)),
+                "workers_per_accelerator": workers,
                 "run_id": run.run_id,
                 "path": str(run.path),
                 "epoch_s": fig.epoch_s,

@@ -272,7 +272,6 @@ def tiny_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_reduced_stalls_run(images: dict[str, str], tiny_images: Path, tmp_path: Path) -> None:
     """Cold cache: a fetch stall; fully cached: none. Every run traced; results written."""
-    from analysis.stalls import differential as diff
     from experiments.stalls import StallSettings, measure_stalls, traced_run
     from tracing.host import warm_files
 
@@ -299,13 +298,11 @@ def test_reduced_stalls_run(images: dict[str, str], tiny_images: Path, tmp_path:
     assert runs["cold"]["block_read_bytes"] >= 0.9 * runs["cold"]["dataset_bytes"]
     assert result["epoch"]["fetch_stall_s"] > 0
     # Fully cached, the "cold" run's place taken by a second cached run: no fetch stall.
-    from analysis.stalls import epoch_figures as figures
-
     warm_files(sorted(p for p in tiny_images.rglob("*") if p.is_file()))
-    again = figures(traced_run(settings, out / "runs"))
+    again = epoch_figures(traced_run(settings, out / "runs"))
     assert is_fully_cached(again)
     cached = EpochFigures(**{k: v for k, v in runs["cached"].items() if k != "throughput"})
     synthetic = EpochFigures(**{k: v for k, v in runs["synthetic"].items() if k != "throughput"})
-    warm = diff({"synthetic": synthetic, "cached": cached, "cold": again})
+    warm = differential({"synthetic": synthetic, "cached": cached, "cold": again})
     assert warm["epoch"]["fetch_stall_s"] < 0.5 * result["epoch"]["fetch_stall_s"]
     assert warm["epoch"]["fetch_stall_s"] < 0.1 * again.epoch_s
