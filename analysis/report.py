@@ -41,6 +41,12 @@ def run_summary_lines(run_dir: Path) -> list[str]:
         lines.append(
             f"  duration {s['duration_s']:.1f} s, {s.get('steps', 0)} steps, lost events {s.get('lost_events', 0)}"
         )
+    missed = {k: v for k, v in (s.get("missed_probes") or {}).items() if v}
+    if missed:
+        lines.append(
+            "  probe hits the kernel skipped (another BPF program ran on that CPU): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(missed.items()))
+        )
     for group in SUMMARY_GROUPS:
         kinds = s.get(group) or {}
         if kinds:

@@ -209,8 +209,35 @@ def _aggregate(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return one, rows
 
 
-def _slice_lines(df: pd.DataFrame, rng) -> tuple[pa.Array, np.ndarray]:
-    """The text lines of one slice and the times they are printed at (the file order)."""
+def _num(values: np.ndarray) -> pa.Array:
+    return pc.cast(pa.array(values), pa.string())
+
+
+def _map_lines(one: pd.DataFrame, comm: np.ndarray) -> pa.Array:
+    """The calls traced one by one as syscalls.bt prints them from its maps: ``@evQ[ts, tid,
+    comm]: (kind, pid, fd, ret, arg, latency)``, openat ``@opQ[ts, tid, comm]: (pid, ret,
+    latency, path)``."""
+    ts = one["ts"].to_numpy()
+    key = [
+        _num((ts // AGG_INTERVAL_NS) % 4), "[", _num(ts), ", ", _num(one["tid"].to_numpy()),
+        ", ", pa.array(comm, pa.string()), "]: (",
+    ]  # fmt: skip
+    code = one["kind"].map({k: i for i, k in enumerate(ingest.SYSCALL_KINDS)}).to_numpy()
+    fields = [_num(code)]
+    for col in ("pid", "fd", "ret", "arg", "lat"):
+        fields += [", ", _num(one[col].to_numpy())]
+    ev = pc.binary_join_element_wise("@ev", *key, *fields, ")", "")
+    path = pa.array(one["path"].to_numpy(dtype=object), pa.string())
+    fields = [_num(one["pid"].to_numpy()), ", ", _num(one["ret"].to_numpy()), ", "]
+    fields += [_num(one["lat"].to_numpy()), ", ", path]
+    op = pc.binary_join_element_wise("@op", *key, *fields, ")", "")
+    return pc.if_else(pa.array(one["kind"].to_numpy() == "openat"), op, ev)
+
+
+def _slice_lines(df: pd.DataFrame, rng, form: str) -> tuple[pa.Array, np.ndarray, pa.Array]:
+    """The text lines of one slice in ``form`` (``map``: as syscalls.bt prints now, ``tsv``: a
+    tab-separated line per call, as it printed before), the times they are printed at (the
+    file order), and the tab-separated form of the same lines (what pandas reads)."""
     one, agg = _aggregate(df)
     comm = np.where(
         one["pid"].to_numpy() == MAIN_PID,
@@ -231,11 +258,15 @@ def _slice_lines(df: pd.DataFrame, rng) -> tuple[pa.Array, np.ndarray]:
             one["path"].to_numpy(dtype=object),
         ]
     )
-    # per-CPU buffers polled every ms: a line waits for its CPU's next poll
-    cpu = (one["tid"].to_numpy() * 7 + one["ts"].to_numpy() // 50_000_000) % CPUS
-    phase = cpu * (1_000_000 // CPUS)
     ts = one["ts"].to_numpy()
-    printed = (ts - phase) // 1_000_000 * 1_000_000 + 1_000_000 + phase
+    tsv = lines
+    if form == "map":  # printed with the period's map, after it ends, in key (time) order
+        lines = _map_lines(one, comm)
+        printed = (ts // AGG_INTERVAL_NS + 1) * AGG_INTERVAL_NS + 4_000
+    else:  # per-CPU buffers polled every ms: a line waits for its CPU's next poll
+        cpu = (one["tid"].to_numpy() * 7 + ts // 50_000_000) % CPUS
+        phase = cpu * (1_000_000 // CPUS)
+        printed = (ts - phase) // 1_000_000 * 1_000_000 + 1_000_000 + phase
     agg_lines = pc.binary_join_element_wise(
         pc.cast(pa.array(np.full(len(agg), "@agg0[")), pa.string()),
         pc.binary_join_element_wise(
@@ -257,11 +288,15 @@ def _slice_lines(df: pd.DataFrame, rng) -> tuple[pa.Array, np.ndarray]:
     return (
         pa.concat_arrays([lines, agg_lines]),
         np.concatenate([printed, agg_printed]),
+        pa.concat_arrays([tsv, agg_lines]),
     )
 
 
-def make_raw(raw: Path, n_lines: int, seed: int = 1) -> dict[str, int]:
-    """Write a synthetic raw directory with ``n_lines`` lines of events in syscalls.txt."""
+def make_raw(raw: Path, n_lines: int, seed: int = 1, form: str = "map") -> dict[str, int]:
+    """Write a synthetic raw directory with ``n_lines`` lines of events in syscalls.txt, its
+    calls traced one by one in ``form`` (``map`` as the tracer prints them now, ``tsv`` as it
+    did before), and beside it (outside raw/) ``syscalls.tsv``: the same lines, each call a
+    tab-separated line, the file pandas.read_csv reads."""
     rng = np.random.default_rng(seed)
     raw.mkdir(parents=True, exist_ok=True)
     t_start = 1_000_000_000_000
@@ -271,12 +306,20 @@ def make_raw(raw: Path, n_lines: int, seed: int = 1) -> dict[str, int]:
     block_lines = []
     cache_lines = []
     slice_no = 0
-    with open(raw / "syscalls.txt", "w") as out:
+    with open(raw / "syscalls.txt", "w") as out, open(raw.parent / "syscalls.tsv", "w") as tsv:
         out.write(f"Attaching 30 probes...\nREADY {t_start}\n")
-        out.write(
+        tsv.write(f"Attaching 30 probes...\nREADY {t_start}\n")
+        first = (
             f"{t_start + 1000}\topenat\t{MAIN_PID}\t{MAIN_PID}\t-1\t5\t-1\t9000\tpython3\t"
             "/data/imagenet/train.index\n"
         )
+        out.write(
+            first
+            if form == "tsv"
+            else f"@op0[{t_start + 1000}, {MAIN_PID}, python3]: "
+            f"({MAIN_PID}, 5, 9000, /data/imagenet/train.index)\n"
+        )
+        tsv.write(first)
         while written < n_lines:
             t0 = t_start + int(slice_no * SLICE_S * 1e9)
             t1 = t0 + int(SLICE_S * 1e9)
@@ -298,17 +341,19 @@ def make_raw(raw: Path, n_lines: int, seed: int = 1) -> dict[str, int]:
             for p in pids[1:]:
                 _worker_calls(s, t0 + 2_000_000, t1, p, 5, rng)
             _main_calls(s, t0, t1, rng, epoch_start, slice_no % 3 == 1)
-            lines, printed = _slice_lines(s.frame(), rng)
-            order = np.argsort(printed, kind="stable")
-            lines = lines.take(pa.array(order))
+            lines, printed, tsv_lines = _slice_lines(s.frame(), rng, form)
+            order = pa.array(np.argsort(printed, kind="stable"))
+            lines, tsv_lines = lines.take(order), tsv_lines.take(order)
             if written + len(lines) > n_lines:
                 lines = lines.slice(0, n_lines - written)
+                tsv_lines = tsv_lines.slice(0, n_lines - written)
             aggregated += int(pc.sum(pc.starts_with(lines, "@agg")).as_py() or 0)
             written += len(lines)
             text = "\n".join(lines.to_pylist())
             if slice_no == 1:
                 out.write("Lost 12 events\n")
             out.write(text + "\n")
+            tsv.write("\n".join(tsv_lines.to_pylist()) + "\n")
             # block requests and page cache, a few per ms / per 100 ms
             n_b = int(SLICE_S * 300)
             bt = np.sort(rng.integers(t0, t1, n_b))
@@ -321,7 +366,8 @@ def make_raw(raw: Path, n_lines: int, seed: int = 1) -> dict[str, int]:
                 for p in pids[1:]:
                     cache_lines.append(f"@add[{p}, pt_data_worker]: {int(rng.integers(100, 900))}")
             slice_no += 1
-        out.write(f"{t1}\tread\t{MAIN_PID}\t{MAIN_PID}\t3")  # cut short when bpftrace stopped
+        # cut short when bpftrace stopped
+        out.write(f"{t1}\tread\t{MAIN_PID}\t{MAIN_PID}\t3" if form == "tsv" else f"@ev0[{t1}, 4")
     (raw / "proc.txt").write_text("Attaching 4 probes...\nREADY 1\n" + "\n".join(proc_lines) + "\n")
     (raw / "block.txt").write_text(
         "Attaching 4 probes...\nREADY 1\n" + "\n".join(block_lines) + "\n"
@@ -342,9 +388,10 @@ def run_ingest(raw: Path, out: Path) -> float:
 
 
 def run_pandas(raw: Path) -> float:
+    """pandas.read_csv of the trace's calls, each a tab-separated line (syscalls.tsv)."""
     t = time.perf_counter()
     pd.read_csv(
-        raw / "syscalls.txt",
+        raw.parent / "syscalls.tsv",
         sep="\t",
         header=None,
         names=list(ingest.SYSCALL_FIELDS),
@@ -392,20 +439,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="reuse/keep the raw trace in --dir")
+    parser.add_argument(
+        "--format",
+        choices=("map", "tsv"),
+        default="map",
+        help="how the synthetic syscalls.txt prints calls traced one by one: map (as "
+        "syscalls.bt prints them now) or tsv (a line per call, as it printed before)",
+    )
     args = parser.parse_args()
     base = args.dir or Path(tempfile.mkdtemp(prefix="twintrace-ingest-bench-"))
-    raw = base / f"raw-{args.events}"
+    raw = base / f"{args.format}-{args.events}" / "raw"
     try:
         if not (args.keep and (raw / "syscalls.txt").exists()):
-            shutil.rmtree(raw, ignore_errors=True)
+            shutil.rmtree(raw.parent, ignore_errors=True)
             t = time.perf_counter()
-            made = make_raw(raw, args.events)
+            made = make_raw(raw, args.events, form=args.format)
             print(
                 f"synthesized {made['lines']} lines ({made['aggregated']} aggregated) "
                 f"in {time.perf_counter() - t:.0f} s"
             )
         size = (raw / "syscalls.txt").stat().st_size
-        print(f"raw/syscalls.txt: {size / 1e6:.0f} MB")
+        tsv_size = (raw.parent / "syscalls.tsv").stat().st_size
+        print(
+            f"raw/syscalls.txt ({args.format}): {size / 1e6:.0f} MB; the same calls as "
+            f"tab-separated lines (pandas.read_csv's input): {tsv_size / 1e6:.0f} MB"
+        )
         ingest._compile()  # numba's compilation or cache load is not part of a round
         run_ingest(raw, base / "events.parquet")  # warm: page cache, allocator
         ratios, a_times, b_times = [], [], []

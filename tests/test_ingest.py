@@ -110,14 +110,104 @@ def test_block_cache_and_proc() -> None:
     assert proc.loc[proc["kind"] == "exec", "path"].tolist() == ["/usr/bin/cat", "/usr/bin/dd"]
 
 
+def test_block_map_lines_parse_as_the_tab_separated_ones(tmp_path: Path) -> None:
+    """block.bt prints its requests from maps (``@blkQ[ts, dev, sector]: (rwbs, bytes,
+    latency, pid, in container, comm)``), in no order; the same requests as tab-separated
+    lines (the earlier form, kept readable) give the same rows once ordered."""
+    rows = _lines("block.txt")
+    mapped = [
+        f"@blk{(int(r[0]) // 100_000_000) % 4}[{r[0]}, {r[2]}, {r[3]}]: "
+        f"({r[1]}, {r[4]}, {r[5]}, {r[6]}, {r[7]}, {r[8]})"
+        for r in reversed(rows)
+    ]
+    # a thread name with a comma and a closing parenthesis, and an empty rwbs
+    mapped.append("@blk2[300000000000, 266338304, 8, 4096]: (R, 4096, 5, 7, 1, a, b)")
+    mapped.append("@blk1[300000000001, 266338304, 16]: (R, 4096, 5, 7, 1, a, b))")
+    mapped.append("@blk1[300000000002, 266338304, 24]: (, 512, 5, -1, 0, kworker/0:1)")
+    path = tmp_path / "block.txt"
+    path.write_text("Attaching 5 probes...\nREADY 1\n\n" + "\n".join(mapped) + "\n\n")
+    stats = ingest.ParseStats()
+    got = ingest.parse_block(path, stats).sort_values("ts_ns", kind="stable")
+    want = ingest.parse_block(RAW / "block.txt", ingest.ParseStats())
+    assert stats.skipped_lines == 1  # the line with four numbers in its key
+    assert len(got) == len(want) + 2
+    extra = got.tail(2)
+    assert extra["comm"].tolist() == ["a, b)", "kworker/0:1"]
+    assert extra["kind"].tolist() == ["block_read", "block_other"]
+    assert extra["pid"].tolist() == [7, -1]
+    pd.testing.assert_frame_equal(
+        got.head(len(want)).reset_index(drop=True), want.reset_index(drop=True)
+    )
+
+
+def _as_map_lines(text: str) -> str:
+    """Tab-separated syscall lines as syscalls.bt prints them now: from rotating maps, each
+    100 ms period's calls together and in no particular order (here: reversed)."""
+    periods: dict[int, list[str]] = {}
+    rest = []
+    for line in text.splitlines():
+        if not line[:1].isdigit():
+            rest.append(line)
+            continue
+        ts, kind, pid, tid, fd, ret, arg, lat, comm, path = line.split("\t")
+        q = int(ts) // 100_000_000
+        if kind == "openat":
+            out = f"@op{q % 4}[{ts}, {tid}, {comm}]: ({pid}, {ret}, {lat}, {path})"
+        else:
+            code = ingest.SYSCALL_KINDS.index(kind)
+            out = f"@ev{q % 4}[{ts}, {tid}, {comm}]: ({code}, {pid}, {fd}, {ret}, {arg}, {lat})"
+        periods.setdefault(q, []).append(out)
+    lines = [line for q in sorted(periods) for line in reversed(periods[q])]
+    return "\n".join(rest[:2] + lines + rest[2:]) + "\n"
+
+
+def test_syscall_map_lines_give_the_same_events(tmp_path: Path) -> None:
+    """syscalls.bt prints calls from maps (``@evQ[ts, tid, comm]: (kind, pid, fd, ret, arg,
+    latency)``, openat as ``@opQ[ts, tid, comm]: (pid, ret, latency, path)``); the same calls
+    as tab-separated lines (the earlier form) give the same events, paths joined alike."""
+    raw = tmp_path / "raw"
+    shutil.copytree(RAW, raw)
+    text = _as_map_lines((RAW / "syscalls.txt").read_text())
+    assert "@op" in text and "@ev" in text and "\t" not in text
+    # a thread name with a comma, and a path with a comma and a parenthesis
+    text += "@op1[1, 5, a, b]: (5, 3, 10, /x/a, b (1).npy)\n"
+    text += "@ev1[2, 5, a, b]: (0, 5, 3, 7, -1, 10)\n"
+    (raw / "syscalls.txt").write_text(text)
+    got, stats = ingest.build_events(raw)
+    want, _ = ingest.build_events(RAW)
+    assert stats.skipped_lines == 0 and stats.lost_events == 0
+    order = ["ts_ns", "tid", "kind", "fd", "ret"]
+    got = got.to_pandas()
+    extra = got[got["tid"] == 5].reset_index(drop=True)
+    assert extra["path"].tolist() == ["/x/a, b (1).npy"] * 2
+    assert extra["comm"].tolist() == ["a, b"] * 2 and extra["bytes"].tolist() == [0, 7]
+    got = got[got["tid"] != 5].sort_values(order).reset_index(drop=True)
+    want = want.to_pandas().sort_values(order).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_categorical=False)
+
+
 def test_truncated_line_and_lost_events_are_handled(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     shutil.copytree(RAW, raw)
+    # bpftrace -k: a failed map update (a full map) is a warning and two lines of context
+    warning = (
+        "syscalls.bt:120:9-130: WARNING: Failed to map_update_elem: Argument list too long (-7)\n"
+        "        @agg0[pid, tid, $fd, $k, $g, $b, $sl, $ll] = ($v.0 + 1, $v.1 + $u);\n"
+        "        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~\n"
+    )
+    with open(raw / "block.txt", "a") as fh:
+        fh.write(warning.replace("syscalls.bt", "block.bt") * 2)
+        fh.write(
+            "block.bt:9:3-20: WARNING: Failed to map_delete_elem: No such file (-2)\n @x\n ~\n"
+        )
+    with open(raw / "cache.txt", "a") as fh:
+        fh.write(warning.replace("syscalls.bt", "cache.bt"))
     with open(raw / "syscalls.txt", "a") as fh:
         fh.write("Lost 17 events\n")
+        fh.write(warning)
         fh.write("123456789\tread\t42\t42\t3")  # bpftrace stopped mid-line
     table, stats = ingest.build_events(raw)
-    assert stats.lost_events == 17
+    assert stats.lost_events == 17 + 1 + 2 + 1
     assert stats.skipped_lines == 1
     assert table.num_rows == ingest.build_events(RAW)[0].num_rows
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core import rundir
-from tracing import runner
+from tracing import bpftrace, runner
 
 RAW = Path(__file__).parent / "data" / "raw"
 
@@ -46,3 +46,39 @@ def test_a_failed_run_stays_failed_whatever_it_lost(tmp_path: Path) -> None:
         fh.write("Lost 3 events\n")
     status, error = runner._process(run_dir, {}, [], "failed", "container exited with code 1")
     assert (status, error) == ("failed", "container exited with code 1")
+
+
+@pytest.mark.parametrize(
+    ("missed", "expected"),
+    [
+        ({"syscalls": 0, "block": 4, "cache": 1, "proc": 0}, "completed"),
+        ({"syscalls": 2, "block": 0, "cache": 0, "proc": 0}, "lossy"),
+        ({"syscalls": 0, "block": 0, "cache": 0, "proc": 1}, "lossy"),
+    ],
+)
+def test_probe_hits_the_kernel_skipped(tmp_path: Path, missed: dict, expected: str) -> None:
+    """Block and page-cache probes fire in interrupts, where the kernel skips one now and then:
+    recorded, status unchanged. A skipped system-call or process probe breaks the exact counts:
+    the run is lossy."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(RAW, run_dir / "raw")
+    manifest: dict = {"start_ns": 1, "end_ns": 2, "missed_probes": missed}
+    status, error = runner._process(run_dir, manifest, [], "completed", None)
+    summary = rundir.load_summary(run_dir)
+    assert summary["missed_probes"] == missed and summary["status"] == status == expected
+    if expected == "lossy":
+        assert error is not None and "skipped" in error and "lower bounds" in error
+
+
+def test_program_misses_read_from_fdinfo(tmp_path: Path) -> None:
+    """``recursion_misses`` of every BPF program a process holds, summed; other descriptors
+    and a process that has gone give nothing."""
+    fdinfo = tmp_path / "42" / "fdinfo"
+    fdinfo.mkdir(parents=True)
+    prog = "pos:\t0\nflags:\t02000002\nprog_type:\t5\nprog_id:\t{}\nrecursion_misses:\t{}\n"
+    (fdinfo / "3").write_text(prog.format(10, 4))
+    (fdinfo / "4").write_text("pos:\t0\nflags:\t02\nmnt_id:\t17\n")  # a plain file
+    (fdinfo / "5").write_text(prog.format(11, 3))
+    (fdinfo / "6").write_text("map_type:\t1\nkey_size:\t8\n")  # a map
+    assert bpftrace.program_misses(42, proc=tmp_path) == 7
+    assert bpftrace.program_misses(43, proc=tmp_path) == 0

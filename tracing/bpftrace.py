@@ -67,9 +67,13 @@ def command(name: str, out: Path, script: Path, ready_file: Path) -> list[str]:
     # --unsafe: only for BEGIN's system("touch READY_FILE"), the readiness signal. The file is
     # named relative to bpftrace's working directory: a long literal path would not fit, with
     # the 200-byte strings, in BEGIN's 512-byte BPF stack.
+    # -k: bpftrace reports a failed helper call (an update to a full map, which would lose
+    # that update silently) as a warning line in the output; the ingest counts it as lost. The
+    # scripts delete only keys they have seen, so no other warning comes from them.
     return [
         exe,
         "--unsafe",
+        "-k",
         "-B",
         "full",
         "-o",
@@ -121,6 +125,14 @@ class Tracer:
         for name, child in self.children.items():
             child.wait_until(ready[name].exists, timeout, "its probes attached")
 
+    def missed_probes(self) -> dict[str, int]:
+        """Probe hits the kernel skipped, by script: a tracepoint that fires while another
+        BPF program runs on the same CPU (a block completion's interrupt arriving during a
+        system call's probe, say) does not run its program; the kernel counts these per
+        program (``recursion_misses`` in the program's fdinfo). Each may be a lost event.
+        Read while bpftrace runs (its descriptors are gone after)."""
+        return {name: program_misses(child.pid) for name, child in self.children.items()}
+
     def stop(self) -> dict[str, int]:
         """Stop every script (SIGINT flushes their output). Returns exit codes by script."""
         return {name: child.stop(timeout=15.0) for name, child in self.children.items()}
@@ -132,3 +144,24 @@ class Tracer:
             if code is not None:
                 return f"bpftrace {name}.bt exited early with code {code}: {child.stderr_tail(5)}"
         return None
+
+
+def program_misses(pid: int, proc: Path = Path("/proc")) -> int:
+    """The sum of ``recursion_misses`` over the BPF programs process ``pid`` holds open (0
+    when it has exited or the kernel does not count them)."""
+    total = 0
+    try:
+        fds = list((proc / str(pid) / "fdinfo").iterdir())
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            text = fd.read_text()
+        except OSError:
+            continue
+        if "prog_type:" not in text:
+            continue
+        for line in text.splitlines():
+            if line.startswith("recursion_misses:"):
+                total += int(line.split()[1])
+    return total

@@ -438,6 +438,12 @@ _WORD_EVENTS = np.frombuffer(b" events", dtype=np.uint8)
 _WORD_READY = np.frombuffer(b"READY ", dtype=np.uint8)
 _WORD_ATTACHING = np.frombuffer(b"Attaching ", dtype=np.uint8)
 _WORD_AGG = np.frombuffer(b"@agg", dtype=np.uint8)
+_WORD_BLK = np.frombuffer(b"@blk", dtype=np.uint8)
+_WORD_EV = np.frombuffer(b"@ev", dtype=np.uint8)
+_WORD_OP = np.frombuffer(b"@op", dtype=np.uint8)
+_KEY_END = np.frombuffer(b"]: (", dtype=np.uint8)
+_WORD_WARNING = np.frombuffer(b": WARNING: ", dtype=np.uint8)[2:]
+_WORD_MAP_UPDATE = np.frombuffer(b"Failed to map_update_elem", dtype=np.uint8)
 # Kind codes (fixed in the parser's kind table, see SYSCALL_KINDS)
 _K_RW_END, _K_PREAD, _K_PWRITE, _K_OPENAT, _K_LSEEK, _K_MMAP = 6, 1, 4, 6, 8, 11
 
@@ -498,22 +504,117 @@ def _parse_agg(
 
 
 @_inline
-def _noise_line(buf: np.ndarray, p: int, info: np.ndarray) -> bool:
-    """Whether the line at ``p`` is bpftrace's own (counted when it is "Lost N events")."""
+def _noise_line(buf: np.ndarray, p: int, info: np.ndarray) -> int:
+    """Whether the line at ``p`` is bpftrace's own: 0 when not; 1 when it is ("Lost N
+    events" counted as lost); 2 for a warning of bpftrace's ``-k`` (a helper call failed),
+    which bpftrace follows with two lines (the script's line and a mark under the call): a
+    failed map update (a full map) is one event lost."""
     q = _expect(buf, p, _WORD_LOST)
     if q >= 0:
         value, q, ok = _read_int(buf, q, False)
         if ok and _expect(buf, q, _WORD_EVENTS) >= 0:
             info[_I_LOST] += value
-            return True
+            return 1
     if _expect(buf, p, _WORD_READY) >= 0 or _expect(buf, p, _WORD_ATTACHING) >= 0:
-        return True
-    while buf[p] != 10:  # blank (only white space)
+        return 1
+    start = p
+    blank = True
+    while buf[p] != 10:
         c = buf[p]
         if c != 32 and c != 9 and c != 13 and c != 11 and c != 12:
-            return False
+            blank = False
+            if c == 87 and _expect(buf, p, _WORD_WARNING) >= 0 and p > start:  # 'W'
+                if _has(buf, p, _WORD_MAP_UPDATE):
+                    info[_I_LOST] += 1
+                return 2
         p += 1
-    return True
+    return 1 if blank else 0
+
+
+@_inline
+def _has(buf: np.ndarray, p: int, text: np.ndarray) -> bool:
+    """Whether ``text`` occurs in the line from ``p`` on."""
+    while buf[p] != 10:
+        if buf[p] == text[0] and _expect(buf, p, text) >= 0:
+            return True
+        p += 1
+    return False
+
+
+@_inline
+def _skip_echo(words: np.ndarray, p: int, end: int) -> int:
+    """The end of the two lines after a warning's line (ending at ``p``), as far as ``end``."""
+    for _ in range(2):
+        if p + 1 < end:
+            p = _line_end(words, p + 1)
+    return p
+
+
+@_inline
+def _parse_ev_map(buf: np.ndarray, p: int, stop: int, is_open: bool, ev: np.ndarray) -> bool:
+    """Parse a call printed from syscalls.bt's maps, from ``p`` (just after "@ev" or "@op")
+    to the line's end at ``stop``::
+
+        @evQ[ts, tid, comm]: (kind, pid, fd, ret, arg, latency)
+        @opQ[ts, tid, comm]: (pid, ret, latency, path)        (openat)
+
+    ``ev``: ts, tid, kind code, pid, fd, ret, arg, latency, then the start and end of the comm
+    and of the path (empty but for openat). The comm ends at the first "]: (" (a thread name
+    may hold commas); the path is the rest of the line but its closing parenthesis."""
+    value, p, ok = _read_int(buf, p, False)
+    if not ok or buf[p] != 91:  # '['
+        return False
+    p += 1
+    for f in range(2):
+        if f > 0:
+            p = _expect(buf, p, _AGG_SEP)
+            if p < 0:
+                return False
+        value, p, ok = _read_int(buf, p, False)
+        if not ok:
+            return False
+        ev[f] = value
+    p = _expect(buf, p, _AGG_SEP)
+    if p < 0:
+        return False
+    ev[8] = p
+    while p < stop and _expect(buf, p, _KEY_END) < 0:
+        p += 1
+    if p >= stop or p - ev[8] > 16:
+        return False
+    ev[9] = p
+    p += len(_KEY_END)
+    if is_open:
+        ev[2] = _K_OPENAT
+        ev[4] = -1
+        ev[6] = -1
+        for f in (3, 5, 7):
+            if f > 3:
+                p = _expect(buf, p, _AGG_SEP)
+                if p < 0:
+                    return False
+            value, p, ok = _read_int(buf, p, True)
+            if not ok:
+                return False
+            ev[f] = value
+        p = _expect(buf, p, _AGG_SEP)
+        if p < 0 or buf[stop - 1] != 41:  # ')'
+            return False
+        ev[10] = p
+        ev[11] = stop - 1
+        return True
+    for f in range(2, 8):
+        if f > 2:
+            p = _expect(buf, p, _AGG_SEP)
+            if p < 0:
+                return False
+        value, p, ok = _read_int(buf, p, True)
+        if not ok:
+            return False
+        ev[f] = value
+    ev[10] = p
+    ev[11] = p
+    return buf[p] == 41 and p + 1 == stop  # ')'
 
 
 @_kernel
@@ -555,6 +656,7 @@ def _parse_syscall_block(
     n = info[_I_ROWS]
     n_agg = info[_I_AGGS]
     fields = np.empty(14, dtype=np.int64)  # of an aggregated row
+    ev = np.empty(12, dtype=np.int64)  # of a call printed from a map
     n_paths = info[_I_PATHS]
     hp = info[_I_HEAP]
     info[_I_STATUS] = 0
@@ -563,7 +665,29 @@ def _parse_syscall_block(
             info[_I_STATUS] = _FULL_ROWS
             break
         ok = False
-        ts, p, digits = _read_time(buf, words, pos)
+        path_start = path_end = 0
+        q = _expect(buf, pos, _WORD_EV)
+        is_open = False
+        if q < 0:
+            q = _expect(buf, pos, _WORD_OP)
+            is_open = q >= 0
+        if q >= 0:  # a call printed from syscalls.bt's maps
+            p = _line_end(words, pos)
+            ok = _parse_ev_map(buf, q, p, is_open, ev)
+            if ok:
+                ts, tid, kind, pid = ev[0], ev[1], ev[2], ev[3]
+                fd, ret, arg, lat = ev[4], ev[5], ev[6], ev[7]
+                ok = 0 <= kind < _N_FIXED_KINDS
+            if ok:
+                w0, w1 = _name_words(words, ev[8], ev[9] - ev[8])
+                comm = _intern(comm_table, comm_names, comm_count, w0, w1, ev[9] - ev[8])
+                if comm < 0:
+                    info[_I_STATUS] = _FULL_NAMES
+                    break
+                path_start, path_end = ev[10], ev[11]
+            digits = False
+        else:  # a tab-separated line (syscalls.bt before its calls were batched in maps)
+            ts, p, digits = _read_time(buf, words, pos)
         if digits and buf[p] == 9:
             kind_start = p + 1
             p, w0, w1 = _read_name(words, kind_start)
@@ -601,48 +725,49 @@ def _parse_syscall_block(
                     break
                 path_start = p + 1
                 p = _field_end(words, path_start)
+                path_end = p
                 ok = buf[p] == 10
-            if ok:
-                rows[n, _C_TS] = ts
-                row_times[n] = ts
-                rows[n, _C_KIND] = kind
-                rows[n, _C_PID] = pid
-                rows[n, _C_TID] = tid
-                rows[n, _C_COMM] = comm
-                rows[n, _C_RET] = ret
-                rows[n, _C_LAT] = lat
-                rows[n, _C_COUNT] = 1
-                rows[n, _C_LATMAX] = lat
-                rows[n, _C_DEV] = -1
-                rows[n, _C_INC] = 1
-                rows[n, _C_LINE] = 1
-                if kind == _K_OPENAT:
-                    rows[n, _C_FD] = ret if ret >= 0 else -1
-                else:
-                    rows[n, _C_FD] = fd
-                if kind < _K_RW_END:
-                    rows[n, _C_BYTES] = ret if ret > 0 else 0
-                elif kind == _K_MMAP:
-                    rows[n, _C_BYTES] = arg
-                else:
-                    rows[n, _C_BYTES] = 0
-                if kind in (_K_PREAD, _K_PWRITE):
-                    rows[n, _C_OFFSET] = arg
-                elif kind == _K_LSEEK and ret >= 0:
-                    rows[n, _C_OFFSET] = ret
-                else:
-                    rows[n, _C_OFFSET] = -1
-                if p > path_start:
-                    heap[hp : hp + p - path_start] = buf[path_start:p]
-                    hp += p - path_start
-                    n_paths += 1
-                    offsets[n_paths] = hp
-                    rows[n, _C_PATH] = n_paths - 1
-                else:
-                    rows[n, _C_PATH] = -1
-                if 0 <= pid < len(seen):
-                    seen[pid] = 1
-                n += 1
+        if ok:
+            rows[n, _C_TS] = ts
+            row_times[n] = ts
+            rows[n, _C_KIND] = kind
+            rows[n, _C_PID] = pid
+            rows[n, _C_TID] = tid
+            rows[n, _C_COMM] = comm
+            rows[n, _C_RET] = ret
+            rows[n, _C_LAT] = lat
+            rows[n, _C_COUNT] = 1
+            rows[n, _C_LATMAX] = lat
+            rows[n, _C_DEV] = -1
+            rows[n, _C_INC] = 1
+            rows[n, _C_LINE] = 1
+            if kind == _K_OPENAT:
+                rows[n, _C_FD] = ret if ret >= 0 else -1
+            else:
+                rows[n, _C_FD] = fd
+            if kind < _K_RW_END:
+                rows[n, _C_BYTES] = ret if ret > 0 else 0
+            elif kind == _K_MMAP:
+                rows[n, _C_BYTES] = arg
+            else:
+                rows[n, _C_BYTES] = 0
+            if kind in (_K_PREAD, _K_PWRITE):
+                rows[n, _C_OFFSET] = arg
+            elif kind == _K_LSEEK and ret >= 0:
+                rows[n, _C_OFFSET] = ret
+            else:
+                rows[n, _C_OFFSET] = -1
+            if path_end > path_start:
+                heap[hp : hp + path_end - path_start] = buf[path_start:path_end]
+                hp += path_end - path_start
+                n_paths += 1
+                offsets[n_paths] = hp
+                rows[n, _C_PATH] = n_paths - 1
+            else:
+                rows[n, _C_PATH] = -1
+            if 0 <= pid < len(seen):
+                seen[pid] = 1
+            n += 1
         if not ok:
             found = 0
             if _expect(buf, pos, _WORD_AGG) >= 0:
@@ -656,16 +781,16 @@ def _parse_syscall_block(
                     if 0 <= pid < len(seen):
                         seen[pid] = 1
                 n_agg += found
-            if found == 0 and not _noise_line(buf, pos, info):
+            p = _line_end(words, pos)
+            noise = _noise_line(buf, pos, info) if found == 0 else 1
+            if noise == 0:
                 k = info[_I_SKIPPED]
                 if k < 5:
-                    line_end = pos
-                    while buf[line_end] != 10:
-                        line_end += 1
                     info[_I_EXAMPLES + 2 * k] = pos
-                    info[_I_EXAMPLES + 2 * k + 1] = line_end
+                    info[_I_EXAMPLES + 2 * k + 1] = p
                 info[_I_SKIPPED] = k + 1
-            p = _line_end(words, pos)
+            elif noise == 2:
+                p = _skip_echo(words, p, end)
         pos = p + 1
     info[_I_ROWS] = n
     info[_I_AGGS] = n_agg
@@ -730,8 +855,68 @@ def _parse_cache_lines(
                 value, q, ok = _read_int(buf, q, False)
                 if ok and _expect(buf, q, _WORD_EVENTS) >= 0:
                     lost += value
+            elif _has(buf, pos, _WORD_MAP_UPDATE):  # a full map (bpftrace -k): a lost update
+                lost += 1
         pos = line_end + 1
     return n, used, lost
+
+
+@_inline
+def _name_words(words: np.ndarray, p: int, n: int) -> tuple[Any, Any]:
+    """The first 8 and next 8 bytes of the ``n``-byte name at ``p``, as :func:`_read_name`
+    gives them (the bytes after the name zero; meaningless beyond 16 bytes)."""
+    x = _word(words, p)
+    if n < 8:
+        return x & _low_bytes(n), np.uint64(0)
+    y = _word(words, p + 8)
+    if n < 16:
+        return x, y & _low_bytes(n - 8)
+    return x, y
+
+
+@_inline
+def _parse_blk_map(buf: np.ndarray, p: int, stop: int, fields: np.ndarray) -> bool:
+    """Parse a request printed from block.bt's maps, from ``p`` (just after "@blk") to the
+    line's end at ``stop``: ``Q[ts, dev, sector]: (rwbs, bytes, latency, pid, in container,
+    comm)``. ``fields``: ts, dev, sector, bytes, latency, pid, in container, then the start and
+    end of the rwbs and of the comm. The comm is the rest of the line but its closing
+    parenthesis (a thread name may hold commas)."""
+    value, p, ok = _read_int(buf, p, False)
+    if not ok or buf[p] != 91:  # '['
+        return False
+    p += 1
+    for f in range(3):
+        if f > 0:
+            p = _expect(buf, p, _AGG_SEP)
+            if p < 0:
+                return False
+        value, p, ok = _read_int(buf, p, False)
+        if not ok:
+            return False
+        fields[f] = value
+    p = _expect(buf, p, _AGG_OPEN)
+    if p < 0:
+        return False
+    fields[7] = p
+    while p < stop and buf[p] != 44:  # ','
+        p += 1
+    if p - fields[7] > 16:
+        return False
+    fields[8] = p
+    for f in range(3, 7):
+        p = _expect(buf, p, _AGG_SEP)
+        if p < 0:
+            return False
+        value, p, ok = _read_int(buf, p, f == 5)
+        if not ok:
+            return False
+        fields[f] = value
+    p = _expect(buf, p, _AGG_SEP)
+    if p < 0 or buf[stop - 1] != 41 or stop - 1 - p > 16:  # ')'
+        return False
+    fields[9] = p
+    fields[10] = stop - 1
+    return True
 
 
 @_kernel
@@ -755,51 +940,72 @@ def _parse_block_lines(
     dev, sector, bytes, latency, pid, in container, comm) into merge rows: the kind column has
     the code of the rwbs (``rw_*`` name table), the comm column the parser's code of the
     thread name, the dev column the code of the device (``dev_keys``/``dev_values``, codes in
-    order, their count in ``info[_I_PATHS]``). Other lines are counted as in
-    :func:`_parse_syscall_block` (its ``info`` slots, the same statuses but _BAD_AGG_KIND)."""
+    order, their count in ``info[_I_PATHS]``). A request is a line of either form block.bt has
+    had: ``@blkQ[...]: (...)`` printed from its maps (:func:`_parse_blk_map`) or, before, a
+    tab-separated line. Other lines are counted as in :func:`_parse_syscall_block` (its
+    ``info`` slots, the same statuses but _BAD_AGG_KIND)."""
+    fields = np.empty(11, dtype=np.int64)  # of a request printed from a map
     n = info[_I_ROWS]
     info[_I_STATUS] = 0
     while pos < end:
         if n >= rows.shape[0]:
             info[_I_STATUS] = _FULL_ROWS
             break
-        ts, p, ok = _read_int(buf, pos, True)
-        ok = ok and buf[p] == 9
-        rw = 0
-        if ok:
-            start = p + 1
-            p, w0, w1 = _read_name(words, start)
-            ok = buf[p] == 9 and p - start <= 16
+        rw = comm_len = 0
+        ts = dev = sector = nbytes = lat = pid = inside = 0
+        w0 = w1 = np.uint64(0)
+        q = _expect(buf, pos, _WORD_BLK)
+        if q >= 0:  # a request printed from block.bt's maps
+            p = _line_end(words, pos)
+            ok = _parse_blk_map(buf, q, p, fields)
             if ok:
-                rw = _intern(rw_table, rw_names, rw_count, w0, w1, p - start)
+                ts, dev, sector = fields[0], fields[1], fields[2]
+                nbytes, lat, pid, inside = fields[3], fields[4], fields[5], fields[6]
+                start, stop = fields[7], fields[8]
+                w0, w1 = _name_words(words, start, stop - start)
+                rw = _intern(rw_table, rw_names, rw_count, w0, w1, stop - start)
                 if rw < 0:
                     info[_I_STATUS] = _FULL_NAMES
                     break
-        dev = sector = nbytes = lat = pid = inside = 0
-        if ok:
-            dev, p, ok = _read_int(buf, p + 1, True)
+                comm_len = fields[10] - fields[9]
+                w0, w1 = _name_words(words, fields[9], comm_len)
+        else:  # a tab-separated line (block.bt before its requests were batched in maps)
+            ts, p, ok = _read_int(buf, pos, True)
             ok = ok and buf[p] == 9
+            if ok:
+                start = p + 1
+                p, w0, w1 = _read_name(words, start)
+                ok = buf[p] == 9 and p - start <= 16
+                if ok:
+                    rw = _intern(rw_table, rw_names, rw_count, w0, w1, p - start)
+                    if rw < 0:
+                        info[_I_STATUS] = _FULL_NAMES
+                        break
+            if ok:
+                dev, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                sector, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                nbytes, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                lat, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                pid, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                inside, p, ok = _read_int(buf, p + 1, True)
+                ok = ok and buf[p] == 9
+            if ok:
+                start = p + 1
+                p, w0, w1 = _read_name(words, start)
+                comm_len = p - start
+                ok = buf[p] == 10 and comm_len <= 16
         if ok:
-            sector, p, ok = _read_int(buf, p + 1, True)
-            ok = ok and buf[p] == 9
-        if ok:
-            nbytes, p, ok = _read_int(buf, p + 1, True)
-            ok = ok and buf[p] == 9
-        if ok:
-            lat, p, ok = _read_int(buf, p + 1, True)
-            ok = ok and buf[p] == 9
-        if ok:
-            pid, p, ok = _read_int(buf, p + 1, True)
-            ok = ok and buf[p] == 9
-        if ok:
-            inside, p, ok = _read_int(buf, p + 1, True)
-            ok = ok and buf[p] == 9
-        if ok:
-            start = p + 1
-            p, w0, w1 = _read_name(words, start)
-            ok = buf[p] == 10 and p - start <= 16
-        if ok:
-            comm = _intern(comm_table, comm_names, comm_count, w0, w1, p - start)
+            comm = _intern(comm_table, comm_names, comm_count, w0, w1, comm_len)
             if comm < 0:
                 info[_I_STATUS] = _FULL_NAMES
                 break
@@ -831,12 +1037,15 @@ def _parse_block_lines(
             n += 1
         else:
             p = _line_end(words, pos)
-            if not _noise_line(buf, pos, info):
+            noise = _noise_line(buf, pos, info)
+            if noise == 0:
                 k = info[_I_SKIPPED]
                 if k < 5:
                     info[_I_EXAMPLES + 2 * k] = pos
                     info[_I_EXAMPLES + 2 * k + 1] = p
                 info[_I_SKIPPED] = k + 1
+            elif noise == 2:
+                p = _skip_echo(words, p, end)
         pos = p + 1
     info[_I_ROWS] = n
     return pos

@@ -46,16 +46,64 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 SAMPLER_RSS = "sampler_rss"
 
 
-def _read_int(path: Path) -> int | None:
+class OpenFiles:
+    """The files a sampler reads every sample, kept open and read again from offset 0 (one
+    ``pread`` instead of an open, a read and a close each time: a sample of a run reads about
+    twenty). Files not read during a sample are closed at its end (:meth:`sweep`), so those of
+    processes that have gone do not pile up; a read that fails (the process has exited)
+    closes its file."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._used: set[str] = set()
+
+    def read(self, path: Path | str) -> str:
+        """The file's text; OSError as ``Path.read_text`` raises it."""
+        key = str(path)
+        fd = self._fds.get(key)
+        if fd is None:
+            fd = os.open(key, os.O_RDONLY | os.O_CLOEXEC)
+            self._fds[key] = fd
+        self._used.add(key)
+        try:
+            chunks = [os.pread(fd, 65536, 0)]
+            while len(chunks[-1]) == 65536:
+                chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
+        except OSError:
+            self._close(key)
+            raise
+        return b"".join(chunks).decode(errors="replace")
+
+    def sweep(self) -> None:
+        """Close the files not read since the last sweep."""
+        for key in [k for k in self._fds if k not in self._used]:
+            self._close(key)
+        self._used = set()
+
+    def close(self) -> None:
+        for key in list(self._fds):
+            self._close(key)
+
+    def _close(self, key: str) -> None:
+        fd = self._fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+
+def _read_text(path: Path, files: OpenFiles | None) -> str:
+    return files.read(path) if files is not None else path.read_text()
+
+
+def _read_int(path: Path, files: OpenFiles | None = None) -> int | None:
     try:
-        return int(path.read_text().split()[0])
+        return int(_read_text(path, files).split()[0])
     except (FileNotFoundError, ValueError, IndexError, OSError):
         return None
 
 
-def _read_keyed(path: Path) -> dict[str, int]:
+def _read_keyed(path: Path, files: OpenFiles | None = None) -> dict[str, int]:
     try:
-        text = path.read_text()
+        text = _read_text(path, files)
     except (FileNotFoundError, OSError):
         return {}
     out = {}
@@ -66,9 +114,8 @@ def _read_keyed(path: Path) -> dict[str, int]:
     return out
 
 
-def _host_cpu_times() -> list[int]:
-    with open("/proc/stat") as fh:
-        fields = fh.readline().split()[1:9]
+def _host_cpu_times(files: OpenFiles | None = None) -> list[int]:
+    fields = _read_text(Path("/proc/stat"), files).split("\n", 1)[0].split()[1:9]
     return [int(f) for f in fields]
 
 
@@ -150,6 +197,7 @@ class Sampler:
         # metric -> pid of each process whose RSS is sampled; replaced whole (never mutated)
         # by watch(), so the sampling thread always reads a consistent mapping.
         self._processes: dict[str, int] = {SAMPLER_RSS: os.getpid()}
+        self._files: OpenFiles | None = None  # the sampling thread's, while it runs
 
     def watch(self, processes: Mapping[str, int]) -> None:
         """Also sample the resident set of these processes (metric name -> pid), in bytes,
@@ -167,6 +215,7 @@ class Sampler:
 
     def _run(self) -> None:
         gpus = Gpus()
+        self._files = OpenFiles()
         try:
             with open(self.out_csv, "w", buffering=1 << 16) as out:
                 out.write("ts_ns,metric,value,unit,container\n")
@@ -182,15 +231,23 @@ class Sampler:
             self.error = exc
         finally:
             gpus.close()
+            self._files.close()
 
     def _read_counters(self) -> dict:
-        return {
+        files = self._files
+        procs = self._processes
+        counters = {
             "t": time.monotonic_ns(),
-            "containers": {role: _container_counters(cg) for role, cg in self.cgroups.items()},
-            "host": _host_cpu_times(),
-            "processes": {metric: process_rss(pid) for metric, pid in self._processes.items()},
-            "ticks": {cpu_metric(m): process_ticks(pid) for m, pid in self._processes.items()},
+            "containers": {
+                role: _container_counters(cg, files) for role, cg in self.cgroups.items()
+            },
+            "host": _host_cpu_times(files),
+            "processes": {m: process_rss(pid, files=files) for m, pid in procs.items()},
+            "ticks": {cpu_metric(m): process_ticks(pid, files=files) for m, pid in procs.items()},
         }
+        if files is not None:
+            files.sweep()
+        return counters
 
     @staticmethod
     def _write(out: TextIO, prev: dict, cur: dict, gpus: Gpus) -> None:
@@ -243,13 +300,13 @@ def _number(value: float) -> str:
     return f"{value:.6g}"
 
 
-def _container_counters(cg: ProcessCgroups) -> dict:
+def _container_counters(cg: ProcessCgroups, files: OpenFiles | None = None) -> dict:
     """CPU time and memory of one container's cgroup (v1 controllers or v2), and the CPU
     ticks of its data-loader worker processes (pid -> ticks)."""
-    loaders = loader_ticks(cg.v2_dir / "cgroup.procs")
+    loaders = loader_ticks(cg.v2_dir / "cgroup.procs", files=files)
     if cg.is_v1:
-        usage_ns = _read_int(cg.cpuacct_dir / "cpuacct.usage") if cg.cpuacct_dir else None
-        stat = _read_keyed(cg.memory_dir / "memory.stat")
+        usage_ns = _read_int(cg.cpuacct_dir / "cpuacct.usage", files) if cg.cpuacct_dir else None
+        stat = _read_keyed(cg.memory_dir / "memory.stat", files)
         return {
             "usage_ns": usage_ns,
             "mem": {
@@ -259,8 +316,8 @@ def _container_counters(cg: ProcessCgroups) -> dict:
             },
             "loaders": loaders,
         }
-    usec = _read_keyed(cg.v2_dir / "cpu.stat").get("usage_usec")
-    stat = _read_keyed(cg.v2_dir / "memory.stat")
+    usec = _read_keyed(cg.v2_dir / "cpu.stat", files).get("usage_usec")
+    stat = _read_keyed(cg.v2_dir / "memory.stat", files)
     return {
         "usage_ns": usec * 1000 if usec is not None else None,
         "mem": {
@@ -287,42 +344,46 @@ def cpu_metric(rss_metric: str) -> str:
     return rss_metric.replace("_rss", "_cpu", 1)
 
 
-def process_rss(pid: int, proc: Path = Path("/proc")) -> int | None:
+def process_rss(pid: int, proc: Path = Path("/proc"), files: OpenFiles | None = None) -> int | None:
     """Resident set size of process ``pid`` in bytes (the second field of ``/proc/PID/statm``,
     in pages); None when it cannot be read (the process has exited)."""
     try:
-        return int((proc / str(pid) / "statm").read_text().split()[1]) * _PAGE_BYTES
+        return int(_read_text(proc / str(pid) / "statm", files).split()[1]) * _PAGE_BYTES
     except (OSError, ValueError, IndexError):
         return None
 
 
-def loader_ticks(procs: Path, proc: Path = Path("/proc")) -> dict[int, int] | None:
+def loader_ticks(
+    procs: Path, proc: Path = Path("/proc"), files: OpenFiles | None = None
+) -> dict[int, int] | None:
     """CPU time (user + system clock ticks, all threads) of each data-loader worker process
     listed in a cgroup's ``cgroup.procs``; None when the list cannot be read. Processes that
     exit while being read are left out."""
     try:
-        pids = [int(line) for line in procs.read_text().split()]
+        pids = [int(line) for line in _read_text(procs, files).split()]
     except (OSError, ValueError):
         return None
     out = {}
     for pid in pids:
         try:
-            if not (proc / str(pid) / "comm").read_text().startswith(LOADER_COMMS):
+            if not _read_text(proc / str(pid) / "comm", files).startswith(LOADER_COMMS):
                 continue
         except OSError:
             continue
-        ticks = process_ticks(pid, proc)
+        ticks = process_ticks(pid, proc, files)
         if ticks is not None:
             out[pid] = ticks
     return out
 
 
-def process_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
+def process_ticks(
+    pid: int, proc: Path = Path("/proc"), files: OpenFiles | None = None
+) -> int | None:
     """CPU time of process ``pid`` (user + system clock ticks, all its threads); None when it
     cannot be read (the process has exited)."""
     try:
         # utime and stime are fields 14 and 15; the name (field 2) may hold spaces.
-        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        fields = _read_text(proc / str(pid) / "stat", files).rsplit(")", 1)[1].split()
         return int(fields[11]) + int(fields[12])
     except (OSError, ValueError, IndexError):
         return None
