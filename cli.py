@@ -35,7 +35,7 @@ from rich.table import Table  # noqa: E402
 
 from core.errors import UserError  # noqa: E402
 from core.units import SIZE_HELP, format_size, parse_size  # noqa: E402
-from workloads.config import VARIANTS  # noqa: E402
+from workloads.config import PEER_VARIANTS, RUN_VARIANTS  # noqa: E402
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -173,8 +173,8 @@ def _base_torch_check(gpus: bool) -> Any:
     "--variant",
     "variants",
     multiple=True,
-    type=click.Choice(VARIANTS),
-    help="Variant (repeatable; default: all).",
+    type=click.Choice(RUN_VARIANTS),
+    help="Variant (repeatable; default: all; dlio: the one DLIO image, twintrace/dlio).",
 )
 @click.option(
     "--base-image",
@@ -371,7 +371,15 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 
 @cli.command(context_settings={"allow_interspersed_args": False})
 @click.option("--workload", default=None, help="Workload to run (see ./cli.py workloads).")
-@click.option("--variant", type=click.Choice(VARIANTS), default="original", show_default=True)
+@click.option(
+    "--variant",
+    type=click.Choice(RUN_VARIANTS),
+    default="original",
+    show_default=True,
+    help="original, instrumented or sleep: the workload's own image; dlio: the DLIO benchmark "
+    "configured from the same settings and sleep profile, on its own copy of the dataset "
+    "(DIR-dlio, made by DLIO's generator; docs/dlio.md).",
+)
 @click.option(
     "--data",
     "data_dir",
@@ -552,6 +560,13 @@ def trace(
         echo=not quiet,
     )
     extra_mounts = [BindMount.parse(m) for m in mounts]
+    if variant in PEER_VARIANTS and workload is None:
+        raise UserError(f"--variant {variant} is for --workload runs")
+    if variant in PEER_VARIANTS and (rank_containers or extra_mounts or gpus):
+        raise UserError(
+            f"--variant {variant} runs its ranks as MPI processes in one container, on its "
+            "own dataset and without GPUs: leave out --rank-containers, --mount and --gpus"
+        )
     if workload is not None:
         given = {
             "epochs": epochs,
@@ -564,20 +579,36 @@ def trace(
             "checkpoint_every": checkpoint_every,
             "synthetic": synthetic or None,
         }
-        request = workload_request(
-            workload,
-            variant,
-            data_dir,
-            runs_root,
-            settings={k: v for k, v in given.items() if v is not None},
-            options=_parse_sets(sets),
-            profile=profile_path,
-            accelerator=emulated,
-            profile_model=profile_model,
-            rank_containers=rank_containers,
-            mounts=extra_mounts,
-            run=run,
-        )
+        if variant in PEER_VARIANTS:
+            from experiments.dlio import dlio_request
+
+            request = dlio_request(
+                workload,
+                data_dir,
+                runs_root,
+                settings={k: v for k, v in given.items() if v is not None},
+                options=_parse_sets(sets),
+                profile=profile_path,
+                accelerator=emulated,
+                profile_model=profile_model,
+                run=run,
+                log=lambda msg: err_console.print(f"[dim]{msg}[/]"),
+            )
+        else:
+            request = workload_request(
+                workload,
+                variant,
+                data_dir,
+                runs_root,
+                settings={k: v for k, v in given.items() if v is not None},
+                options=_parse_sets(sets),
+                profile=profile_path,
+                accelerator=emulated,
+                profile_model=profile_model,
+                rank_containers=rank_containers,
+                mounts=extra_mounts,
+                run=run,
+            )
     elif image is not None:
         request = image_request(
             image,

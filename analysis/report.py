@@ -66,7 +66,7 @@ def demand_lines(run: rundir.Run) -> list[str]:
     vs needed to keep the accelerators busy (:func:`analysis.breakdown.storage_demand`)."""
     from analysis.breakdown import storage_demand
 
-    if run.variant not in ("instrumented", "sleep") or "phases" in run.missing:
+    if run.variant not in ("instrumented", "sleep", "dlio") or "phases" in run.missing:
         return []
     try:
         d = storage_demand(run)
@@ -74,18 +74,35 @@ def demand_lines(run: rundir.Run) -> list[str]:
         return []
     if not d["steps"]:
         return []
-    what = "emulated accelerator" if run.variant == "sleep" else "accelerator"
+    what = "accelerator" if run.variant == "instrumented" else "emulated accelerator"
 
     def rate(value: float) -> str:
         return f"{format_size(value)}/s" if np.isfinite(value) else "n/a"
 
-    return [
+    lines = [
         f"  steps: {d['steps']} measured, median {d['step_s']:.3f} s = compute "
-        f"{d['compute_s']:.3f} s + waiting for data {d['load_s']:.3f} s; AU {d['au']:.0%}, "
+        f"{d['compute_s']:.3f} s + waiting for data {d['load_s']:.3f} s; AU {d['au']:.1%}, "
         f"{d['samples_per_s']:.1f} samples/s",
         f"  data: read at {rate(d['delivered_bytes_per_s'])}; keeping the {what} "
         f"busy needs {rate(d['needed_bytes_per_s'])}",
     ]
+    peer = _dlio_figures(run)
+    if peer is not None and peer.get("au_percent") is not None:
+        ours = 100 * d["au"]
+        lines.append(
+            f"  DLIO's own AU {peer['au_percent']:.1f}% (ours, from its steps: {ours:.1f}%; "
+            f"difference {ours - peer['au_percent']:+.1f} points), DLIO's throughput "
+            f"{peer.get('throughput_samples_per_s') or float('nan'):.1f} samples/s"
+        )
+    return lines
+
+
+def _dlio_figures(run: rundir.Run) -> dict[str, Any] | None:
+    """DLIO's own figures of a dlio run (summary.json's ``dlio``), or None."""
+    if run.variant != "dlio" or not (run.path / rundir.SUMMARY).exists():
+        return None
+    found = rundir.load_summary(run.path).get("dlio")
+    return found if isinstance(found, dict) else None
 
 
 def container_counts(events: pd.DataFrame, phases: pd.DataFrame, roles: list[str]) -> pd.DataFrame:

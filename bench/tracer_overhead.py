@@ -9,9 +9,11 @@ untraced (the same container started the same way, tracing off), alternated A/B 
 MEDIAN time between consecutive ``step_end`` events of rank 0 (first step excluded): a host stall
 of a few seconds, common on this shared machine, moves a mean or an epoch time but not a median
 of 40 steps. Per round: traced/untraced step throughput = untraced median step / traced median
-step. Printed per workload and variant: the median ratio over the rounds and its spread
-(min..max), and the tracer's CPU time per traced step (bpftrace's user space, from its
-``tracer_cpu_*`` samples when recorded).
+step. Printed per workload and variant: the median ratio over the rounds, a bootstrap 90 %
+confidence interval of that median (:func:`median_ci`: what supports or refutes the goal), the
+spread (min..max), and the tracer's own CPU time per step of the epoch (bpftrace's user space
+and the sampling process, from their ``tracer_cpu_*`` and ``sampler_cpu`` samples). A traced
+run that is not ``completed`` (events lost) is reported.
 
 Goal (issue "Tracing at any event rate"): traced/untraced step throughput >= 0.98.
 
@@ -33,8 +35,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from core.rundir import Run, load_run  # noqa: E402
-from experiments.fidelity import SETUPS, dataset, step_times  # noqa: E402
+from core.rundir import Run, load_run, load_summary  # noqa: E402
+from experiments.fidelity import SETUPS, dataset, step_ends, step_times  # noqa: E402
 from tracing.host import drop_caches  # noqa: E402
 from tracing.request import RunOptions, workload_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
@@ -65,18 +67,35 @@ def median_step(run: Run) -> float:
     return float(np.median(steps))
 
 
-def tracer_cpu_per_step(run: Run) -> float:
-    """bpftrace's CPU seconds over the run per training step (nan when not sampled)."""
+def tracer_cpu_per_step(run: Run) -> tuple[float, float]:
+    """CPU seconds per training step of bpftrace (all scripts) and of the sampling process,
+    over the epoch's steps (from the first ``step_end`` to the last: start-up, when the
+    workload imports its modules, is left out); nan when not sampled."""
+    ends = step_ends(run)["ts_ns"].to_numpy(dtype=np.int64)
     samples = run.samples
-    cpu = samples[samples["metric"].str.startswith("tracer_cpu_")]
-    steps = len(step_times(run)) + 2
-    if not len(cpu):
-        return float("nan")
-    total = 0.0
-    for _, series in cpu.sort_values("ts_ns").groupby("metric"):
-        dt = np.diff(series["ts_ns"].to_numpy(dtype=np.int64)) / 1e9
-        total += float(np.sum(series["value"].to_numpy()[1:] / 100.0 * dt))
-    return total / steps
+    cost = []
+    for prefix in ("tracer_cpu_", "sampler_cpu"):
+        cpu = samples[samples["metric"].str.startswith(prefix)]
+        if not len(cpu) or len(ends) < 2:
+            cost.append(float("nan"))
+            continue
+        total = 0.0
+        for _, series in cpu.sort_values("ts_ns").groupby("metric"):
+            ts = series["ts_ns"].to_numpy(dtype=np.int64)
+            inside = (ts > ends[0]) & (ts <= ends[-1])
+            dt = np.diff(ts, prepend=ts[0]) / 1e9
+            total += float(np.sum(series["value"].to_numpy()[inside] / 100.0 * dt[inside]))
+        cost.append(total / (len(ends) - 1))
+    return cost[0], cost[1]
+
+
+def median_ci(values: list[float], level: float = 0.9, draws: int = 10_000) -> tuple[float, float]:
+    """A bootstrap confidence interval of the median of ``values`` (percentile method)."""
+    rng = np.random.default_rng(0)
+    data = np.asarray(values, dtype=float)
+    medians = np.median(rng.choice(data, size=(draws, len(data)), replace=True), axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
 
 
 def main() -> None:
@@ -101,14 +120,23 @@ def main() -> None:
     for workload in names:
         data = dataset(args.data_root, SETUPS[workload])
         for variant in variants:
-            ratios, costs = [], []
+            ratios, costs, sampler_costs = [], [], []
             for i in range(args.rounds):
                 step = {}
                 for traced in (True, False) if i % 2 == 0 else (False, True):
                     run = run_once(workload, variant, data, runs, traced)
                     step[traced] = median_step(run)
                     if traced:
-                        costs.append(tracer_cpu_per_step(run))
+                        tracer_cost, sampler_cost = tracer_cpu_per_step(run)
+                        costs.append(tracer_cost)
+                        sampler_costs.append(sampler_cost)
+                        summary = load_summary(run.path)
+                        if summary.get("status") != "completed" or summary.get("lost_events"):
+                            print(
+                                f"{workload} {variant}: traced run {run.path.name} is "
+                                f"{summary.get('status')} (lost {summary.get('lost_events')})",
+                                file=sys.stderr,
+                            )
                 ratios.append(step[False] / step[True])
                 print(
                     f"{workload} {variant} round {i + 1}: median step traced {step[True]:.4f} s, "
@@ -117,10 +145,13 @@ def main() -> None:
                     flush=True,
                 )
             cost = statistics.median(costs) if costs else float("nan")
+            sampler_cost = statistics.median(sampler_costs) if sampler_costs else float("nan")
+            low, high = median_ci(ratios)
             lines.append(
                 f"{workload:9s} {variant:9s} traced/untraced step throughput "
-                f"{statistics.median(ratios):.3f} (median of {args.rounds}; spread "
-                f"{min(ratios):.3f} .. {max(ratios):.3f}); bpftrace CPU {cost * 1e3:.2f} ms/step"
+                f"{statistics.median(ratios):.3f} (median of {args.rounds}; 90 % CI "
+                f"{low:.3f} .. {high:.3f}; spread {min(ratios):.3f} .. {max(ratios):.3f}); "
+                f"CPU per step: bpftrace {cost * 1e3:.2f} ms, sampler {sampler_cost * 1e3:.2f} ms"
             )
     print(f"goal: >= {GOAL}; {time.monotonic() - started:.0f} s; runs under {runs}")
     print("\n".join(lines))

@@ -34,7 +34,8 @@ to produce from them (docs/experiments.md documents the format)::
     [produce]
     timelines = true                   # one timeline per configuration, variants stacked
     breakdown = true                   # one breakdown plot per workload (instrumented/sleep)
-    compare = true                     # original vs sleep, per configuration and repetition
+    compare = true                     # original vs sleep (and vs dlio, sleep vs dlio, when
+                                       # the grid has dlio runs), per configuration
 
 ``accelerator`` (in ``[settings]`` or ``[workloads.<name>]``, with ``profile_model`` for an
 image workload) gives the sleep runs the profile database's profile of that accelerator at
@@ -67,7 +68,7 @@ from typing import Any
 from core.errors import UserError
 from core.rundir import FINISHED, load_json, write_json
 from core.units import parse_size
-from workloads.config import VARIANTS
+from workloads.config import RUN_VARIANTS
 from workloads.registry import WORKLOADS
 
 GRID_KEYS = ("workload", "variant", "batch_size", "accelerators", "workers", "memory_limit")
@@ -77,6 +78,13 @@ EMULATION_KEYS = ("accelerator", "profile_model")
 #: Settings of how the runs' containers are run (RunOptions), not WorkloadConfig's.
 RUN_KEYS = ("gpus",)
 PRODUCE_KEYS = ("timelines", "breakdown", "compare")
+#: The pairs ``compare`` reports on, (reference, emulation), where a configuration has both:
+#: the real job against our emulation, against DLIO's, and the two emulations against each other.
+COMPARED_PAIRS: tuple[tuple[str, str], ...] = (
+    ("original", "sleep"),
+    ("original", "dlio"),
+    ("sleep", "dlio"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +211,9 @@ def load_experiment(path: Path) -> Experiment:
     grid = check_table(data.get("grid", {}), f"{path}: [grid]", (*GRID_KEYS, "repetitions"))
     axes = {
         "workload": check_list(grid.get("workload", []), f"{path}: grid.workload", str),
-        "variant": check_list(grid.get("variant", list(VARIANTS)), f"{path}: grid.variant", str),
+        "variant": check_list(
+            grid.get("variant", ["original", "instrumented", "sleep"]), f"{path}: grid.variant", str
+        ),
         "batch_size": check_list(grid.get("batch_size", [0]), f"{path}: grid.batch_size", int),
         "accelerators": check_list(
             grid.get("accelerators", [1]), f"{path}: grid.accelerators", int
@@ -217,8 +227,8 @@ def load_experiment(path: Path) -> Experiment:
         if w not in WORKLOADS:
             raise UserError(f"{path}: unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
     for v in axes["variant"]:
-        if v not in VARIANTS:
-            raise UserError(f"{path}: unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+        if v not in RUN_VARIANTS:
+            raise UserError(f"{path}: unknown variant {v!r}; known: {', '.join(RUN_VARIANTS)}")
     for m in axes["memory_limit"]:
         if m:
             parse_size(m)
@@ -332,12 +342,13 @@ def _emulated(
     workloads: Mapping[str, Mapping[str, Any]],
     path: Path,
 ) -> RunSpec:
-    """A sleep run's spec with its emulated accelerator, checked against the profile database
-    (so a typo fails before any run starts)."""
+    """A sleep (or DLIO) run's spec with its emulated accelerator, checked against the
+    profile database (so a typo fails before any run starts): a DLIO run's computation time
+    comes from the same profile as the sleep run's."""
     from workloads.profiledb import sleep_profile_for
 
     accelerator, model = emulation(spec.workload, settings, workloads)
-    if spec.variant != "sleep" or (accelerator is None and model is None):
+    if spec.variant not in ("sleep", "dlio") or (accelerator is None and model is None):
         return spec
     if accelerator is None:
         raise UserError(f"{path}: profile_model of {spec.workload} needs an accelerator too")
@@ -466,28 +477,44 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
         )
         started = time.monotonic()
         run_dir: Path | None = None
+        run_settings = {
+            "batch_size": spec.batch_size,
+            "accelerators": spec.accelerators,
+            "workers": spec.workers,
+            **settings,
+        }
+        limits = Limits.parse(spec.memory_limit or None, None)
         try:
-            outcome = trace(
-                workload_request(
+            if spec.variant == "dlio":
+                from experiments.dlio import dlio_request
+
+                request = dlio_request(
+                    spec.workload,
+                    data,
+                    runs_root,
+                    settings=run_settings,
+                    options=dict(per_workload.get("options", {})),
+                    accelerator=accelerator,
+                    profile_model=model,
+                    run=RunOptions(limits=limits),
+                    log=log,
+                )
+            else:
+                request = workload_request(
                     spec.workload,
                     spec.variant,
                     data,
                     runs_root,
-                    settings={
-                        "batch_size": spec.batch_size,
-                        "accelerators": spec.accelerators,
-                        "workers": spec.workers,
-                        **settings,
-                    },
+                    settings=run_settings,
                     options=dict(per_workload.get("options", {})),
                     accelerator=accelerator,
                     profile_model=model,
                     run=RunOptions(
-                        limits=Limits.parse(spec.memory_limit or None, None),
+                        limits=limits,
                         gpus=run_gpus(spec.workload, experiment.settings, experiment.workloads),
                     ),
                 )
-            )
+            outcome = trace(request)
             status, error, run_dir = outcome.status, outcome.error, outcome.run_dir
         except RunInterrupted as exc:
             _record(state, state_path, spec, exc.outcome.status, exc.outcome.run_dir, None, 0.0)
@@ -522,11 +549,12 @@ def produce_outputs(
     by_config: dict[tuple[Any, ...], dict[str, Any]] = {}
     for spec, run in done.values():
         by_config.setdefault(spec.config_key, {})[spec.variant] = run
+    order = ["original", "instrumented", "sleep", "dlio"]
     if experiment.produce.get("timelines"):
         from analysis.timeline import write_timeline
 
         for key, runs in by_config.items():
-            ordered = [runs[v] for v in VARIANTS if v in runs]
+            ordered = [runs[v] for v in order if v in runs]
             name = "-".join(str(k) for k in key if k != "")
             written.append(write_timeline(ordered, home / "timelines" / f"{name}.html"))
     if experiment.produce.get("breakdown"):
@@ -550,18 +578,26 @@ def produce_outputs(
 
         scores = {}
         for key, runs in by_config.items():
-            if "original" in runs and "sleep" in runs:
-                comparison = compare_runs(runs["original"], runs["sleep"])
-                name = "-".join(str(k) for k in key if k != "")
+            name = "-".join(str(k) for k in key if k != "")
+            for real, emulated in COMPARED_PAIRS:
+                if real not in runs or emulated not in runs:
+                    continue
+                comparison = compare_runs(runs[real], runs[emulated])
+                # original vs sleep keeps the plain name (the only pair before DLIO runs)
+                label = (
+                    name
+                    if (real, emulated) == COMPARED_PAIRS[0]
+                    else f"{name}-{real}-vs-{emulated}"
+                )
                 written.append(
                     write_comparison_report(
-                        runs["original"],
-                        runs["sleep"],
+                        runs[real],
+                        runs[emulated],
                         comparison,
-                        home / "comparisons" / f"{name}.html",
+                        home / "comparisons" / f"{label}.html",
                     )
                 )
-                scores[name] = comparison.to_dict()
+                scores[label] = {"real": real, "emulated": emulated, **comparison.to_dict()}
         if scores:
             path = home / "comparisons" / "scores.json"
             write_json(path, {"scores": scores})

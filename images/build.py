@@ -12,6 +12,9 @@ Images and their inputs:
   parts of the chosen build. The base image carries the labels ``org.twintrace.torch``
   (``cpu`` or ``cuda``) and ``org.twintrace.torch.version`` (what ``torch.__version__`` says,
   read from the wheel), and its build checks them against the torch it installed;
+- ``twintrace/dlio:latest`` (``images/dlio/Dockerfile``): the DLIO benchmark pinned in
+  ``images/requirements-dlio.txt``, on twintrace/base, from its own wheelhouse part
+  (``.cache/wheelhouse/dlio/``); it runs the ``dlio`` variant of every workload;
 - ``twintrace/<workload>:<variant>``, one per workload of ``workloads/registry.py`` and variant
   it supports, from ``images/Dockerfile.workload`` (or ``images/<workload>/Dockerfile`` where a
   workload has its own) with the build arguments ``WORKLOAD`` and ``VARIANT``. The build context
@@ -49,6 +52,7 @@ from docker.utils.build import exclude_paths
 
 from core.errors import UserError
 from workloads.config import BASE_TAG, VARIANTS, image_tag
+from workloads.dlio import DLIO_IMAGE, DLIO_VARIANT
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
@@ -572,6 +576,53 @@ def build_workload(
     return BuildResult(tag, image_id, True)
 
 
+DLIO_DIR = REPO / "images" / "dlio"
+DLIO_CONTEXT = CACHE / "dlio-context"
+
+
+def dlio_wheels() -> WheelSet:
+    """The wheelhouse part of twintrace/dlio: ``images/requirements-dlio.txt``."""
+    return WheelSet(
+        "dlio",
+        (REPO / "images" / "requirements-dlio.txt").read_text(),
+        what="the DLIO benchmark's wheels (images/requirements-dlio.txt)",
+    )
+
+
+def build_dlio(cli: docker.DockerClient, base_id: str, log: Log) -> BuildResult:
+    """Build twintrace/dlio (images/dlio/Dockerfile: DLIO pinned, on twintrace/base) unless
+    its inputs hash is already its label. Its build context is ``.cache/dlio-context/``: the
+    Dockerfile, the build-time patch and hard links to the wheels."""
+    wheels = fetch_wheels(dlio_wheels(), log)
+    files = sorted(p for p in DLIO_DIR.iterdir() if p.is_file())
+    names = [f"{w.name}:{w.stat().st_size}" for w in sorted(wheels.glob("*.whl"))]
+    inputs = _hash_files(files, [base_id, *names])
+    current, image_id = _existing_hash(cli, DLIO_IMAGE)
+    if current == inputs and image_id:
+        return BuildResult(DLIO_IMAGE, image_id, False)
+    if DLIO_CONTEXT.exists():
+        shutil.rmtree(DLIO_CONTEXT)
+    (DLIO_CONTEXT / "wheelhouse").mkdir(parents=True)
+    for path in files:
+        shutil.copyfile(path, DLIO_CONTEXT / path.name)
+    for wheel in wheels.glob("*.whl"):
+        try:
+            os.link(wheel, DLIO_CONTEXT / "wheelhouse" / wheel.name)
+        except OSError:  # another file system: copy
+            shutil.copyfile(wheel, DLIO_CONTEXT / "wheelhouse" / wheel.name)
+    log(f"building {DLIO_IMAGE}")
+    image_id = _stream_build(
+        cli,
+        log,
+        path=str(DLIO_CONTEXT),
+        dockerfile="Dockerfile",
+        tag=DLIO_IMAGE,
+        buildargs={"BASE_TAG": BASE_TAG},
+        labels={HASH_LABEL: inputs},
+    )
+    return BuildResult(DLIO_IMAGE, image_id, True)
+
+
 def build(
     cli: docker.DockerClient,
     workloads: Iterable[str] | None = None,
@@ -591,10 +642,12 @@ def build(
     for name in chosen:
         if name not in known:
             raise UserError(f"unknown workload {name!r}: choose one of {', '.join(known)}")
-    chosen_variants = list(variants or VARIANTS)
+    chosen_variants = list(variants or (*VARIANTS, DLIO_VARIANT))
     for variant in chosen_variants:
-        if variant not in VARIANTS:
-            raise UserError(f"unknown variant {variant!r}: choose one of {', '.join(VARIANTS)}")
+        if variant not in (*VARIANTS, DLIO_VARIANT):
+            raise UserError(
+                f"unknown variant {variant!r}: choose one of {', '.join(VARIANTS)}, {DLIO_VARIANT}"
+            )
     if torch_build not in TORCH_BUILDS:
         raise UserError(
             f"unknown torch build {torch_build!r}: choose one of {', '.join(TORCH_BUILDS)}"
@@ -612,4 +665,6 @@ def build(
                 results.append(
                     build_workload(cli, name, variant, base.image_id, log, contexts[dockerfile])
                 )
+    if DLIO_VARIANT in chosen_variants:  # one image runs DLIO for every workload
+        results.append(build_dlio(cli, base.image_id, log))
     return results

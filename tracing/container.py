@@ -393,3 +393,44 @@ def remove_run_resources(cli: docker.DockerClient, run_id: str) -> None:
             net.remove()
         except docker.errors.APIError:
             pass
+
+
+def run_to_completion(
+    cli: docker.DockerClient,
+    image: str,
+    command: Sequence[str],
+    mounts: Sequence[BindMount],
+    *,
+    label: str,
+    log_path: Path,
+    environment: dict[str, str] | None = None,
+    working_dir: str | None = None,
+    echo: bool = False,
+) -> int:
+    """Run ``command`` in a fresh container of ``image`` (no network, untraced) until it exits;
+    return its exit code. Its output goes to ``log_path`` (and to our stderr with ``echo``).
+    The container is removed on every exit path, Ctrl-C included; one left by a killed process
+    is removed by :func:`remove_orphans` (it carries our labels)."""
+    kwargs: dict[str, Any] = {"working_dir": working_dir} if working_dir else {}
+    try:
+        ctr = cli.containers.run(
+            image,
+            command=list(command),
+            mounts=[m.to_docker() for m in mounts],
+            labels={RUN_LABEL: label, ROLE_LABEL: "main", OWNER_LABEL: str(os.getpid())},
+            environment=environment or {},
+            network_mode="none",
+            detach=True,
+            **kwargs,
+        )
+    except docker.errors.ImageNotFound:
+        raise UserError(f"image {image} is not built: run `./cli.py build`") from None
+    except docker.errors.APIError as exc:
+        raise UserError(f"docker could not start {image}: {exc.explanation or exc}") from None
+    try:
+        follower = LogFollower(ctr, log_path, echo)
+        code = int(ctr.wait().get("StatusCode", -1))
+        follower.join()
+        return code
+    finally:
+        stop_and_remove(ctr)

@@ -2765,9 +2765,14 @@ def build_samples(raw_dir: Path) -> pd.DataFrame:
     return df.astype(columns)
 
 
-def build_phases(raw_dir: Path, roles: Sequence[str] = ()) -> pd.DataFrame:
+def build_phases(
+    raw_dir: Path, roles: Sequence[str] = (), realtime_offset_ns: int | None = None
+) -> pd.DataFrame:
     """Parse each container's MLLOG events (``raw/<role>/mllog.log``), or ``raw/mllog.log``
-    when no roles are given, into one phases table with the ``container`` column."""
+    when no roles are given, into one phases table with the ``container`` column. A container
+    that ran DLIO has its outputs in ``raw/<role>/dlio/`` instead (:mod:`tracing.dlio`: its
+    wall-clock times placed with ``realtime_offset_ns``, CLOCK_REALTIME - CLOCK_MONOTONIC)."""
+    from tracing.dlio import parse_dlio
     from tracing.mllog import parse_mllog
 
     sources = [(raw_dir / role / "mllog.log", role) for role in roles] or [
@@ -2775,7 +2780,12 @@ def build_phases(raw_dir: Path, roles: Sequence[str] = ()) -> pd.DataFrame:
     ]
     frames = []
     for path, role in sources:
-        frame = parse_mllog(path)
+        peer = path.parent / "dlio"
+        if not path.exists() and realtime_offset_ns is not None and peer.is_dir():
+            frame = parse_dlio(peer, realtime_offset_ns)
+            path = peer / "dlio.log"
+        else:
+            frame = parse_mllog(path)
         frame["container"] = pd.Series(role, index=frame.index, dtype="string")
         frames.append(conform(frame, PHASES_COLUMNS, str(path.relative_to(raw_dir.parent))))
     phases = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]

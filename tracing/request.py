@@ -52,8 +52,9 @@ class ContainerSpec:
 
     ``command`` None runs the image's own ENTRYPOINT + CMD. ``config`` (workload runs) is
     written to the container's control directory ``ctl/<role>/config.json``, mounted at
-    ``/twintrace/ctl``. ``out`` mounts the container's own ``out/<role>/`` directory of the run
-    at ``/twintrace/out``.
+    ``/twintrace/ctl``; ``ctl_files`` (path relative to it -> text) are written there too (a
+    peer tool's configuration, say). ``out`` mounts the container's own ``out/<role>/``
+    directory of the run at ``/twintrace/out``.
     """
 
     role: str
@@ -71,8 +72,13 @@ class ContainerSpec:
     # every container that is not a daemon has exited, and then stops the daemons.
     daemon: bool = False
     gpus: str | None = None  # docker's --gpus: all, a count, or device ids
+    ctl_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in self.ctl_files:
+            parts = Path(name).parts
+            if not parts or Path(name).is_absolute() or ".." in parts:
+                raise ValueError(f"ctl_files: {name!r} is not a path inside the control directory")
         if not self.role or not all(c.isalnum() or c in "-_" for c in self.role):
             raise UserError(
                 f"bad container role {self.role!r}: use letters, digits, '-' and '_' only"
@@ -144,6 +150,9 @@ class RunRequest:
     config: WorkloadConfig | None = None
     run: RunOptions = RunOptions()
     source: str | None = None  # the topology file a run came from
+    #: A peer tool's run (DLIO): what it is and how it was set up, recorded in the manifest
+    #: (``peer``); None for our own workloads.
+    peer: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.containers:

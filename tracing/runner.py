@@ -31,7 +31,7 @@ from typing import Any
 
 from core import rundir
 from core.errors import UserError
-from tracing import bpftrace, container, host, ingest
+from tracing import bpftrace, container, dlio, host, ingest
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.request import ContainerSpec, RunRequest
 from tracing.samplers import Sampler
@@ -128,6 +128,10 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
         },
         host=host.host_metadata(cli.version().get("Version")),
         containers=[],
+        peer=dict(request.peer) if request.peer is not None else None,
+        # CLOCK_REALTIME - CLOCK_MONOTONIC: places a tool's wall-clock log times (DLIO's) on
+        # the trace's clock
+        realtime_offset_ns=time.time_ns() - time.monotonic_ns(),
     )
     members: list[_Member] = []
     for spec in request.containers:
@@ -139,6 +143,11 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
         control = []  # not recorded: the tracer's own files (config), not the storage measured
         if spec.config is not None:
             spec.config.save(ctl / spec.role / "config.json")
+        for name, text in spec.ctl_files.items():
+            path = ctl / spec.role / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        if spec.config is not None or spec.ctl_files:
             control.append(container.BindMount(ctl / spec.role, container.CTL_MOUNT, True))
         manifest["containers"].append(
             {
@@ -339,6 +348,9 @@ def _shutdown(
             first_error = first_error or exc
     started = manifest.get("start_ns")
     for m in members:
+        peer_out = run_dir / "out" / m.spec.role / "dlio"  # a DLIO run's own outputs
+        if peer_out.is_dir():
+            shutil.move(peer_out, run_dir / "raw" / m.spec.role / "dlio")
         mllog = run_dir / "out" / m.spec.role / "mllog.log"
         if mllog.exists():
             shutil.move(mllog, run_dir / "raw" / m.spec.role / "mllog.log")
@@ -390,6 +402,16 @@ def lost_message(lost: int, missed: int = 0) -> str:
     )
 
 
+def _peer_summary(raw: Path, roles: list[str]) -> dict:
+    """A DLIO run's own figures (AU, throughput) from its summary.json: ``{"dlio": {...}}``,
+    empty for other runs."""
+    for role in roles:
+        found = dlio.dlio_summary(raw / role / "dlio")
+        if found is not None:
+            return {"dlio": found}
+    return {}
+
+
 def _process(
     run_dir: Path, manifest: dict, members: list[_Member], status: str, error: str | None
 ) -> tuple[str, str | None]:
@@ -400,7 +422,7 @@ def _process(
         roots = {m.main_pid: m.spec.role for m in members if m.main_pid}
         events, stats = ingest.write_events(raw, run_dir / "events.parquet", roots)
         samples = ingest.build_samples(raw)
-        phases = ingest.build_phases(raw, roles)
+        phases = ingest.build_phases(raw, roles, manifest.get("realtime_offset_ns"))
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
         manifest["lost_events"] = stats.lost_events
@@ -417,6 +439,7 @@ def _process(
                 "duration_s": (end - start) / 1e9 if start and end else None,
                 **ingest.summarize(events, phases, stats),
                 "missed_probes": missed,
+                **_peer_summary(raw, roles),
             },
         )
     except KeyboardInterrupt:

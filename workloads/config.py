@@ -15,6 +15,10 @@ from typing import Any, TypeVar
 from core.errors import UserError
 
 VARIANTS: tuple[str, ...] = ("original", "instrumented", "sleep")
+#: Variants run by a peer tool's image instead of the workload's (workloads/dlio.py): a run
+#: config may name them, no workload image exists for them.
+PEER_VARIANTS: tuple[str, ...] = ("dlio",)
+RUN_VARIANTS: tuple[str, ...] = (*VARIANTS, *PEER_VARIANTS)
 
 #: Environment variables that tell a rank container (``rank`` set) where rank 0 listens.
 MASTER_ADDR_ENV = "TWINTRACE_MASTER_ADDR"
@@ -111,9 +115,9 @@ class WorkloadConfig:
     rank: int | None = None
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
+        if self.variant not in RUN_VARIANTS:
             raise UserError(
-                f"unknown variant {self.variant!r}: choose one of {', '.join(VARIANTS)}"
+                f"unknown variant {self.variant!r}: choose one of {', '.join(RUN_VARIANTS)}"
             )
         for name in ("epochs", "batch_size", "accelerators"):
             if getattr(self, name) < 1:

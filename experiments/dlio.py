@@ -1,0 +1,313 @@
+"""DLIO runs of the zoo's workloads: its dataset made next to ours, and a traced run request.
+
+``./cli.py trace --workload W --variant dlio --data DIR`` comes here (:func:`dlio_request`):
+
+1. **The dataset.** DLIO reads only what its own generator writes (npz, indexed binary, JPEG
+   ...), so DIR gets a mirror, ``DIR-dlio/`` beside it (:func:`mirror_dataset`): the dataset of
+   :func:`workloads.dlio.dataset_spec` (file count and sizes measured from DIR's manifest),
+   written by DLIO's own generator in the ``twintrace/dlio`` image, with a ``manifest.json`` of
+   ours that records both (DLIO's configuration, its source DIR and the source manifest's
+   hash, the sizes DLIO actually wrote). It is made once and reused while DIR's manifest and
+   the derived configuration are unchanged; it appears whole or not at all (written into a
+   temporary directory that is renamed).
+2. **The run.** DLIO's configuration (:func:`workloads.dlio.workload_config`) from the run's
+   settings and the SAME sleep profile the ``sleep`` variant would use (``--profile``,
+   ``--accelerator`` from the profile database, or the workload's shipped default), written
+   into the container's control directory; ``--accelerators G`` is G MPI ranks in the one
+   container. The runner traces it like any run; its phases come from DLIO's own outputs
+   (:mod:`tracing.dlio`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from core.errors import UserError
+from datagen.common import MARKER_NAME, load_manifest, write_manifest
+from tracing import container
+from tracing.container import BindMount
+from tracing.request import ContainerSpec, RunOptions, RunRequest, accelerator_profile
+from workloads import dlio
+from workloads.config import WorkloadConfig
+
+Log = Callable[[str], None]
+#: Pillow's default JPEG quality, which DLIO's generator uses.
+_JPEG_QUALITY = 75
+
+
+def mirror_dir(data_dir: Path) -> Path:
+    """Where the DLIO mirror of ``data_dir`` lives: ``<data_dir>-dlio`` beside it."""
+    data_dir = Path(data_dir).resolve()
+    return data_dir.parent / f"{data_dir.name}-dlio"
+
+
+def jpeg_bytes_per_pixel(mean_bytes: float) -> float:
+    """Bytes per pixel of the JPEGs DLIO's generator writes (greyscale uniform noise, Pillow's
+    default quality) at about ``mean_bytes``: measured with this host's Pillow on one image."""
+    import numpy as np
+    from PIL import Image
+
+    side = max(8, int(math.sqrt(max(mean_bytes, 64.0))))
+    for _ in range(2):  # the ratio moves a little with the size: measure at the size it gives
+        pixels = np.random.default_rng(10).integers(0, 255, size=(side, side), dtype=np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=_JPEG_QUALITY)
+        ratio = buffer.tell() / (side * side)
+        side = max(8, int(math.sqrt(mean_bytes / ratio)))
+    return ratio
+
+
+def dataset_spec_of(data_dir: Path) -> tuple[dlio.DatasetSpec, dict[str, Any]]:
+    """The DLIO dataset standing for ``data_dir`` and ``data_dir``'s manifest."""
+    manifest = load_manifest(data_dir)
+    ratio = 1.0
+    if manifest.get("generator") == "images":
+        train = [int(f["bytes"]) for f in manifest["files"] if str(f["name"]).startswith("train/")]
+        if train:
+            ratio = jpeg_bytes_per_pixel(sum(train) / len(train))
+    return dlio.dataset_spec(manifest, jpeg_bytes_per_pixel=ratio), manifest
+
+
+def _fingerprint(data_dir: Path) -> str:
+    return hashlib.sha256((Path(data_dir) / "manifest.json").read_bytes()).hexdigest()
+
+
+def _yaml(section: Mapping[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(dict(section), sort_keys=False)
+
+
+def _ranks(requested: int | None) -> int:
+    return requested or max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def dlio_command(ranks: int) -> list[str]:
+    """DLIO with our configuration (``CONFIG_DIR/workload/CONFIG_NAME.yaml``), as ``ranks`` MPI
+    ranks; Hydra's own files under the output directory."""
+    run = [
+        "dlio_benchmark",
+        "--config-dir",
+        dlio.CONFIG_DIR,
+        f"workload={dlio.CONFIG_NAME}",
+        f"hydra.run.dir={dlio.OUTPUT_DIR}/hydra",
+    ]
+    return ["mpirun", "-np", str(ranks), *run] if ranks > 1 else run
+
+
+def mirror_dataset(
+    data_dir: Path, *, ranks: int | None = None, log: Log = lambda msg: None
+) -> tuple[Path, dict[str, Any]]:
+    """The DLIO mirror of ``data_dir`` (module doc), made now unless an up-to-date one is
+    there; returns its directory and manifest. ``ranks``: DLIO generator ranks (default: the
+    CPUs, at most 8)."""
+    data_dir = Path(data_dir).resolve()
+    spec, source = dataset_spec_of(data_dir)
+    target = mirror_dir(data_dir)
+    fingerprint = _fingerprint(data_dir)
+    wanted = {
+        "dlio_version": dlio.DLIO_VERSION,
+        "spec": spec.to_dict(),
+        "source": str(data_dir),
+        "source_manifest_sha256": fingerprint,
+    }
+    if (target / "manifest.json").is_file():
+        try:
+            existing = load_manifest(target)
+        except UserError:
+            existing = {}
+        params = existing.get("params") or {}
+        if existing.get("generator") == "dlio" and all(
+            params.get(k) == v for k, v in wanted.items() if k != "source"
+        ):
+            return target, existing
+    if target.exists() and any(target.iterdir()) and not (target / MARKER_NAME).is_file():
+        raise UserError(
+            f"{target} exists and was not written by twintrace: move it away, or it would be "
+            f"replaced by the DLIO mirror of {data_dir}"
+        )
+    ranks = _ranks(ranks)
+    log(
+        f"generating the DLIO dataset for {data_dir.name} with DLIO's generator ({ranks} ranks): "
+        f"{spec.num_files} {spec.format} files, {spec.samples} samples -> {target}"
+    )
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        data = work / "data"
+        ctl = work / "ctl"
+        out = work / "out"
+        for d in (data, ctl / "dlio" / "workload", out):
+            d.mkdir(parents=True)
+        (data / MARKER_NAME).write_text(
+            "Written by twintrace (DLIO's generator); may be replaced.\n"
+        )
+        (ctl / "dlio" / "workload" / f"{dlio.CONFIG_NAME}.yaml").write_text(
+            _yaml(dlio.generator_config(spec))
+        )
+        code = container.run_to_completion(
+            container.client(),
+            dlio.DLIO_IMAGE,
+            dlio_command(ranks),
+            [
+                BindMount(data, dlio.DATA_DIR, False),
+                BindMount(ctl, container.CTL_MOUNT, True),
+                BindMount(out, container.OUT_MOUNT, False),
+            ],
+            label=f"dlio-datagen-{os.getpid()}",
+            log_path=work / "dlio-datagen.log",
+            environment={"TZ": "UTC"},
+            working_dir=container.OUT_MOUNT,
+        )
+        if code != 0:
+            tail = (work / "dlio-datagen.log").read_text(errors="replace").strip().splitlines()
+            raise UserError(
+                f"DLIO's generator exited with code {code}: "
+                + (" | ".join(tail[-3:]) or "no output")
+            )
+        files = sorted(
+            (p for p in data.rglob("*") if p.is_file() and p.name != MARKER_NAME),
+            key=lambda p: str(p),
+        )
+        records = [{"name": str(p.relative_to(data)), "bytes": p.stat().st_size} for p in files]
+        samples = [r for r in records if not r["name"].endswith(".idx")]
+        if len(samples) != spec.num_files:
+            raise UserError(
+                f"DLIO's generator wrote {len(samples)} data files, {spec.num_files} were asked: "
+                f"see {work / 'dlio-datagen.log'}"
+            )
+        written = sum(r["bytes"] for r in samples) / max(1, spec.samples)
+        manifest = write_manifest(
+            data,
+            generator="dlio",
+            seed=0,
+            requested_bytes=int(source.get("total_bytes", 0)),
+            files=records,
+            params={
+                **wanted,
+                "source_generator": source.get("generator"),
+                "ranks": ranks,
+                "sample_bytes": round(written, 1),
+                "target_sample_bytes": round(spec.target_bytes, 1),
+            },
+            duration_s=time.monotonic() - started,
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        data.rename(target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log(
+        f"DLIO dataset ready: {len(records)} files, {manifest['total_bytes'] / 1e6:.1f} MB, mean "
+        f"sample {manifest['params']['sample_bytes']:.0f} B (ours: {spec.target_bytes:.0f} B)"
+    )
+    return target, manifest
+
+
+def checkpoint_bytes(config: WorkloadConfig, data_dir: Path, profile: Any) -> int:
+    """The size of a checkpoint of ``config``'s model: the profile's when it says, else 4
+    bytes per parameter (counted on torch's meta device: nothing is allocated)."""
+    if profile.checkpoint_bytes is not None:
+        return int(profile.checkpoint_bytes)
+    from workloads.registry import WORKLOADS
+    from workloads.training import parameter_count
+
+    spec = WORKLOADS[config.workload]
+    sleep = config.replace(variant="sleep")
+    return 4 * parameter_count(spec.task_of(sleep, data_dir))
+
+
+def dlio_request(
+    workload: str,
+    data_dir: Path | None,
+    runs_root: Path,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    options: Mapping[str, str] | None = None,
+    profile: Path | None = None,
+    accelerator: str | None = None,
+    profile_model: str | None = None,
+    run: RunOptions | None = None,
+    log: Log = lambda msg: None,
+) -> RunRequest:
+    """A traced DLIO run standing for ``workload``'s run with ``settings`` (module doc)."""
+    run = run or RunOptions()
+    from workloads.profile import default_profile, load_profile
+    from workloads.registry import WORKLOADS
+
+    if workload not in WORKLOADS:
+        raise UserError(
+            f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}"
+        )
+    spec = WORKLOADS[workload]
+    if data_dir is None:
+        raise UserError(
+            f"--data is required: generate a dataset with "
+            f"`./cli.py datagen {spec.datagen} --out DIR --size 1GB`"
+        )
+    settings = dict(settings or {})
+    if settings.get("synthetic"):
+        raise UserError("--synthetic is not for the dlio variant: DLIO always reads its dataset")
+    data_dir = Path(data_dir).resolve()
+    spec.check_data(data_dir)
+    options = dict(options or {})
+    spec.parse_options(options)
+    config = spec.config(dlio.DLIO_VARIANT, options=options, **settings)
+    as_sleep = config.replace(variant="sleep")
+    if accelerator is not None or profile_model is not None:
+        chosen = accelerator_profile(as_sleep, accelerator, profile_model, profile)
+    elif profile is not None:
+        chosen = load_profile(profile)
+    else:
+        chosen = default_profile(workload)
+    ckpt = checkpoint_bytes(config, data_dir, chosen)
+    gradients = chosen.collective.gradient_bytes
+    if gradients is None:
+        gradients = ckpt
+    compute = dlio.computation(chosen, config, gradients)
+    mirror, manifest = mirror_dataset(data_dir, log=log)
+    dataset = dlio.DatasetSpec.from_dict(manifest["params"]["spec"])
+    section = dlio.workload_config(config, dataset, compute, ckpt)
+    text = _yaml(section)
+    peer = {
+        "tool": "dlio",
+        "version": dlio.DLIO_VERSION,
+        "dataset": str(mirror),
+        "source_dataset": str(data_dir),
+        "profile": {"accelerator": chosen.accelerator, "source": chosen.source},
+        "computation_s": {"mean": compute.mean_s, "stdev": compute.stdev_s, **compute.parts},
+        "checkpoint_bytes": ckpt,
+        "substitutions": list(dataset.substitutions),
+        "config": json.loads(json.dumps(section)),
+    }
+    member = ContainerSpec(
+        role="main",
+        image=dlio.DLIO_IMAGE,
+        command=tuple(dlio_command(config.accelerators)),
+        config=config,
+        ctl_files={f"dlio/workload/{dlio.CONFIG_NAME}.yaml": text},
+        mounts=(BindMount(mirror, dlio.DATA_DIR, True),),
+        environment={"TZ": "UTC"},
+        working_dir=container.OUT_MOUNT,
+        memory_bytes=run.limits.memory_bytes,
+        cpus=run.limits.cpus,
+    )
+    return RunRequest(
+        label=workload,
+        variant=dlio.DLIO_VARIANT,
+        runs_root=Path(runs_root),
+        containers=(member,),
+        config=config,
+        run=run,
+        peer=peer,
+    )
