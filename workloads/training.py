@@ -112,6 +112,11 @@ class Task(abc.ABC):
     def batch_samples(self, batch: Any) -> int:
         """Samples in a loader batch (the ``step_end`` value and the profile's batch size)."""
 
+    def prepare(self, config: WorkloadConfig, out_dir: Path, emitter: Emitter) -> Task:
+        """One-time set-up in the run's first process, before any rank starts: may log events
+        and write files to ``out_dir``; returns the task to train (by default itself)."""
+        return self
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -140,6 +145,7 @@ def sleep_profile(config: WorkloadConfig) -> SleepProfile | None:
 
 def run(config: WorkloadConfig, task: Task, out_dir: Path, emitter: Emitter) -> None:
     """Train ``task`` as ``config`` says, logging events through ``emitter`` (module doc)."""
+    task = task.prepare(config, Path(out_dir), emitter)
     plan = Plan(config, task, Path(out_dir), sleep_profile(config))
     if config.rank is not None:  # one rank of several, each in its own container
         plan = dataclasses.replace(

@@ -8,6 +8,12 @@ from typing import Any
 from core.errors import UserError
 from workloads.config import from_mapping
 
+#: ``dataset`` values: the local files, or a storage node's samples (workloads.sophon).
+DATASET_MODES = ("local", "remote-nooff", "remote-alloff", "remote-partial", "remote-sophon")
+#: The storage node of a traced run: its role (its name on the run's network) and port.
+STORAGE_ROLE = "storage"
+STORAGE_PORT = 50051
+
 
 @dataclasses.dataclass(frozen=True)
 class ImageOptions:
@@ -20,6 +26,13 @@ class ImageOptions:
     - ``optimizer`` (``sgd`` with momentum 0.9 as the references, or ``adam``) and
       ``learning_rate``.
 
+    - ``dataset``: ``local`` (the files under ``--data``) or a remote mode, the samples served
+      by a storage node over gRPC (docs/sophon.md): ``remote-nooff`` (raw files, all the
+      preprocessing here), ``remote-alloff`` (normalised tensors), ``remote-partial`` (decoded,
+      cropped and flipped RGB) or ``remote-sophon`` (SOPHON's per-sample choice).
+    - ``storage_host``: ``HOST:PORT`` of the storage node of a remote mode (default: the
+      ``storage`` container of the run).
+
     The batch size of grouped datasets must be a multiple of their group size G: each loader
     item is one group file of G images, so a step reads batch_size / G groups.
     """
@@ -28,6 +41,8 @@ class ImageOptions:
     width: int = 64
     optimizer: str = "sgd"
     learning_rate: float = 0.1
+    dataset: str = "local"
+    storage_host: str = f"{STORAGE_ROLE}:{STORAGE_PORT}"
 
     def __post_init__(self) -> None:
         if self.image_size < 8:
@@ -40,6 +55,22 @@ class ImageOptions:
             raise UserError(
                 f"image option learning_rate must be positive, got {self.learning_rate}"
             )
+        if self.dataset not in DATASET_MODES:
+            raise UserError(
+                f"image option dataset must be one of {', '.join(DATASET_MODES)}, "
+                f"got {self.dataset!r}"
+            )
+        host, sep, port = self.storage_host.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UserError(
+                f"image option storage_host must be HOST:PORT (e.g. storage:{STORAGE_PORT}), "
+                f"got {self.storage_host!r}"
+            )
+
+    @property
+    def remote(self) -> bool:
+        """Whether the samples come from a storage node."""
+        return self.dataset != "local"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ImageOptions:

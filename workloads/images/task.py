@@ -26,14 +26,28 @@ from workloads.training import Loader, Task, sharded_loader
 
 
 @dataclasses.dataclass(frozen=True)
+class RemoteData:
+    """A remote dataset (``options.dataset`` ``remote-*``): what the storage node listed and,
+    for ``remote-sophon``, the stage each training sample is asked at (the policy's plan)."""
+
+    classes: tuple[str, ...]
+    train_labels: tuple[int, ...]
+    val_labels: tuple[int, ...]
+    stages: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class ImageTask(Task):
     model_name: str
     options: ImageOptions
-    data: ImageData
+    data: ImageData | None
+    remote: RemoteData | None = None
 
     @classmethod
     def create(cls, config: WorkloadConfig, data_dir: Path) -> ImageTask:
         options = ImageOptions.from_dict(config.options)
+        if options.remote:
+            return cls(config.workload, options, None)  # listed by prepare(), from the server
         data = load_image_data(data_dir)
         if data.layout == "grouped" and config.batch_size % data.group_size:
             raise UserError(
@@ -43,9 +57,26 @@ class ImageTask(Task):
             )
         return cls(config.workload, options, data)
 
+    def prepare(self, config: WorkloadConfig, out_dir: Path, emitter: Emitter) -> ImageTask:
+        """A remote dataset: list it (and for ``remote-sophon`` profile it and plan the offload,
+        :func:`workloads.sophon.setup.plan_remote`) once, before the ranks start."""
+        if not self.options.remote:
+            return self
+        from workloads.sophon.setup import plan_remote
+
+        remote = plan_remote(config, self.options, out_dir, emitter)
+        return dataclasses.replace(self, remote=remote)
+
+    @property
+    def classes(self) -> int:
+        if self.remote is not None:
+            return len(self.remote.classes)
+        assert self.data is not None
+        return len(self.data.classes)
+
     def build_model(self, seed: int) -> nn.Module:
         torch.manual_seed(seed)
-        return build_image_model(self.model_name, len(self.data.classes), width=self.options.width)
+        return build_image_model(self.model_name, self.classes, width=self.options.width)
 
     def _loader(
         self,
@@ -62,6 +93,27 @@ class ImageTask(Task):
             "seed": config.seed,
             "emitter": emitter,
         }
+        if self.remote is not None:
+            from workloads.sophon.client import RemoteImageDataset
+
+            # Evaluation is not planned: its samples come whole (no offload) in the selective
+            # mode, as the other modes send them.
+            mode = self.options.dataset
+            stages = self.remote.stages if train else None
+            if not train and mode == "remote-sophon":
+                mode = "remote-nooff"
+            remote = RemoteImageDataset(
+                self.options.storage_host,
+                "train" if train else "val",
+                items,
+                mode,
+                stages=stages,
+                **common,
+            )
+            return sharded_loader(
+                remote, config, rank, device, batch_size=config.batch_size, shuffle=train
+            )
+        assert self.data is not None
         if self.data.layout == "grouped":
             dataset: Any = GroupedImageDataset(items, **common)
             return sharded_loader(
@@ -81,11 +133,19 @@ class ImageTask(Task):
     def train_loader(
         self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
     ) -> Loader:
+        if self.remote is not None:
+            return self._loader(self.remote.train_labels, True, config, rank, device, emitter)
+        assert self.data is not None
         return self._loader(self.data.train, True, config, rank, device, emitter)
 
     def eval_loader(
         self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
     ) -> Loader | None:
+        if self.remote is not None:
+            if not self.remote.val_labels:
+                return None
+            return self._loader(self.remote.val_labels, False, config, rank, device, emitter)
+        assert self.data is not None
         if not self.data.val:
             return None
         return self._loader(self.data.val, False, config, rank, device, emitter)
