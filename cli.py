@@ -493,6 +493,32 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     is_flag=True,
     help="Do not show the containers' output (it is kept in raw/<role>/container.log).",
 )
+@click.option(
+    "--net-bandwidth",
+    metavar="RATE",
+    default=None,
+    help="Cap what each container receives at RATE (tc's units: 430mbit, 1gbit), with tc on "
+    "the host side of its network interface; for runs with a network (docs/sophon.md).",
+)
+@click.option(
+    "--storage-host",
+    metavar="HOST:PORT",
+    default=None,
+    help="Remote dataset (--set dataset=remote-...): train on the samples of a storage server "
+    "started elsewhere (./cli.py storage-server) instead of a storage container of the run.",
+)
+@click.option(
+    "--prep-workers",
+    type=int,
+    default=None,
+    help="Remote dataset: preprocessing processes of the run's storage container (default 1).",
+)
+@click.option(
+    "--storage-cpus",
+    type=float,
+    default=None,
+    help="Remote dataset: CPU limit of the run's storage container (default: --cpus).",
+)
 @runs_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @user_errors
@@ -524,6 +550,10 @@ def trace(
     sample_interval: float,
     timeout: float | None,
     quiet: bool,
+    net_bandwidth: str | None,
+    storage_host: str | None,
+    prep_workers: int | None,
+    storage_cpus: float | None,
     runs_root: Path,
     command: tuple[str, ...],
 ) -> None:
@@ -537,10 +567,13 @@ def trace(
       ./cli.py trace --workload unet3d --variant original --data data/unet3d --accelerators 2 --rank-containers
       ./cli.py trace --image twintrace/base:latest --mount /srv/data:/data -- python3 -c "print(1)"
       ./cli.py trace --compose topology.yml --service client --service server
+      ./cli.py trace --workload resnet18 --variant sleep --data data/oi --set dataset=remote-sophon --net-bandwidth 430mbit --prep-workers 2
     """
     from tracing.container import BindMount
+    from tracing.remote import StorageNode
     from tracing.request import Limits, RunOptions, image_request, workload_request
     from tracing.runner import trace as run_trace
+    from tracing.shaper import parse_rate
 
     if sum(x is not None for x in (workload, image, compose_file)) != 1:
         raise UserError("give exactly one of --workload NAME, --image IMAGE or --compose FILE")
@@ -552,12 +585,24 @@ def trace(
         raise UserError("a command after `--` is only for --image runs")
     if (emulated or profile_model) and workload is None:
         raise UserError("--accelerator and --profile-model are for --workload runs")
+    remote_options = storage_host or prep_workers is not None or storage_cpus is not None
+    if remote_options and (workload is None or variant in PEER_VARIANTS):
+        raise UserError("--storage-host, --prep-workers and --storage-cpus are for --workload runs")
+    if storage_host and (prep_workers is not None or storage_cpus is not None):
+        raise UserError(
+            "--prep-workers and --storage-cpus size the run's storage container, which "
+            "--storage-host replaces: give them to ./cli.py storage-server there"
+        )
+    storage = None
+    if prep_workers is not None or storage_cpus is not None:
+        storage = StorageNode(prep_workers or 1, storage_cpus)
     run = RunOptions(
         limits=Limits.parse(memory_limit, cpus),
         gpus=gpus,
         sample_interval=sample_interval,
         timeout_s=timeout,
         echo=not quiet,
+        net_bandwidth_bits_s=parse_rate(net_bandwidth) if net_bandwidth is not None else None,
     )
     extra_mounts = [BindMount.parse(m) for m in mounts]
     if variant in PEER_VARIANTS and workload is None:
@@ -595,19 +640,27 @@ def trace(
                 log=lambda msg: err_console.print(f"[dim]{msg}[/]"),
             )
         else:
+            options = _parse_sets(sets)
+            if storage_host is not None:
+                if "storage_host" in options:
+                    raise UserError(
+                        "give the storage node once: --storage-host or --set storage_host"
+                    )
+                options["storage_host"] = storage_host
             request = workload_request(
                 workload,
                 variant,
                 data_dir,
                 runs_root,
                 settings={k: v for k, v in given.items() if v is not None},
-                options=_parse_sets(sets),
+                options=options,
                 profile=profile_path,
                 accelerator=emulated,
                 profile_model=profile_model,
                 rank_containers=rank_containers,
                 mounts=extra_mounts,
                 run=run,
+                storage=storage,
             )
     elif image is not None:
         request = image_request(
@@ -636,6 +689,35 @@ def trace(
     if outcome.status != "completed":  # finished, but the trace is not whole
         err_console.print(f"[yellow]warning[/]: {outcome.error}")
     click.echo(str(outcome.run_dir))
+
+
+@cli.command("storage-server")
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Image dataset to serve (the folder layout of ./cli.py datagen images).",
+)
+@click.option("--port", type=int, default=50051, show_default=True, help="Port (0: any free one).")
+@click.option(
+    "--prep-workers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Preprocessing processes: the storage node's CPUs.",
+)
+@user_errors
+def storage_server(data_dir: Path, port: int, prep_workers: int) -> None:
+    """Serve an image dataset's samples over gRPC to remote training (trace --storage-host), with
+    part of their preprocessing done here as each request asks (docs/sophon.md); stops cleanly
+    on Ctrl-C or SIGTERM.
+
+    Example: ./cli.py storage-server --data data/oi --port 50051 --prep-workers 4
+    """
+    from workloads.sophon.server import ServerConfig, serve
+
+    serve(ServerConfig(data_dir, port, prep_workers), announce=lambda line: click.echo(line))
 
 
 def _print_summary(run_dir: Path) -> None:

@@ -40,6 +40,8 @@ RUN_LABEL = "twintrace.run"
 ROLE_LABEL = "twintrace.role"
 OWNER_LABEL = "twintrace.owner-pid"
 BARRIER_SCRIPT = f'read line < {BARRIER_MOUNT}/{RELEASE_FIFO} && exec "$@"'
+#: docker's default network, for a container that must reach another host.
+DEFAULT_BRIDGE = "bridge"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +170,8 @@ def start_held(
 ) -> docker.models.containers.Container:
     """Create and start a container that waits at the barrier before running ``command``.
 
-    ``network`` None: no network at all (least privilege for a single-container run)."""
+    ``network`` None: no network at all (least privilege for a single-container run);
+    :data:`DEFAULT_BRIDGE`: docker's default bridge network (a route out of the host)."""
     fifo = barrier_dir / RELEASE_FIFO
     if not fifo.exists():
         os.mkfifo(fifo, 0o600)
@@ -188,6 +191,8 @@ def start_held(
     kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1)]
     if network is None:
         kwargs["network_mode"] = "none"
+    elif network == DEFAULT_BRIDGE:
+        kwargs["network_mode"] = DEFAULT_BRIDGE  # docker's own network: a route out
     else:
         kwargs["network"] = network
         kwargs["hostname"] = role

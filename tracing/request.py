@@ -37,6 +37,7 @@ from workloads.config import (
 )
 
 if TYPE_CHECKING:
+    from tracing.remote import StorageNode
     from workloads.profile import SleepProfile
 
 #: Where a sleep profile given with ``--profile`` is mounted in a workload container.
@@ -73,6 +74,10 @@ class ContainerSpec:
     daemon: bool = False
     gpus: str | None = None  # docker's --gpus: all, a count, or device ids
     ctl_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # A single container that must reach another host (a storage node started elsewhere,
+    # --storage-host): it joins docker's default bridge network, which routes out, instead of
+    # having no network.
+    external_network: bool = False
 
     def __post_init__(self) -> None:
         for name in self.ctl_files:
@@ -127,6 +132,8 @@ class RunOptions:
     timeout_s: float | None = None
     tracing: bool = True
     echo: bool = False
+    # A cap on what each container receives (bits per second; tracing.shaper, --net-bandwidth).
+    net_bandwidth_bits_s: int | None = None
 
     def __post_init__(self) -> None:
         if self.sample_interval <= 0:
@@ -160,6 +167,18 @@ class RunRequest:
         roles = [c.role for c in self.containers]
         if len(set(roles)) != len(roles):
             raise UserError(f"container roles must be unique, got {', '.join(roles)}")
+        external = [c.role for c in self.containers if c.external_network]
+        if external and len(self.containers) > 1:
+            raise UserError(
+                f"container {external[0]} needs a route out of the host, which a run of several "
+                "containers (on its private network) cannot give it"
+            )
+        networked = len(self.containers) > 1 or bool(external)
+        if self.run.net_bandwidth_bits_s is not None and not networked:
+            raise UserError(
+                "--net-bandwidth caps a run's network, and a run of one container has none: "
+                "use a remote dataset (--set dataset=remote-...), --compose or --rank-containers"
+            )
 
     @property
     def roles(self) -> list[str]:
@@ -180,6 +199,7 @@ def workload_request(
     rank_containers: bool = False,
     mounts: Sequence[BindMount] = (),
     run: RunOptions = RunOptions(),
+    storage: StorageNode | None = None,
 ) -> RunRequest:
     """A run of a zoo workload: one container, or one container per rank.
 
@@ -193,7 +213,14 @@ def workload_request(
     ``profile`` is. Neither: the workload's shipped default profile. ``rank_containers``:
     ``accelerators`` = G containers, each running one data-parallel rank over its shard, joined
     by torch.distributed (gloo) over the run's private network.
+
+    A remote image dataset (option ``dataset=remote-...``, docs/sophon.md) adds the ``storage``
+    container serving ``data_dir`` (``storage``: its workers and limits), and the training
+    containers get no dataset mount; with the option ``storage_host`` set the server runs
+    elsewhere, there is no ``data_dir`` and the one training container gets a route out
+    (:mod:`tracing.remote`).
     """
+    from tracing.remote import StorageNode, check_served_dataset, storage_container
     from workloads.profile import load_profile
     from workloads.registry import WORKLOADS
 
@@ -209,15 +236,38 @@ def workload_request(
         emulated = accelerator_profile(
             spec.config(variant, **settings), accelerator, profile_model, profile
         )
-    if data_dir is None:
+    options = dict(options or {})
+    parsed = spec.parse_options(options)  # names and types checked before anything starts
+    remote = bool(getattr(parsed, "remote", False))
+    external = remote and "storage_host" in options  # a storage node started elsewhere
+    if "storage_host" in options and not remote:
+        raise UserError(
+            "--storage-host names the storage node of a remote dataset: add "
+            "--set dataset=remote-nooff (or remote-alloff, remote-partial, remote-sophon)"
+        )
+    if storage is not None and (not remote or external):
+        raise UserError(
+            "--prep-workers and --storage-cpus size the run's storage container: they are for "
+            "a remote dataset (--set dataset=remote-...) without --storage-host"
+        )
+    if external:
+        if data_dir is not None:
+            raise UserError(
+                "--data and --storage-host both say where the samples are: with --storage-host "
+                "the storage server reads its own --data"
+            )
+        if rank_containers:
+            raise UserError("--rank-containers and --storage-host cannot be combined")
+    elif data_dir is None:
         raise UserError(
             f"--data is required: generate a dataset with "
             f"`./cli.py datagen {spec.datagen} --out DIR --size 1GB`"
         )
-    data_dir = Path(data_dir).resolve()
-    spec.check_data(data_dir)
-    options = dict(options or {})
-    spec.parse_options(options)  # names and types checked before anything starts
+    else:
+        data_dir = Path(data_dir).resolve()
+        spec.check_data(data_dir)
+        if remote:
+            check_served_dataset(data_dir)
     extra = list(mounts)
     if profile is not None:
         if variant != "sleep":
@@ -232,7 +282,8 @@ def workload_request(
     image = image_tag(workload, variant)
     common = {
         "image": image,
-        "mounts": (BindMount(data_dir, DATA_MOUNT, True), *extra),
+        # A remote dataset's samples come over the network: no dataset for training to read.
+        "mounts": (*(() if remote else (BindMount(data_dir, DATA_MOUNT, True),)), *extra),
         "memory_bytes": run.limits.memory_bytes,
         "cpus": run.limits.cpus,
         "gpus": run.gpus,
@@ -258,7 +309,16 @@ def workload_request(
             for r in range(config.accelerators)
         )
     else:
-        containers = (ContainerSpec(role="main", config=config, **common),)
+        containers = (
+            ContainerSpec(role="main", config=config, external_network=external, **common),
+        )
+    if remote and not external:
+        assert data_dir is not None
+        node = storage or StorageNode()
+        containers = (
+            *containers,
+            storage_container(image, data_dir, node, run.limits.cpus, run.limits.memory_bytes),
+        )
     return RunRequest(
         label=workload,
         variant=variant,

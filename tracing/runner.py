@@ -35,6 +35,7 @@ from tracing import bpftrace, container, dlio, host, ingest
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.request import ContainerSpec, RunRequest
 from tracing.samplers import Sampler
+from tracing.shaper import Shaper, require_tc
 
 Progress = Callable[[str], None]
 
@@ -102,6 +103,8 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     """Run ``request`` (traced unless ``request.run.tracing`` is False); see the module doc."""
     if request.run.tracing:
         host.require_tracing_prerequisites()
+    if request.run.net_bandwidth_bits_s is not None:
+        require_tc()
     cli = container.client()
     for orphan in container.remove_orphans(cli):
         progress(f"removed the containers of run {orphan}, left behind by a killed tracer")
@@ -124,7 +127,8 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
             "sample_interval_s": request.run.sample_interval,
             "timeout_s": request.run.timeout_s,
             "bpftrace_scripts": list(bpftrace.SCRIPTS) if request.run.tracing else [],
-            "network": "internal" if len(request.containers) > 1 else "none",
+            "network": _network_kind(request),
+            "net_bandwidth_bits_s": request.run.net_bandwidth_bits_s,
         },
         host=host.host_metadata(cli.version().get("Version")),
         containers=[],
@@ -179,17 +183,25 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
 
     status, error, pending = "failed", None, None
     tracer = sampler = None
+    shaper = Shaper(request.run.net_bandwidth_bits_s) if request.run.net_bandwidth_bits_s else None
     try:
         with _sigterm_as_interrupt():
             try:
                 if len(members) > 1:
                     container.create_network(cli, run_dir.name)
                 _start_all(cli, members, commands, run_dir, manifest, request.run.echo)
+                networked = len(members) > 1 or members[0].spec.external_network
+                if shaper is not None:
+                    for m in members:  # held at the barrier: capped before a byte is sent
+                        shaper.add(m.spec.role, m.main_pid)
+                    manifest["net_shaping"] = shaper.record()
+                    progress(f"capped each container's network at {shaper.describe()}")
                 if request.run.tracing:
                     sampler = Sampler(
                         raw / "samples.csv",
                         {m.spec.role: m.cgroups for m in members},
                         request.run.sample_interval,
+                        netns={m.spec.role: m.main_pid for m in members} if networked else None,
                     )
                     sampler.start()
                     progress("attaching bpftrace probes")
@@ -210,7 +222,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
             except BaseException as exc:  # a bug: record it, finish the directory, re-raise
                 status, error, pending = "failed", f"internal error: {exc!r}", exc
             finally:
-                _shutdown(cli, members, tracer, sampler, run_dir, manifest)
+                _shutdown(cli, members, tracer, sampler, run_dir, manifest, shaper)
             progress("processing the trace")
             status, error = _process(run_dir, manifest, members, status, error)
     except KeyboardInterrupt as exc:  # a second Ctrl-C while shutting down or processing
@@ -226,6 +238,14 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     return outcome
 
 
+def _network_kind(request: RunRequest) -> str:
+    """The run's network: ``internal`` (several containers), ``bridge`` (one that must reach
+    another host) or ``none``."""
+    if len(request.containers) > 1:
+        return "internal"
+    return "bridge" if request.containers[0].external_network else "none"
+
+
 def _start_all(
     cli: Any,
     members: list[_Member],
@@ -236,6 +256,8 @@ def _start_all(
 ) -> None:
     """Start every container held at its barrier and record its ids."""
     network = container.network_name(run_dir.name) if len(members) > 1 else None
+    if network is None and members[0].spec.external_network:
+        network = container.DEFAULT_BRIDGE
     for i, m in enumerate(members):
         spec = m.spec
         m.ctr = container.start_held(
@@ -322,11 +344,12 @@ def _shutdown(
     sampler: Sampler | None,
     run_dir: Path,
     manifest: dict,
+    shaper: Shaper | None = None,
 ) -> None:
     """Stop everything the run started. Each step runs even if an earlier one failed."""
-    steps: list[Callable[[], Any]] = [
-        (lambda m=m: container.stop_and_remove(m.ctr)) for m in members if m.ctr is not None
-    ]
+    # The bandwidth caps first: they are on the host's own interfaces.
+    steps: list[Callable[[], Any]] = [shaper.remove] if shaper is not None else []
+    steps += [(lambda m=m: container.stop_and_remove(m.ctr)) for m in members if m.ctr is not None]
     steps += [(lambda m=m: m.logs.join()) for m in members if m.logs is not None]
     # A short pause lets block completions of the last requests reach the tracer.
     if tracer is not None:

@@ -24,6 +24,12 @@ that of each bpftrace process, given with :meth:`Sampler.watch` once started (by
 the tracer's memory stays flat (docs/run-format.md, "Budget of a long run"). And their CPU:
 ``sampler_cpu`` and ``tracer_cpu_<script>`` (percent of one core, from ``/proc/PID/stat``
 clock ticks): the tracer's own cost, which a container's CPU time does not include.
+
+Network, per container of a run that has a network (given with ``netns``: role -> a process of
+the container): ``container_net_rx`` and ``container_net_tx`` (bytes per second over the
+sample interval), the bytes its interfaces other than loopback received and sent, from
+``/proc/PID/net/dev`` (the counters of that process's network namespace: the container's own,
+so the bytes are on its veth, headers included).
 """
 
 from __future__ import annotations
@@ -185,10 +191,15 @@ class Sampler:
     """Samples the run's containers' cgroups, the host CPU and GPUs on a background thread."""
 
     def __init__(
-        self, out_csv: Path, cgroups: Mapping[str, ProcessCgroups], interval: float = 0.1
+        self,
+        out_csv: Path,
+        cgroups: Mapping[str, ProcessCgroups],
+        interval: float = 0.1,
+        netns: Mapping[str, int] | None = None,
     ) -> None:
         self.out_csv = out_csv
         self.cgroups = dict(cgroups)
+        self.netns = dict(netns or {})  # role -> pid whose network namespace is sampled
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -244,6 +255,7 @@ class Sampler:
             "host": _host_cpu_times(files),
             "processes": {m: process_rss(pid, files=files) for m, pid in procs.items()},
             "ticks": {cpu_metric(m): process_ticks(pid, files=files) for m, pid in procs.items()},
+            "net": {role: net_bytes(pid, files=files) for role, pid in self.netns.items()},
         }
         if files is not None:
             files.sweep()
@@ -268,6 +280,11 @@ class Sampler:
                 rows.append(("container_mem_cache", now["mem"]["cache"], "bytes", role))
             if now["mem"].get("pinned") is not None:
                 rows.append(("container_mem_pinned", now["mem"]["pinned"], "bytes", role))
+        for role, now_net in cur.get("net", {}).items():
+            before_net = prev.get("net", {}).get(role)
+            if now_net is not None and before_net is not None:
+                for metric, a, b in zip(NET_METRICS, before_net, now_net, strict=True):
+                    rows.append((metric, max(0, b - a) * 1e9 / dt, "bytes/s", role))
         deltas = [c - p for c, p in zip(cur["host"], prev["host"], strict=True)]
         total = sum(deltas) or 1
         by_name = dict(zip(_HOST_CPU_FIELDS, deltas, strict=True))
@@ -327,6 +344,33 @@ def _container_counters(cg: ProcessCgroups, files: OpenFiles | None = None) -> d
         },
         "loaders": loaders,
     }
+
+
+#: The network metrics, in the order :func:`net_bytes` returns their counters.
+NET_METRICS = ("container_net_rx", "container_net_tx")
+
+
+def net_bytes(
+    pid: int, proc: Path = Path("/proc"), files: OpenFiles | None = None
+) -> tuple[int, int] | None:
+    """(received, sent) bytes of every interface but loopback in the network namespace of
+    process ``pid`` (``/proc/PID/net/dev``); None when it cannot be read (it has exited)."""
+    try:
+        text = _read_text(proc / str(pid) / "net" / "dev", files)
+    except OSError:
+        return None
+    rx = tx = 0
+    for line in text.splitlines()[2:]:
+        name, sep, fields = line.partition(":")
+        if not sep or name.strip() == "lo":
+            continue
+        values = fields.split()
+        try:
+            rx += int(values[0])
+            tx += int(values[8])
+        except (IndexError, ValueError):
+            return None
+    return rx, tx
 
 
 def _pinned(stat: dict, mapped: str) -> int | None:
