@@ -306,6 +306,13 @@ def list_workloads(as_json: bool) -> None:
     default=None,
     help="images: mean JPEG size in kB (default 110, ImageNet's); small images make I/O matter.",
 )
+@click.option(
+    "--size-sigma",
+    type=float,
+    default=None,
+    help="images: log standard deviation of the JPEG sizes (default 0.5; OpenImages-like: "
+    "--mean-kb 317 --size-sigma 0.7).",
+)
 @user_errors
 def datagen(
     generator: str,
@@ -317,6 +324,7 @@ def datagen(
     scale: float | None,
     group_size: int | None,
     mean_kb: float | None,
+    size_sigma: float | None,
 ) -> None:
     """Generate a synthetic dataset in a workload's real on-disk format.
 
@@ -355,6 +363,7 @@ def datagen(
             scale=scale,
             group_size=group_size,
             mean_kb=mean_kb,
+            size_sigma=size_sigma,
         )
     click.echo(f"{len(manifest['files'])} files, {format_size(manifest['total_bytes'])} in {out}")
 
