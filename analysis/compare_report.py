@@ -47,6 +47,7 @@ GIB = float(2**30)
 _LEVEL_UNITS: Mapping[str, tuple[str, float]] = {
     "cpu": ("% of one core", 1.0),
     "memory": ("GiB", 1.0 / GIB),
+    "network": ("MiB/s", 1.0 / 2**20),
 }
 
 

@@ -2,7 +2,8 @@
 
 For each run, top to bottom (the published study's timeline, reordered so that cause is above
 effect): phases, accelerator, syscall I/O bandwidth, per-process I/O intervals, block I/O, page
-cache, CPU, memory. All lanes share one x axis: seconds since the run's ``start_ns`` (the moment
+cache, CPU, memory, network (bytes each container received and sent per second: runs of several
+containers, or one reaching another host). All lanes share one x axis: seconds since the run's ``start_ns`` (the moment
 the workload was released), so two runs (real vs emulated) line up from their starts. A run of
 several containers gets one such group of lanes per container (:func:`lane_groups`), on the same
 axis; host-wide rows (host CPU, block requests of no container) are drawn in every group.
@@ -74,6 +75,7 @@ LANES: tuple[str, ...] = (
     "page cache",
     "CPU",
     "memory",
+    "network",
 )
 
 #: Above this many interval segments in one trace, adjacent segments are merged (see
@@ -564,6 +566,24 @@ def _memory_lane(samples: pd.DataFrame, clock: _Clock) -> _Lane:
     return lane
 
 
+def _network_lane(samples: pd.DataFrame, clock: _Clock) -> _Lane:
+    lane = _Lane("network", 130)
+    traces = _sample_traces(
+        samples,
+        clock,
+        {"container_net_rx": "received", "container_net_tx": "sent"},
+        scale=1 / MIB,
+    )
+    if not traces:
+        lane.empty_text = "no network samples (a run of one container has no network)"
+        return lane
+    for metric, trace in traces.items():
+        trace.line.color = READ_COLOR if metric == "container_net_rx" else WRITE_COLOR
+        lane.add(trace)
+    lane.yaxis = {"title": {"text": "MiB/s"}, "rangemode": "tozero"}
+    return lane
+
+
 @dataclasses.dataclass(frozen=True)
 class LaneGroup:
     """What one group of lanes draws: the rows of one container of a run, with the host-wide
@@ -608,6 +628,7 @@ def _group_lanes(group: LaneGroup, clock: _Clock, bin_s: float) -> list[_Lane]:
         _cache_lane(events, clock, bins),
         _cpu_lane(samples, clock),
         _memory_lane(samples, clock),
+        _network_lane(samples, clock),
     ]
     assert tuple(lane.name for lane in lanes) == LANES
     lanes[2].note = f"binned {_fmt_s(bin_s)}, by completion time"

@@ -284,6 +284,9 @@ def training_run(
                      for x, b in zip(ns(t), busy, strict=True)]  # fmt: skip
         rows += [(int(x), "container_mem_rss", 1e9 + 1e8 * v, "bytes")
                  for x, v in zip(ns(t), t, strict=True)]  # fmt: skip
+        rows += [(int(x), metric, rate if b else rate / 50, "bytes/s")
+                 for x, b in zip(ns(t), busy, strict=True)
+                 for metric, rate in (("container_net_rx", 5e7), ("container_net_tx", 1e6))]  # fmt: skip
         sample_table = samples_frame(rows)
     phase_rows: list[dict[str, Any]] = [
         {"key": "epoch", "t0": int(ns(0.0)), "t1": int(ns(9.0))},

@@ -104,6 +104,8 @@ def busy_run(tmp_path: Path) -> Path:
                 ("host_cpu_idle", 55.0, "percent"),
                 ("container_mem_rss", 2 * 2**30, "bytes"),
                 ("container_mem_cache", 2**30, "bytes"),
+                ("container_net_rx", 2 * MIB, "bytes/s"),
+                ("container_net_tx", MIB / 2, "bytes/s"),
             )
         ]
     )
@@ -373,10 +375,10 @@ def test_classify_processes_empty() -> None:
 # Figure
 
 
-def test_one_run_has_eight_lanes(busy_run: Path) -> None:
+def test_one_run_has_nine_lanes(busy_run: Path) -> None:
     run = load_run(busy_run)
     fig = timeline_figure([run], bin_s=1.0)
-    assert subplot_rows(fig) == len(LANES) == 8
+    assert subplot_rows(fig) == len(LANES) == 9
     assert [e["lane"] for e in fig.layout.meta["lanes"]] == list(LANES)
     assert fig.layout.meta["bin_s"] == 1.0
     title = fig.layout.annotations[0].text
@@ -391,6 +393,9 @@ def test_one_run_has_eight_lanes(busy_run: Path) -> None:
     assert names["page cache"] == {"misses (cache_add)", "evictions (cache_delete)"}
     assert names["CPU"] == {"container (% of one core)", "host user", "host idle"}
     assert names["memory"] == {"rss (anon)", "page cache (file)"}
+    assert names["network"] == {"received", "sent"}
+    net = {t.name: t for t in traces_in_row(fig, lane_rows(fig, "network")[0])}
+    assert set(net["received"].y) == {2.0} and set(net["sent"].y) == {0.5}  # MiB/s
 
     # Emulated accelerator: 7 x 0.5 s busy in a 10 s run.
     accel = yaxis(fig, lane_rows(fig, "accelerator")[0])
@@ -486,7 +491,7 @@ def test_all_compute_is_the_fallback(tmp_path: Path) -> None:
 def test_empty_run_still_makes_a_figure(tmp_path: Path) -> None:
     run = load_run(make_run(tmp_path, skip=("events", "samples", "phases"), status="failed"))
     fig = timeline_figure([run])
-    assert subplot_rows(fig) == 8 and len(fig.data) == 0
+    assert subplot_rows(fig) == 9 and len(fig.data) == 0
     texts = [a.text for a in fig.layout.annotations]
     assert "no accelerator data" in texts and "no read/write syscalls" in texts
     assert "status failed" in texts[0] and "missing events, phases, samples" in texts[0]

@@ -25,6 +25,7 @@ REGISTERED: tuple[Aspect, ...] = (
     files.open_close,
     gauges.cpu,
     gauges.memory,
+    gauges.network,
     phases.step_time,
     phases.load_time,
     phases.checkpoints,

@@ -1,4 +1,5 @@
-"""Sampled gauges: container CPU and memory over the run, compared with DTW on a common scale.
+"""Sampled gauges: container CPU, memory and network traffic over the run, compared with DTW on a
+common scale.
 
 A run of several containers is compared on the sum over its containers
 (:func:`~analysis.similarity.profile.run_profile`).
@@ -110,4 +111,22 @@ def cpu(real: RunProfile, emulated: RunProfile) -> Outcome:
 def memory(real: RunProfile, emulated: RunProfile) -> Outcome:
     outcome = gauge_outcome(real, emulated, {"rss": "mem_rss", "page cache": "mem_cache"})
     means = {key: f"mean_{key}_bytes_{{who}}" for key in ("mem_rss", "mem_cache")}
+    return _with_means(outcome, real, emulated, means)
+
+
+@aspect(
+    "network",
+    "network traffic (received, sent)",
+    "network",
+    "DTW",
+    1.0,
+    (SHIFT, SPEED),
+    ("bytes per second on the containers' network interfaces", "its shape over the run"),
+)
+def network(real: RunProfile, emulated: RunProfile) -> Outcome:
+    """Bytes per second the containers received and sent (summed over them: with a storage
+    node and a training node, each byte counts once received and once sent); skipped when
+    neither run had a network (a run of one container has none)."""
+    outcome = gauge_outcome(real, emulated, {"received": "net_rx", "sent": "net_tx"})
+    means = {key: f"mean_{key}_bytes_s_{{who}}" for key in ("net_rx", "net_tx")}
     return _with_means(outcome, real, emulated, means)
