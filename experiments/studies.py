@@ -38,6 +38,7 @@ Log = Callable[[str], None]
 STUDIES: Mapping[str, str] = {
     "stalls": "experiments.stalls",
     "grouping": "experiments.grouping",
+    "sophon": "experiments.sophon",
 }
 
 

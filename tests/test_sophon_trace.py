@@ -1,0 +1,134 @@
+"""Integration: the storage + training topology of a remote dataset, traced for real (Docker,
+bpftrace, gRPC between the containers, tc): the bytes on the network per mode follow the sample
+sizes (images larger than the crop: all offload > no offload > partial), both containers' file
+I/O is traced, and a bandwidth cap limits the traffic and is gone after the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.timeline import lane_groups, timeline_figure
+from core.rundir import Run, load_run
+from datagen.images import ImageGenParams, generate_images
+from experiments.sophon import epoch_interval, sampled_total
+from tracing.remote import StorageNode
+from tracing.request import RunOptions, workload_request
+from tracing.runner import trace
+from tracing.shaper import qdisc_of
+from workloads.images.files import load_image_data
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
+
+IMAGES = 8
+CROP = 224 * 224 * 3  # bytes of a cropped RGB sample
+TENSOR = CROP * 4  # bytes of a normalised float32 sample
+
+
+@pytest.fixture(scope="module")
+def large_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Eight JPEGs of about 300 kB: each larger than its 224 x 224 crop (150,528 B)."""
+    out = tmp_path_factory.mktemp("sophon-trace") / "img"
+    params = ImageGenParams(
+        classes=2, mean_kb=300, size_sigma=0.05, min_kb=200, val_fraction=0.0, distinct_images=4
+    )
+    generate_images(out, IMAGES * 300_000, seed=2, workers=2, params=params)
+    return out
+
+
+def _trace(mode: str, data: Path, runs_root: Path, cap: int | None = None) -> Run:
+    request = workload_request(
+        "resnet18",
+        "sleep",
+        data,
+        runs_root,
+        settings={
+            "epochs": 1,
+            "batch_size": 4,
+            "workers": 1,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+        },
+        options={"dataset": mode},
+        storage=StorageNode(prep_workers=1),
+        run=RunOptions(timeout_s=300, net_bandwidth_bits_s=cap),
+    )
+    outcome = trace(request)
+    assert outcome.status == "completed", outcome.error
+    return load_run(outcome.run_dir)
+
+
+def _received(run: Run) -> float:
+    assert run.start_ns is not None and run.end_ns is not None
+    return sampled_total(run.samples, "container_net_rx", "main", run.start_ns, run.end_ns)
+
+
+def test_network_bytes_per_mode_follow_the_sample_sizes(
+    images: dict[str, str], large_images: Path, runs_root: Path
+) -> None:
+    files = load_image_data(large_images).train
+    assert len(files) == IMAGES
+    raw = sum(s.path.stat().st_size for s in files)  # type: ignore[union-attr]
+    assert all(s.path.stat().st_size > CROP for s in files)  # type: ignore[union-attr]
+    payload = {
+        "remote-nooff": raw,
+        "remote-alloff": IMAGES * TENSOR,
+        "remote-partial": IMAGES * CROP,
+    }
+    got = {}
+    for mode in payload:
+        run = _trace(mode, large_images, runs_root)
+        got[mode] = _received(run)
+        # Every sample crossed the link once, plus the protocols' headers (a few per cent).
+        assert 0.9 * payload[mode] < got[mode] < 1.2 * payload[mode] + 200_000, (mode, got)
+        # The storage container's file I/O is traced as any container's: each file read once.
+        ev = run.events
+        reads = ev[
+            ev["kind"].astype(str).isin(["read", "pread64", "readv"])
+            & (ev["container"].astype(str) == "storage")
+            & ev["path"].astype(str).str.startswith("/data/train/")
+        ]
+        assert int(reads["bytes"].sum()) == raw, mode
+        # The training container has no dataset: it read none of it.
+        main_reads = ev[
+            (ev["container"].astype(str) == "main")
+            & ev["path"].astype(str).str.startswith("/data/")
+        ]
+        assert main_reads.empty
+        # Both containers' traffic is in the timeline's network lane.
+        if mode == "remote-partial":
+            fig = timeline_figure([run])
+            groups = [g.role for g in lane_groups(run)]
+            assert groups == ["main", "storage"]
+            network_rows = [e for e in fig.layout.meta["lanes"] if e["lane"] == "network"]
+            assert len(network_rows) == 2
+    assert got["remote-alloff"] > got["remote-nooff"] > got["remote-partial"]
+
+
+def test_the_cap_limits_the_traffic_and_is_gone_after_the_run(
+    images: dict[str, str], large_images: Path, runs_root: Path
+) -> None:
+    cap = 20_000_000  # 20 Mbit/s
+    capped = _trace("remote-sophon", large_images, runs_root, cap=cap)
+    shaping = capped.manifest["net_shaping"]
+    assert shaping["rate_bits_s"] == cap and set(shaping["devices"]) == {"main", "storage"}
+    plan = json.loads((capped.path / "out" / "main" / "offload-plan.json").read_text())
+    # The probe's payload rate is the cap less the headers.
+    assert 0.6 * cap < plan["bandwidth_bytes_s"] * 8 <= 1.05 * cap, plan
+    # A slow link, every image larger than its crop: all of them offloaded.
+    assert plan["offloaded"] == IMAGES and plan["at_cropped"] == IMAGES, plan
+    _, t0, t1 = epoch_interval(capped)
+    epoch_rate = (
+        sampled_total(capped.samples, "container_net_rx", "main", t0, t1) * 8 / ((t1 - t0) * 1e-9)
+    )
+    assert epoch_rate <= 1.1 * cap
+    # Uncapped, the same probe measures far more: the cap is what limited it.
+    free = _trace("remote-sophon", large_images, runs_root)
+    free_plan = json.loads((free.path / "out" / "main" / "offload-plan.json").read_text())
+    assert free_plan["bandwidth_bytes_s"] * 8 > 5 * cap
+    assert free_plan["offloaded"] < IMAGES  # a fast link: the network is not the bottleneck
+    # No shaper outlives its run: the capped interfaces are gone, or carry no tbf.
+    for device in shaping["devices"].values():
+        assert not Path(f"/sys/class/net/{device}").exists() or " tbf " not in qdisc_of(device)
