@@ -70,6 +70,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from analysis.tables import is_value
 from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_write_json, atomic_write_text
 from core.errors import UserError
@@ -296,7 +297,7 @@ def sampled_total(
     ``container``): each sample's value holds over the interval since the previous sample, and
     counts for the part of it inside the window. Bytes for a bytes/s metric; for a percent of one
     core, 100 x CPU seconds."""
-    rows = samples[(samples["metric"] == metric) & (samples["container"] == container)]
+    rows = samples[is_value(samples["metric"], metric) & is_value(samples["container"], container)]
     if len(rows) < 2:
         return 0.0
     rows = rows.sort_values("ts_ns")

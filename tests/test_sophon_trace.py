@@ -32,7 +32,7 @@ def large_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Eight JPEGs of about 300 kB: each larger than its 224 x 224 crop (150,528 B)."""
     out = tmp_path_factory.mktemp("sophon-trace") / "img"
     params = ImageGenParams(
-        classes=2, mean_kb=300, size_sigma=0.05, min_kb=200, val_fraction=0.0, distinct_images=4
+        classes=2, mean_kb=300, size_sigma=0.05, val_fraction=0.0, distinct_images=4
     )
     generate_images(out, IMAGES * 300_000, seed=2, workers=2, params=params)
     return out

@@ -44,6 +44,8 @@ MODES: dict[str, str] = {
 FIXED_STAGE = {"remote-nooff": RAW, "remote-alloff": TENSOR, "remote-partial": FLIPPED}
 #: Seconds the first call waits for the storage node to answer (it may still be starting).
 CONNECT_TIMEOUT_S = 180.0
+#: Seconds one batch's stream may take, in all.
+FETCH_TIMEOUT_S = 900.0
 #: The largest message a client accepts (a decoded sample of a very large image).
 MAX_MESSAGE_BYTES = 512 << 20
 
@@ -272,7 +274,7 @@ class RemoteImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             request.stages.extend(self.stages[i] for i in indices)
         out = []
         try:
-            stream = stub.Fetch(request, wait_for_ready=True, timeout=CONNECT_TIMEOUT_S)
+            stream = stub.Fetch(request, wait_for_ready=True, timeout=FETCH_TIMEOUT_S)
             t0 = time.monotonic_ns()
             for want, sample in zip(indices, stream, strict=False):
                 t1 = time.monotonic_ns()

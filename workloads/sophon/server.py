@@ -153,6 +153,12 @@ def profile(
     return sizes, times
 
 
+def _ignore_interrupts() -> None:
+    """In a pool worker: Ctrl-C reaches the whole process group, and the server (the parent)
+    stops the pool itself; the workers must not die of it first, each with a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 # ---------------------------------------------------------------------------------------------
 # The server
 
@@ -357,7 +363,9 @@ class StorageServer:
         global _DATA
         _DATA = self.data
         # Fork before gRPC's threads exist; the workers inherit the dataset listing.
-        self._pool = multiprocessing.get_context("fork").Pool(self.config.prep_workers)
+        self._pool = multiprocessing.get_context("fork").Pool(
+            self.config.prep_workers, initializer=_ignore_interrupts
+        )
         servicer = _servicer_type()(self.data, self._pool, self.config.prep_workers, self.cpus)
         _, pb2_grpc = rpc.modules()
         self._server = grpc.server(
