@@ -253,12 +253,13 @@ def ensure_dataset(spec: SophonSpec, root: Path, log: Log) -> Path:
     if manifest.exists():
         try:
             found = json.loads(manifest.read_text())
+            made = found.get("params") or {}
+            wanted = dataclasses.asdict(params)
             if (
                 found.get("total_bytes") == size
-                and found.get("images") == spec.images
                 and found.get("seed") == seed
-                and abs(found.get("size_sigma", -1) - params.size_sigma) < 1e-9
-                and abs(found.get("mean_kb", -1) - params.mean_kb) < 1e-9
+                and made.get("images") == spec.images
+                and all(made.get(k) == v for k, v in wanted.items())
             ):
                 return path
         except (OSError, ValueError):
