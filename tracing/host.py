@@ -164,6 +164,19 @@ def _compose() -> Check:
     return Check("docker-compose", out.returncode == 0, out.stdout.strip() or out.stderr.strip())
 
 
+def _traffic_control() -> Check:
+    """tc, ip and nsenter, for `./cli.py trace --net-bandwidth` (tracing/shaper.py)."""
+    missing = [exe for exe in ("tc", "ip", "nsenter") if shutil.which(exe) is None]
+    if missing:
+        return Check(
+            "tc",
+            False,
+            f"{', '.join(missing)} not installed (needed by `trace --net-bandwidth`)",
+            "run `make setup` as root (apt-get install iproute2 util-linux)",
+        )
+    return Check("tc", True, shutil.which("tc") or "tc")
+
+
 def _disk(path: Path) -> Callable[[], Check]:
     def check() -> Check:
         target = path if path.exists() else Path.cwd()
@@ -209,6 +222,7 @@ def doctor(runs_root: Path = Path("runs"), gpus: bool = False) -> list[Check]:
         _docker,
         _base_image,
         _compose,
+        _traffic_control,
         _disk(runs_root),
         *([_nvidia_runtime] if gpus else []),
     ]

@@ -15,6 +15,9 @@ command -v dockerd >/dev/null 2>&1 || need="$need docker.io"
 command -v docker-compose >/dev/null 2>&1 || need="$need docker-compose"
 command -v bpftrace >/dev/null 2>&1 || need="$need bpftrace"
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
+# tc and ip (--net-bandwidth caps a run's network), nsenter (finds a container's veth)
+command -v tc >/dev/null 2>&1 || need="$need iproute2"
+command -v nsenter >/dev/null 2>&1 || need="$need util-linux"
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need="$need python3-venv"
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need="$need chromium fonts-liberation"
 if [ -n "$need" ]; then
