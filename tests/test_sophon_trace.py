@@ -6,6 +6,10 @@ I/O is traced, and a bandwidth cap limits the traffic and is gone after the run.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from analysis.timeline import lane_groups, timeline_figure
 from core.rundir import Run, load_run
 from datagen.images import ImageGenParams, generate_images
 from experiments.sophon import epoch_interval, sampled_total
+from tests.conftest import REPO
 from tracing.remote import StorageNode
 from tracing.request import RunOptions, workload_request
 from tracing.runner import trace
@@ -131,4 +136,38 @@ def test_the_cap_limits_the_traffic_and_is_gone_after_the_run(
     assert free_plan["offloaded"] < IMAGES  # a fast link: the network is not the bottleneck
     # No shaper outlives its run: the capped interfaces are gone, or carry no tbf.
     for device in shaping["devices"].values():
+        assert not Path(f"/sys/class/net/{device}").exists() or " tbf " not in qdisc_of(device)
+
+
+def test_ctrl_c_removes_the_cap(images: dict[str, str], tmp_path: Path, runs_root: Path) -> None:
+    """Two idle containers capped at 10 Mbit/s, interrupted: the caps go with the run."""
+    compose = tmp_path / "idle.yml"
+    idle = '["python3", "-c", "import time\\nwhile True: time.sleep(0.1)"]'
+    compose.write_text(
+        'version: "3.7"\nservices:\n'
+        f"  a:\n    image: twintrace/base:latest\n    command: {idle}\n"
+        f"  b:\n    image: twintrace/base:latest\n    command: {idle}\n"
+    )
+    argv = [sys.executable, str(REPO / "cli.py"), "trace", "--compose", str(compose)]
+    argv += ["--out", str(runs_root), "--quiet", "--net-bandwidth", "10mbit"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    devices: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not devices:
+            for manifest_path in runs_root.glob("*/manifest.json"):
+                manifest = json.loads(manifest_path.read_text())
+                if manifest.get("start_ns"):
+                    devices = manifest["net_shaping"]["devices"]
+            time.sleep(0.2)
+        assert set(devices) == {"a", "b"}, "the trace never started"
+        for device in devices.values():
+            assert " tbf " in qdisc_of(device) and "rate 10Mbit" in qdisc_of(device)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr.decode()
+    for device in devices.values():
         assert not Path(f"/sys/class/net/{device}").exists() or " tbf " not in qdisc_of(device)
