@@ -32,12 +32,22 @@ from typing import Any  # noqa: E402
 import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from rich.text import Text  # noqa: E402
 
 from core.errors import UserError  # noqa: E402
 from core.units import SIZE_HELP, format_size, parse_size  # noqa: E402
 from workloads.config import PEER_VARIANTS, RUN_VARIANTS  # noqa: E402
 
-err_console = Console(stderr=True, highlight=False)
+# No markup: what we print to stderr holds text of others (a container's log lines, paths,
+# errors) in which "[...]" is not markup; styled lines are built with _styled.
+err_console = Console(stderr=True, highlight=False, markup=False)
+
+
+def _styled(text: str, style: str = "dim", prefix: str = "") -> Text:
+    """``prefix`` in ``style`` then ``text`` as it is; without a prefix, ``text`` in ``style``."""
+    if prefix:
+        return Text.assemble((prefix, style), text)
+    return Text(text, style=style)
 
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -134,8 +144,8 @@ def doctor(runs_root: Path, as_json: bool, gpus: bool) -> None:
             table.add_row(
                 c.name,
                 "[green]pass[/]" if c.ok else "[red]FAIL[/]",
-                c.detail,
-                "" if c.ok else c.fix,
+                Text(c.detail),
+                Text("" if c.ok else c.fix),
             )
         Console().print(table)
     if not all(c.ok for c in checks):
@@ -216,7 +226,7 @@ def build(
         if verbose or not line.startswith(
             (" ---> ", "Step ", "Removing intermediate", "Successfully")
         ):
-            err_console.print(f"[dim]{line}[/]", markup=True, highlight=False) if verbose else None
+            err_console.print(_styled(line)) if verbose else None
         if not verbose and line.startswith(
             ("building ", "bootstrapping", "importing", "downloading", "pulling", "no registry")
         ):
@@ -646,7 +656,7 @@ def trace(
                 accelerator=emulated,
                 profile_model=profile_model,
                 run=run,
-                log=lambda msg: err_console.print(f"[dim]{msg}[/]"),
+                log=lambda msg: err_console.print(_styled(msg)),
             )
         else:
             options = _parse_sets(sets)
@@ -692,11 +702,11 @@ def trace(
             warn=lambda msg: err_console.print(f"warning: {msg}"),
             run=run,
         )
-    outcome = run_trace(request, progress=lambda msg: err_console.print(f"[dim]{msg}[/]"))
+    outcome = run_trace(request, progress=lambda msg: err_console.print(_styled(msg)))
     _print_summary(outcome.run_dir)
     outcome.check()
     if outcome.status != "completed":  # finished, but the trace is not whole
-        err_console.print(f"[yellow]warning[/]: {outcome.error}")
+        err_console.print(_styled(f": {outcome.error}", "yellow", "warning"))
     click.echo(str(outcome.run_dir))
 
 
@@ -875,7 +885,7 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
         Console().print(table)
         click.echo(f"overall {comparison.overall:.3f}")
     for warning in comparison.warnings:
-        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        err_console.print(_styled(f" {warning}", "yellow", "warning:"))
     err_console.print(f"report: {report}")
 
 
@@ -1127,7 +1137,7 @@ def _report_profile(prof: Any, warnings: list[str], out_path: Path | None) -> No
     """Print the fit's warnings and the model; write the profile to ``out_path`` (if given)
     and print its path."""
     for warning in warnings:
-        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        err_console.print(_styled(f" {warning}", "yellow", "warning:"))
     mean, std = prof.compute.mean, prof.compute.std
     err_console.print(
         f"mean = {mean.g:.6g} g + {mean.b:.6g} b + {mean.const:.6g} s (R^2 {prof.fit.get('mean_r2')}); "
@@ -1253,7 +1263,7 @@ def stalls(
         out_dir,
         cache_fractions=_fractions(cache_fractions, "--cache-fractions"),
         cores=_fractions(cores, "--cores"),
-        log=lambda line: err_console.print(f"[dim]{line}[/]", highlight=False),
+        log=lambda line: err_console.print(_styled(line)),
     )
     for line in summary_lines(result):
         err_console.print(line, highlight=False)
@@ -1314,7 +1324,10 @@ def experiment_run(path: Path, out_root: Path, dry_run: bool) -> None:
             o.status
         ]
         table.add_row(
-            o.key, f"[{colour}]{o.status}[/]", _fmt_s(o.duration_s), o.error or o.run_dir or ""
+            o.key,
+            f"[{colour}]{o.status}[/]",
+            _fmt_s(o.duration_s),
+            Text(o.error or o.run_dir or ""),
         )
     Console(width=max(140, Console().width)).print(table)
     failed = [o for o in outcomes if o.status == "failed"]

@@ -89,10 +89,13 @@ def demand_lines(run: rundir.Run) -> list[str]:
     peer = _dlio_figures(run)
     if peer is not None and peer.get("au_percent") is not None:
         ours = 100 * d["au"]
+        # DLIO counts its own samples (DLRM's are whole batches): in ours
+        scale = int((run.manifest.get("peer") or {}).get("samples_per_dlio_sample") or 1)
+        throughput = (peer.get("throughput_samples_per_s") or float("nan")) * scale
         lines.append(
             f"  DLIO's own AU {peer['au_percent']:.1f}% (ours, from its steps: {ours:.1f}%; "
             f"difference {ours - peer['au_percent']:+.1f} points), DLIO's throughput "
-            f"{peer.get('throughput_samples_per_s') or float('nan'):.1f} samples/s"
+            f"{throughput:.1f} samples/s"
         )
     return lines
 

@@ -45,10 +45,12 @@ Log = Callable[[str], None]
 _JPEG_QUALITY = 75
 
 
-def mirror_dir(data_dir: Path) -> Path:
-    """Where the DLIO mirror of ``data_dir`` lives: ``<data_dir>-dlio`` beside it."""
+def mirror_dir(data_dir: Path, spec: dlio.DatasetSpec | None = None) -> Path:
+    """Where the DLIO mirror of ``data_dir`` lives: ``<data_dir>-dlio`` beside it (DLRM's,
+    whose DLIO samples are batches: ``<data_dir>-dlio-b<batch>``)."""
     data_dir = Path(data_dir).resolve()
-    return data_dir.parent / f"{data_dir.name}-dlio"
+    suffix = f"-b{spec.batch_samples}" if spec is not None and spec.batch_samples > 1 else ""
+    return data_dir.parent / f"{data_dir.name}-dlio{suffix}"
 
 
 def jpeg_bytes_per_pixel(mean_bytes: float) -> float:
@@ -67,15 +69,16 @@ def jpeg_bytes_per_pixel(mean_bytes: float) -> float:
     return ratio
 
 
-def dataset_spec_of(data_dir: Path) -> tuple[dlio.DatasetSpec, dict[str, Any]]:
-    """The DLIO dataset standing for ``data_dir`` and ``data_dir``'s manifest."""
+def dataset_spec_of(data_dir: Path, batch_size: int = 1) -> tuple[dlio.DatasetSpec, dict[str, Any]]:
+    """The DLIO dataset standing for ``data_dir`` (for runs of ``batch_size``: DLRM's DLIO
+    samples are batches) and ``data_dir``'s manifest."""
     manifest = load_manifest(data_dir)
     ratio = 1.0
     if manifest.get("generator") == "images":
         train = [int(f["bytes"]) for f in manifest["files"] if str(f["name"]).startswith("train/")]
         if train:
             ratio = jpeg_bytes_per_pixel(sum(train) / len(train))
-    return dlio.dataset_spec(manifest, jpeg_bytes_per_pixel=ratio), manifest
+    return dlio.dataset_spec(manifest, jpeg_bytes_per_pixel=ratio, batch_size=batch_size), manifest
 
 
 def _fingerprint(data_dir: Path) -> str:
@@ -106,14 +109,18 @@ def dlio_command(ranks: int) -> list[str]:
 
 
 def mirror_dataset(
-    data_dir: Path, *, ranks: int | None = None, log: Log = lambda msg: None
+    data_dir: Path,
+    *,
+    batch_size: int = 1,
+    ranks: int | None = None,
+    log: Log = lambda msg: None,
 ) -> tuple[Path, dict[str, Any]]:
-    """The DLIO mirror of ``data_dir`` (module doc), made now unless an up-to-date one is
-    there; returns its directory and manifest. ``ranks``: DLIO generator ranks (default: the
-    CPUs, at most 8)."""
+    """The DLIO mirror of ``data_dir`` (module doc) for runs of ``batch_size``, made now unless
+    an up-to-date one is there; returns its directory and manifest. ``ranks``: DLIO generator
+    ranks (default: the CPUs, at most 8)."""
     data_dir = Path(data_dir).resolve()
-    spec, source = dataset_spec_of(data_dir)
-    target = mirror_dir(data_dir)
+    spec, source = dataset_spec_of(data_dir, batch_size)
+    target = mirror_dir(data_dir, spec)
     fingerprint = _fingerprint(data_dir)
     wanted = {
         "dlio_version": dlio.DLIO_VERSION,
@@ -275,7 +282,7 @@ def dlio_request(
     if gradients is None:
         gradients = ckpt
     compute = dlio.computation(chosen, config, gradients)
-    mirror, manifest = mirror_dataset(data_dir, log=log)
+    mirror, manifest = mirror_dataset(data_dir, batch_size=config.batch_size, log=log)
     dataset = dlio.DatasetSpec.from_dict(manifest["params"]["spec"])
     section = dlio.workload_config(config, dataset, compute, ckpt)
     text = _yaml(section)
@@ -288,6 +295,9 @@ def dlio_request(
         "computation_s": {"mean": compute.mean_s, "stdev": compute.stdev_s, **compute.parts},
         "checkpoint_bytes": ckpt,
         "substitutions": list(dataset.substitutions),
+        # DLIO's samples per step are batch_size / this: the phases count ours (tracing.dlio)
+        "samples_per_dlio_sample": dataset.batch_samples,
+        "files_read": section["dataset"]["num_files_train"],
         "config": json.loads(json.dumps(section)),
     }
     member = ContainerSpec(
@@ -297,7 +307,7 @@ def dlio_request(
         config=config,
         ctl_files={f"dlio/workload/{dlio.CONFIG_NAME}.yaml": text},
         mounts=(BindMount(mirror, dlio.DATA_DIR, True),),
-        environment={"TZ": "UTC"},
+        environment={"TZ": "UTC", "MPI4PY_RC_FINALIZE": "false"},
         working_dir=container.OUT_MOUNT,
         memory_bytes=run.limits.memory_bytes,
         cpus=run.limits.cpus,

@@ -37,18 +37,28 @@ def test_unet3d_is_one_npz_per_case_of_the_pair_size() -> None:
     assert section["num_files_eval"] == 0 and section["format"] == "npz"
 
 
-def test_dlrm_is_one_indexed_binary_file_of_records() -> None:
+def test_dlrm_is_one_indexed_binary_file_of_batches() -> None:
+    """As DLIO's own DLRM configuration: a DLIO sample is a batch of records, read at once as
+    our loader reads it; DLIO's batch is then 1 sample."""
     manifest = {
         "generator": "dlrm",
         "files": [
-            {"name": "train_data.bin", "bytes": 160 * 5000, "records": 5000},
+            {"name": "train_data.bin", "bytes": 160 * 5120, "records": 5120},
             {"name": "test_data.bin", "bytes": 160 * 100, "records": 100},
         ],
     }
-    spec = dlio.dataset_spec(manifest)
-    assert (spec.format, spec.num_files, spec.samples_per_file) == ("indexed_binary", 1, 5000)
-    assert spec.record_length == 160
-    assert any("144 bytes" in s for s in spec.substitutions)  # DLIO's samples are squares
+    spec = dlio.dataset_spec(manifest, batch_size=1024)
+    assert (spec.format, spec.num_files, spec.samples_per_file) == ("indexed_binary", 1, 5)
+    assert spec.record_length == 163_840 and spec.batch_samples == 1024
+    # DLIO's samples are squares: int(sqrt(163840)) = 404, 404^2 = 163216 bytes
+    assert any("163216 bytes" in s for s in spec.substitutions)
+    config = WorkloadConfig("dlrm", "dlio", batch_size=1024)
+    assert dlio.dlio_batch(config, spec) == 1
+    assert dlio.dlio_batch(config.replace(batch_size=3072), spec) == 3
+    with pytest.raises(UserError, match="--batch-size 1024"):
+        dlio.dlio_batch(config.replace(batch_size=1500), spec)
+    with pytest.raises(UserError, match="fewer than a batch"):
+        dlio.dataset_spec(manifest, batch_size=6000)
 
 
 def test_bert_shards_become_npz_files_of_equal_sample_counts() -> None:
@@ -98,6 +108,7 @@ def test_images_are_jpegs_sized_by_the_measured_bytes_per_pixel() -> None:
         ({"generator": "parquet", "files": [{"name": "x", "bytes": 1}]}, "cannot emulate"),
         ({"generator": "unet3d", "files": []}, "lists no files"),
         ({"generator": "dlrm", "files": [{"name": "x.bin", "bytes": 1}]}, "train_data.bin"),
+        ({"generator": "bert", "files": [{"name": "part-0", "bytes": 1}]}, "records"),
     ],
 )
 def test_what_dlio_cannot_express_is_one_clear_error(manifest: dict, message: str) -> None:
@@ -162,6 +173,12 @@ def test_workload_config_carries_the_runs_settings() -> None:
     assert section["checkpoint"]["epochs_between_checkpoints"] == 2
     assert section["dataset"] == spec.generator_section()
     assert section["output"]["folder"] == dlio.OUTPUT_DIR
+    # 3 files over 2 ranks: DLIO 2.0.0 needs the samples to divide evenly, so it reads 2
+    two = dlio.workload_config(config.replace(accelerators=2), spec, compute, 10)
+    assert two["dataset"]["num_files_train"] == 2
+    assert dlio.files_for_ranks(spec, 3) == 3
+    with pytest.raises(UserError, match="cannot be shared evenly"):
+        dlio.files_for_ranks(spec, 4)
     # no checkpoints, no stdev, every step: none of those keys
     quiet = dlio.workload_config(
         config.replace(checkpoint_every=0, max_steps=0), spec, dlio.Computation(0.1, 0.0, {}), 10

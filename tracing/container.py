@@ -285,8 +285,15 @@ def release(barrier_dir: Path, timeout: float = 30.0) -> None:
 
 
 def exit_code(container: docker.models.containers.Container) -> int | None:
-    """The exit code when the container has stopped, else None."""
-    state = container.client.api.inspect_container(container.id)["State"]
+    """The exit code when the container has stopped, else None. A container removed by
+    someone else while it ran is a UserError saying so."""
+    try:
+        state = container.client.api.inspect_container(container.id)["State"]
+    except docker.errors.NotFound:
+        raise UserError(
+            f"container {container.name} was removed while it ran (by something other than "
+            "twintrace): the run is incomplete"
+        ) from None
     if state.get("Status") in ("exited", "dead"):
         return int(state.get("ExitCode", -1))
     return None

@@ -72,9 +72,11 @@ def _steps_of(output: dict[str, Any], epoch: str) -> tuple[list[float], list[flo
     return lists[0], lists[1], lists[2]
 
 
-def parse_dlio(out_dir: Path, realtime_offset_ns: int) -> pd.DataFrame:
+def parse_dlio(out_dir: Path, realtime_offset_ns: int, sample_scale: int = 1) -> pd.DataFrame:
     """The phases of the DLIO outputs in ``out_dir`` (module doc); an empty frame when there
-    are none. ``realtime_offset_ns``: CLOCK_REALTIME - CLOCK_MONOTONIC during the run."""
+    are none. ``realtime_offset_ns``: CLOCK_REALTIME - CLOCK_MONOTONIC during the run;
+    ``sample_scale``: our samples in one of DLIO's (DLRM's DLIO samples are whole batches), so
+    ``step_end`` counts ours."""
     out_dir = Path(out_dir)
     log = out_dir / "dlio.log"
     if not log.exists():
@@ -125,7 +127,7 @@ def parse_dlio(out_dir: Path, realtime_offset_ns: int) -> pd.DataFrame:
                 step = index
                 add(start, start + round(wait * 1e9), "load_batch_mem", rank, epoch, step, None)
                 add(end - round(busy * 1e9), end, "all_compute", rank, epoch, step, None)
-                add(end, end, "step_end", rank, epoch, step, samples)
+                add(end, end, "step_end", rank, epoch, step, samples * sample_scale)
                 first_end = end if first_end is None else min(first_end, end)
     if first_end is not None:
         for rank, _ in outputs:

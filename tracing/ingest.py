@@ -2766,12 +2766,16 @@ def build_samples(raw_dir: Path) -> pd.DataFrame:
 
 
 def build_phases(
-    raw_dir: Path, roles: Sequence[str] = (), realtime_offset_ns: int | None = None
+    raw_dir: Path,
+    roles: Sequence[str] = (),
+    realtime_offset_ns: int | None = None,
+    peer: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """Parse each container's MLLOG events (``raw/<role>/mllog.log``), or ``raw/mllog.log``
     when no roles are given, into one phases table with the ``container`` column. A container
     that ran DLIO has its outputs in ``raw/<role>/dlio/`` instead (:mod:`tracing.dlio`: its
-    wall-clock times placed with ``realtime_offset_ns``, CLOCK_REALTIME - CLOCK_MONOTONIC)."""
+    wall-clock times placed with ``realtime_offset_ns``, CLOCK_REALTIME - CLOCK_MONOTONIC;
+    ``peer``: the manifest's record of the DLIO run)."""
     from tracing.dlio import parse_dlio
     from tracing.mllog import parse_mllog
 
@@ -2780,10 +2784,11 @@ def build_phases(
     ]
     frames = []
     for path, role in sources:
-        peer = path.parent / "dlio"
-        if not path.exists() and realtime_offset_ns is not None and peer.is_dir():
-            frame = parse_dlio(peer, realtime_offset_ns)
-            path = peer / "dlio.log"
+        outputs = path.parent / "dlio"
+        if not path.exists() and realtime_offset_ns is not None and outputs.is_dir():
+            scale = int((peer or {}).get("samples_per_dlio_sample") or 1)
+            frame = parse_dlio(outputs, realtime_offset_ns, scale)
+            path = outputs / "dlio.log"
         else:
             frame = parse_mllog(path)
         frame["container"] = pd.Series(role, index=frame.index, dtype="string")

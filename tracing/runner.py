@@ -445,7 +445,9 @@ def _process(
         roots = {m.main_pid: m.spec.role for m in members if m.main_pid}
         events, stats = ingest.write_events(raw, run_dir / "events.parquet", roots)
         samples = ingest.build_samples(raw)
-        phases = ingest.build_phases(raw, roles, manifest.get("realtime_offset_ns"))
+        phases = ingest.build_phases(
+            raw, roles, manifest.get("realtime_offset_ns"), manifest.get("peer")
+        )
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
         manifest["lost_events"] = stats.lost_events

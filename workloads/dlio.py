@@ -55,7 +55,9 @@ class DatasetSpec:
     ``record_length`` is the bytes of a sample as DLIO understands it (it draws a 2-D array of
     ``int(sqrt(record_length))`` squared bytes, or a JPEG of that many pixels), ``target_bytes``
     the mean sample size of our dataset it should match, and ``substitutions`` says what DLIO
-    cannot express and what stands in for it.
+    cannot express and what stands in for it. ``batch_samples``: samples of ours in one DLIO
+    sample (DLRM: a whole batch of records, read at once as our loader does; else 1), so DLIO's
+    batch is ``batch_size / batch_samples`` of its samples.
     """
 
     source_generator: str
@@ -67,6 +69,7 @@ class DatasetSpec:
     target_bytes: float
     file_prefix: str = "img"
     substitutions: tuple[str, ...] = ()
+    batch_samples: int = 1
 
     @property
     def samples(self) -> int:
@@ -113,14 +116,19 @@ def _files(manifest: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return files
 
 
-def dataset_spec(manifest: Mapping[str, Any], jpeg_bytes_per_pixel: float = 1.0) -> DatasetSpec:
+def dataset_spec(
+    manifest: Mapping[str, Any], jpeg_bytes_per_pixel: float = 1.0, batch_size: int = 1
+) -> DatasetSpec:
     """The dataset DLIO's generator must write to stand for the dataset of ``manifest`` (our
     generators' ``manifest.json``).
 
     - ``unet3d`` (KiTS19 ``case_*_x.npy`` + ``_y.npy`` pairs, read whole per sample): ``npz``,
       one file per case, a sample the size of the case's image and label together;
-    - ``dlrm`` (one file of 160-byte records, read a batch at a time): ``indexed_binary``, one
-      file, a sample per record (DLIO's samples are squares: int(sqrt(160))^2 = 144 bytes);
+    - ``dlrm`` (one file of 160-byte records, one contiguous read of ``batch_size`` records per
+      step): ``indexed_binary``, one file, a DLIO sample per batch of records (as DLIO's own
+      DLRM configuration has it: ``record_length`` 327680 = 2048 x 160), DLIO batch 1; a
+      sample per record would make DLIO's reader open the file and read 160 bytes 2048 times
+      a step (about 20 s a step on 2 cores);
     - ``bert`` (TFRecord shards): ``npz``, one file per shard and a sample per record of the mean
       record size (DLIO reads TFRecord only through TensorFlow);
     - ``images`` (JPEG per image, or group files): ``jpeg``, one file per training image; the
@@ -163,21 +171,28 @@ def dataset_spec(manifest: Mapping[str, Any], jpeg_bytes_per_pixel: float = 1.0)
             raise UserError("the dlrm dataset's manifest has no train_data.bin with its records")
         records = int(train[0]["records"])
         record = int(train[0]["bytes"]) // records
-        side = int(math.sqrt(record))
+        if batch_size < 1 or records < batch_size:
+            raise UserError(
+                f"the DLRM dataset holds {records} records, fewer than a batch of {batch_size}"
+            )
+        sample = batch_size * record
+        side = int(math.sqrt(sample))
         return DatasetSpec(
             generator,
             "indexed_binary",
             num_files=1,
-            samples_per_file=records,
-            record_length=record,
+            samples_per_file=records // batch_size,
+            record_length=sample,
             record_length_stdev=0,
-            target_bytes=float(record),
+            target_bytes=float(sample),
             substitutions=(
-                f"{record}-byte records -> DLIO samples of {side * side} bytes (DLIO's samples "
-                "are square arrays), with its offset and size index files",
-                "one contiguous read of batch x record bytes per step -> one read per sample "
-                "(DLIO's indexed binary reader)",
+                f"a batch of {batch_size} {record}-byte records -> one DLIO sample of "
+                f"{side * side} bytes (DLIO's samples are square arrays), DLIO batch 1, with "
+                "its offset and size index files",
+                "one pread of the batch at a random batch-aligned offset -> DLIO's reader "
+                "opening the file, seeking to the sample and reading it, each step",
             ),
+            batch_samples=batch_size,
         )
     if generator == "bert":
         shards = [f for f in files if str(f["name"]).startswith("part-")]
@@ -296,10 +311,13 @@ def workload_config(
             "checkpoint": checkpoint,
             "profiling": False,
         },
-        "dataset": dataset.generator_section(),
+        "dataset": {
+            **dataset.generator_section(),
+            "num_files_train": files_for_ranks(dataset, config.accelerators),
+        },
         "reader": {
             "data_loader": "pytorch",
-            "batch_size": config.batch_size,
+            "batch_size": dlio_batch(config, dataset),
             "read_threads": config.workers,
             "file_shuffle": "seed",
             "sample_shuffle": "seed",
@@ -318,6 +336,32 @@ def workload_config(
         section["checkpoint"]["checkpoint_after_epoch"] = config.checkpoint_every
         section["checkpoint"]["epochs_between_checkpoints"] = config.checkpoint_every
     return section
+
+
+def files_for_ranks(dataset: DatasetSpec, ranks: int) -> int:
+    """The files a run of ``ranks`` MPI ranks tells DLIO to read: all of them, but DLIO 2.0.0
+    fails (an IndexError in its sample map, after which the other ranks wait forever) unless
+    the samples divide evenly among the ranks, so as many as keep them even (it reads the
+    first N of its file list then: "A subset of files will be used")."""
+    n = dataset.num_files
+    while n > 0 and (n * dataset.samples_per_file) % ranks:
+        n -= 1
+    if n == 0:
+        raise UserError(
+            f"the DLIO dataset's {dataset.samples} samples cannot be shared evenly by "
+            f"{ranks} ranks: use fewer accelerators or a larger dataset"
+        )
+    return n
+
+
+def dlio_batch(config: WorkloadConfig, dataset: DatasetSpec) -> int:
+    """DLIO's batch size (its samples per step and rank) for a run of ``config``."""
+    if config.batch_size % dataset.batch_samples:
+        raise UserError(
+            f"the DLIO dataset holds batches of {dataset.batch_samples} samples: run with "
+            f"--batch-size {dataset.batch_samples} (or a multiple), or make it again"
+        )
+    return config.batch_size // dataset.batch_samples
 
 
 def generator_config(dataset: DatasetSpec, ranks: int = 1) -> dict[str, Any]:
