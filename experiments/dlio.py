@@ -121,6 +121,7 @@ def mirror_dataset(
     data_dir = Path(data_dir).resolve()
     spec, source = dataset_spec_of(data_dir, batch_size)
     target = mirror_dir(data_dir, spec)
+    check_image()
     fingerprint = _fingerprint(data_dir)
     wanted = {
         "dlio_version": dlio.DLIO_VERSION,
@@ -221,6 +222,28 @@ def mirror_dataset(
     return target, manifest
 
 
+VERSION_LABEL = "org.twintrace.dlio.version"
+
+
+def check_image() -> None:
+    """That twintrace/dlio is built and holds the DLIO this twintrace configures; a one-line
+    UserError saying how to build it otherwise."""
+    import docker.errors
+
+    try:
+        image = container.client().images.get(dlio.DLIO_IMAGE)
+    except docker.errors.ImageNotFound:
+        raise UserError(
+            f"{dlio.DLIO_IMAGE} is not built: run `./cli.py build --variant dlio`"
+        ) from None
+    found = (image.labels or {}).get(VERSION_LABEL)
+    if found != dlio.DLIO_VERSION:
+        raise UserError(
+            f"{dlio.DLIO_IMAGE} holds DLIO {found or 'of no known version'}, this twintrace "
+            f"configures DLIO {dlio.DLIO_VERSION}: run `./cli.py build --variant dlio`"
+        )
+
+
 def checkpoint_bytes(config: WorkloadConfig, data_dir: Path, profile: Any) -> int:
     """The size of a checkpoint of ``config``'s model: the profile's when it says, else 4
     bytes per parameter (counted on torch's meta device: nothing is allocated)."""
@@ -270,6 +293,7 @@ def dlio_request(
     options = dict(options or {})
     spec.parse_options(options)
     config = spec.config(dlio.DLIO_VARIANT, options=options, **settings)
+    check_image()
     as_sleep = config.replace(variant="sleep")
     if accelerator is not None or profile_model is not None:
         chosen = accelerator_profile(as_sleep, accelerator, profile_model, profile)

@@ -52,7 +52,7 @@ from docker.utils.build import exclude_paths
 
 from core.errors import UserError
 from workloads.config import BASE_TAG, VARIANTS, image_tag
-from workloads.dlio import DLIO_IMAGE, DLIO_VARIANT
+from workloads.dlio import DLIO_IMAGE, DLIO_VARIANT, DLIO_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
@@ -593,10 +593,16 @@ def build_dlio(cli: docker.DockerClient, base_id: str, log: Log) -> BuildResult:
     """Build twintrace/dlio (images/dlio/Dockerfile: DLIO pinned, on twintrace/base) unless
     its inputs hash is already its label. Its build context is ``.cache/dlio-context/``: the
     Dockerfile, the build-time patch and hard links to the wheels."""
-    wheels = fetch_wheels(dlio_wheels(), log)
+    part = dlio_wheels()
+    if f"dlio-benchmark=={DLIO_VERSION}\n" not in part.requirements:
+        raise UserError(
+            f"images/requirements-dlio.txt must pin dlio-benchmark=={DLIO_VERSION} (the version "
+            "workloads/dlio.py derives configurations for)"
+        )
+    wheels = fetch_wheels(part, log)
     files = sorted(p for p in DLIO_DIR.iterdir() if p.is_file())
     names = [f"{w.name}:{w.stat().st_size}" for w in sorted(wheels.glob("*.whl"))]
-    inputs = _hash_files(files, [base_id, *names])
+    inputs = _hash_files(files, [base_id, DLIO_VERSION, *names])
     current, image_id = _existing_hash(cli, DLIO_IMAGE)
     if current == inputs and image_id:
         return BuildResult(DLIO_IMAGE, image_id, False)
@@ -617,7 +623,7 @@ def build_dlio(cli: docker.DockerClient, base_id: str, log: Log) -> BuildResult:
         path=str(DLIO_CONTEXT),
         dockerfile="Dockerfile",
         tag=DLIO_IMAGE,
-        buildargs={"BASE_TAG": BASE_TAG},
+        buildargs={"BASE_TAG": BASE_TAG, "DLIO_VERSION": DLIO_VERSION},
         labels={HASH_LABEL: inputs},
     )
     return BuildResult(DLIO_IMAGE, image_id, True)
