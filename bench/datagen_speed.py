@@ -36,6 +36,18 @@ Output: per generator and round, MB/s (10^6 bytes per second) of each writer and
 generator/dd; then the medians per generator. A ratio near 1 means the generator runs at disk
 speed; for unet3d the line "array creation" gives its CPU-only rate in one process (written to
 /dev/null), i.e. how far the CPU is from being the limit.
+
+``--vs-dlio``: each generator of a format DLIO writes too (unet3d: DLIO's npz, dlrm: its
+indexed binary, images: its JPEGs) against DLIO 2.0.0's own generator, instead of dd, in the
+same alternating rounds: DLIO writes the dataset that stands for ours of the same size and shape
+(``workloads.dlio.dataset_spec`` of the round's dataset: file count, sample sizes; what
+``./cli.py trace --variant dlio`` makes), in twintrace/dlio, as many MPI ranks as our generator
+has processes, then ``sync``. Printed per round: our MB/s, DLIO's MB/s over the container's wall
+time (what a user waits for: MPI, Hydra and torch start-up included) and over the span DLIO
+logs itself ("Starting data generation" to "Generation done", then the sync), and the ratios
+twintrace/DLIO (goal: >= 2). Needs the images (``./cli.py build``) and root (docker).
+
+    python bench/datagen_speed.py --vs-dlio --size 1GB --dir /var/tmp/gen --rounds 3
 """
 
 from __future__ import annotations
@@ -49,6 +61,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # Run as a script from anywhere: make the repository's packages importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -131,6 +144,11 @@ def main() -> int:
         "--generator", action="append", choices=sorted(GENERATORS), help="repeatable; default: all"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--vs-dlio",
+        action="store_true",
+        help="against DLIO's generator of the same format (unet3d, dlrm, images) instead of dd",
+    )
     args = parser.parse_args()
     try:
         size = parse_size(args.size)
@@ -140,10 +158,22 @@ def main() -> int:
             raise UserError("--rounds must be at least 1")
         args.dir.mkdir(parents=True, exist_ok=True)
         args.generators = args.generator or list(GENERATORS)
+        if args.vs_dlio:
+            args.generators = args.generator or list(DLIO_FORMATS)
+            other = [g for g in args.generators if g not in DLIO_FORMATS]
+            if other:
+                raise UserError(
+                    f"--vs-dlio compares {', '.join(DLIO_FORMATS)}; DLIO writes no "
+                    f"{other[0]} format of its own that stands for ours"
+                )
+            from experiments.dlio import check_image
+
+            check_image()
         for name in ("dd.bin", *args.generators):
             if (args.dir / name).exists():
                 raise UserError(f"{args.dir / name} exists: remove it or choose another --dir")
-        needed = (args.rounds + 1) * size
+        # every round's datasets stay until the end (see above): ours, and DLIO's beside them
+        needed = (2 * args.rounds + 2 if args.vs_dlio else args.rounds + 1) * size
         free = shutil.disk_usage(args.dir).free
         if free < needed:
             raise UserError(
@@ -171,13 +201,91 @@ def run(args: argparse.Namespace, size: int) -> int:
     medians = {}
     for name in args.generators:
         medians[name] = bench_generator(name, args, size)
+    if args.vs_dlio:
+        print("summary (median twintrace/DLIO; goal >= 2):")
+        for name, (wall, span) in medians.items():
+            print(
+                f"  {name:>7} -> DLIO {DLIO_FORMATS[name]}: {wall:.2f} over DLIO's wall time, "
+                f"{span:.2f} over its own generation span"
+            )
+        return 0
     print("summary (median generator/dd):")
     for name, ratio in medians.items():
         print(f"  {name:>7}: {ratio:.2f}")
     return 0
 
 
-def bench_generator(name: str, args: argparse.Namespace, size: int) -> float:
+DLIO_FORMATS = {"unet3d": "npz", "dlrm": "indexed_binary", "images": "jpeg"}
+
+
+def time_dlio(spec: Any, out: Path, ranks: int) -> tuple[float, float, int]:
+    """DLIO's generator writing dataset ``spec`` into the new directory ``out``: (wall seconds
+    + sync, DLIO's own span + sync, bytes)."""
+    from experiments.dlio import run_generator
+
+    data = out / "data"
+    data.mkdir(parents=True)
+    done = run_generator(spec, data, ranks, out)
+    before = time.perf_counter()
+    os.sync()
+    sync_s = time.perf_counter() - before
+    span = done.generation_s if done.generation_s is not None else float("nan")
+    return done.wall_s + sync_s, span + sync_s, done.bytes
+
+
+def measure_vs_dlio(
+    name: str, args: argparse.Namespace, size: int, outputs: Path
+) -> tuple[float, float]:
+    """Rounds of our generator against DLIO's (module doc); the median ratios. DLIO's dataset
+    is the one standing for ours of this size and seed (an untimed first generation of ours
+    gives its shape: every round's is the same)."""
+    from experiments.dlio import dataset_spec_of
+
+    ranks = args.workers or max(1, len(os.sched_getaffinity(0)))
+    generate(name, outputs / "reference", size, seed=args.seed, workers=args.workers)
+    batch = 2048 if name == "dlrm" else 1  # DLRM's DLIO samples are batches of records
+    spec, _ = dataset_spec_of(outputs / "reference", batch)
+    print(
+        f"DLIO's generator: {spec.num_files} {spec.format} files of {spec.samples} samples, "
+        f"{ranks} MPI ranks"
+    )
+    settle()
+    walls, spans = [], []
+    print(
+        f"{'round':>5} {'order':>11} {'ours MB/s':>10} {'DLIO MB/s':>10} {'(own span)':>11} "
+        f"{'ours/DLIO':>10} {'(span)':>7}"
+    )
+    for r in range(args.rounds):
+        ours_first = r % 2 == 0
+        results: dict[str, tuple[float, ...]] = {}
+        for which in ("ours", "dlio") if ours_first else ("dlio", "ours"):
+            if which == "ours":
+                seconds, nbytes, _ = time_generator(
+                    name, outputs / f"ours{r + 1}", size, args.workers, args.seed
+                )
+                results["ours"] = (nbytes / seconds / 1e6,)
+            else:
+                wall, span, nbytes = time_dlio(spec, outputs / f"dlio{r + 1}", ranks)
+                results["dlio"] = (nbytes / wall / 1e6, nbytes / span / 1e6)
+            settle()
+        ours = results["ours"][0]
+        dlio_wall, dlio_span = results["dlio"]
+        walls.append(ours / dlio_wall)
+        spans.append(ours / dlio_span)
+        order = "ours,dlio" if ours_first else "dlio,ours"
+        print(
+            f"{r + 1:>5} {order:>11} {ours:>10.0f} {dlio_wall:>10.0f} {dlio_span:>11.0f} "
+            f"{walls[-1]:>10.2f} {spans[-1]:>7.2f}"
+        )
+    wall, span = statistics.median(walls), statistics.median(spans)
+    print(
+        f"median: twintrace/DLIO {wall:.2f} (spread {min(walls):.2f}..{max(walls):.2f}) over "
+        f"DLIO's wall time, {span:.2f} ({min(spans):.2f}..{max(spans):.2f}) over its own span"
+    )
+    return wall, span
+
+
+def bench_generator(name: str, args: argparse.Namespace, size: int) -> Any:
     directory: Path = args.dir
     print(f"== {name}")
     if name == "unet3d":
@@ -186,6 +294,8 @@ def bench_generator(name: str, args: argparse.Namespace, size: int) -> float:
     outputs = directory / name
     outputs.mkdir()
     try:
+        if args.vs_dlio:
+            return measure_vs_dlio(name, args, size, outputs)
         return measure_rounds(name, args, size, outputs)
     finally:
         shutil.rmtree(outputs)

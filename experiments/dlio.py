@@ -20,15 +20,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -153,47 +156,13 @@ def mirror_dataset(
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         data = work / "data"
-        ctl = work / "ctl"
-        out = work / "out"
-        for d in (data, ctl / "dlio" / "workload", out):
-            d.mkdir(parents=True)
+        data.mkdir()
         (data / MARKER_NAME).write_text(
             "Written by twintrace (DLIO's generator); may be replaced.\n"
         )
-        (ctl / "dlio" / "workload" / f"{dlio.CONFIG_NAME}.yaml").write_text(
-            _yaml(dlio.generator_config(spec))
-        )
-        code = container.run_to_completion(
-            container.client(),
-            dlio.DLIO_IMAGE,
-            dlio_command(ranks),
-            [
-                BindMount(data, dlio.DATA_DIR, False),
-                BindMount(ctl, container.CTL_MOUNT, True),
-                BindMount(out, container.OUT_MOUNT, False),
-            ],
-            label=f"dlio-datagen-{os.getpid()}",
-            log_path=work / "dlio-datagen.log",
-            environment={"TZ": "UTC"},
-            working_dir=container.OUT_MOUNT,
-        )
-        if code != 0:
-            tail = (work / "dlio-datagen.log").read_text(errors="replace").strip().splitlines()
-            raise UserError(
-                f"DLIO's generator exited with code {code}: "
-                + (" | ".join(tail[-3:]) or "no output")
-            )
-        files = sorted(
-            (p for p in data.rglob("*") if p.is_file() and p.name != MARKER_NAME),
-            key=lambda p: str(p),
-        )
-        records = [{"name": str(p.relative_to(data)), "bytes": p.stat().st_size} for p in files]
+        done = run_generator(spec, data, ranks, work)
+        records = done.files
         samples = [r for r in records if not r["name"].endswith(".idx")]
-        if len(samples) != spec.num_files:
-            raise UserError(
-                f"DLIO's generator wrote {len(samples)} data files, {spec.num_files} were asked: "
-                f"see {work / 'dlio-datagen.log'}"
-            )
         written = sum(r["bytes"] for r in samples) / max(1, spec.samples)
         manifest = write_manifest(
             data,
@@ -220,6 +189,78 @@ def mirror_dataset(
         f"sample {manifest['params']['sample_bytes']:.0f} B (ours: {spec.target_bytes:.0f} B)"
     )
     return target, manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratorRun:
+    """What one run of DLIO's generator did: the files it wrote (name relative to the data
+    directory, bytes), the wall time of the container (start-up included) and the time DLIO
+    itself logs between "Starting data generation" and "Generation done"."""
+
+    files: list[dict[str, Any]]
+    wall_s: float
+    generation_s: float | None
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(f["bytes"]) for f in self.files)
+
+
+_GENERATION = re.compile(
+    r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}) (Starting data generation|Generation done)"
+)
+
+
+def run_generator(spec: dlio.DatasetSpec, data: Path, ranks: int, work: Path) -> GeneratorRun:
+    """Run DLIO's generator for ``spec`` into the (empty) directory ``data`` as ``ranks`` MPI
+    ranks, its configuration and output under ``work``; a UserError with the end of its
+    output when it fails or writes another number of files than asked."""
+    ctl = work / "ctl"
+    out = work / "out"
+    for d in (ctl / "dlio" / "workload", out):
+        d.mkdir(parents=True, exist_ok=True)
+    (ctl / "dlio" / "workload" / f"{dlio.CONFIG_NAME}.yaml").write_text(
+        _yaml(dlio.generator_config(spec))
+    )
+    log_path = work / "dlio-datagen.log"
+    started = time.monotonic()
+    code = container.run_to_completion(
+        container.client(),
+        dlio.DLIO_IMAGE,
+        dlio_command(ranks),
+        [
+            BindMount(data, dlio.DATA_DIR, False),
+            BindMount(ctl, container.CTL_MOUNT, True),
+            BindMount(out, container.OUT_MOUNT, False),
+        ],
+        label=f"dlio-datagen-{os.getpid()}",
+        log_path=log_path,
+        environment={"TZ": "UTC", "MPI4PY_RC_FINALIZE": "false"},
+        working_dir=container.OUT_MOUNT,
+    )
+    wall = time.monotonic() - started
+    text = log_path.read_text(errors="replace")
+    if code != 0:
+        tail = text.strip().splitlines()
+        raise UserError(
+            f"DLIO's generator exited with code {code}: " + (" | ".join(tail[-3:]) or "no output")
+        )
+    files = sorted((p for p in data.rglob("*") if p.is_file() and p.name != MARKER_NAME), key=str)
+    records = [{"name": str(p.relative_to(data)), "bytes": p.stat().st_size} for p in files]
+    written = [r for r in records if not r["name"].endswith(".idx")]
+    if len(written) != spec.num_files:
+        raise UserError(
+            f"DLIO's generator wrote {len(written)} data files, {spec.num_files} were asked: "
+            "its output ends with " + " | ".join(text.strip().splitlines()[-3:])
+        )
+    marks = {m.group(2): m.group(1) for m in _GENERATION.finditer(text)}
+    span = None
+    if len(marks) == 2:
+        fmt = "%Y-%m-%dT%H:%M:%S.%f"
+        begin = datetime.strptime(marks["Starting data generation"], fmt)
+        end = datetime.strptime(marks["Generation done"], fmt)
+        span = (end - begin).total_seconds()
+    return GeneratorRun(records, wall, span)
 
 
 VERSION_LABEL = "org.twintrace.dlio.version"

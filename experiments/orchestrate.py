@@ -65,6 +65,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from core.atomic import atomic_write_text
 from core.errors import UserError
 from core.rundir import FINISHED, load_json, write_json
 from core.units import parse_size
@@ -534,6 +535,25 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
     return outcomes
 
 
+def scores_table(scores: Mapping[str, Mapping[str, Any]]) -> str:
+    """The overall and per-aspect similarity scores of each comparison, as a Markdown table
+    (a row per comparison: its configuration and pair; a column per aspect, "-" where the
+    aspect was skipped)."""
+    aspects: list[str] = []
+    for entry in scores.values():
+        aspects += [a for a in entry["aspects"] if a not in aspects]
+    head = ["comparison", "reference vs emulation", "overall", *aspects]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for label, entry in scores.items():
+        pair = entry.get("pair") or ["original", "sleep"]
+        cells = [label, f"{pair[0]} vs {pair[1]}", f"{entry['overall']:.3f}"]
+        for name in aspects:
+            score = (entry["aspects"].get(name) or {}).get("score")
+            cells.append("-" if score is None else f"{score:.3f}")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def produce_outputs(
     experiment: Experiment, state: dict[str, Any], home: Path, log: Log
 ) -> list[Path]:
@@ -597,11 +617,16 @@ def produce_outputs(
                         home / "comparisons" / f"{label}.html",
                     )
                 )
-                scores[label] = {"real": real, "emulated": emulated, **comparison.to_dict()}
+                scores[label] = {"pair": [real, emulated], **comparison.to_dict()}
         if scores:
             path = home / "comparisons" / "scores.json"
             write_json(path, {"scores": scores})
             written.append(path)
+            table = scores_table(scores)
+            path = home / "comparisons" / "scores.md"
+            atomic_write_text(path, table)
+            written.append(path)
+            log(table.rstrip())
     for path in written:
         log(f"wrote {path}")
     return written

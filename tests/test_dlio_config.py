@@ -147,7 +147,7 @@ def test_computation_is_the_sleep_profiles_step() -> None:
 
 def test_workload_config_carries_the_runs_settings() -> None:
     config = WorkloadConfig(
-        "unet3d", "dlio", epochs=3, batch_size=4, workers=2, max_steps=10, seed=7,
+        "unet3d", "dlio", epochs=3, batch_size=1, workers=2, max_steps=2, seed=7,
         checkpoint_every=2,
     )  # fmt: skip
     spec = dlio.dataset_spec(unet3d_manifest())
@@ -161,13 +161,13 @@ def test_workload_config_carries_the_runs_settings() -> None:
         "checkpoint": True,
         "profiling": False,
     }
-    assert section["reader"]["batch_size"] == 4 and section["reader"]["read_threads"] == 2
+    assert section["reader"]["batch_size"] == 1 and section["reader"]["read_threads"] == 2
     assert section["train"] == {
         "epochs": 3,
         "computation_time": 0.25,
         "computation_time_stdev": 0.03,
         "seed": 7,
-        "total_training_steps": 10,
+        "total_training_steps": 2,
     }
     assert section["checkpoint"]["model_size"] == 123_456
     assert section["checkpoint"]["epochs_between_checkpoints"] == 2
@@ -179,6 +179,11 @@ def test_workload_config_carries_the_runs_settings() -> None:
     assert dlio.files_for_ranks(spec, 3) == 3
     with pytest.raises(UserError, match="cannot be shared evenly"):
         dlio.files_for_ranks(spec, 4)
+    # max_steps beyond what the files give: DLIO would refuse to run; no cap then
+    assert (
+        "total_training_steps"
+        not in dlio.workload_config(config.replace(max_steps=4), spec, compute, 10)["train"]
+    )
     # no checkpoints, no stdev, every step: none of those keys
     quiet = dlio.workload_config(
         config.replace(checkpoint_every=0, max_steps=0), spec, dlio.Computation(0.1, 0.0, {}), 10

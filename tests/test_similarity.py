@@ -910,3 +910,36 @@ def test_the_event_log_path_is_where_workloads_write_it() -> None:
     from tracing.container import OUT_MOUNT
 
     assert f"{OUT_MOUNT}/mllog.log" == EVENT_LOG_PATH
+
+
+def test_runs_of_two_datasets_are_compared_by_rank_and_sequentiality() -> None:
+    """A run of our dataset against one of DLIO's copy of it: no file in common, so per-file
+    shares are matched by rank and the access orders by how sequential each is."""
+    from types import SimpleNamespace
+
+    from analysis.similarity.aspects.files import (
+        file_order,
+        name_order_tau,
+        per_file_outcome,
+    )
+
+    ours = pd.Series([4.0, 1.0, 2.0, 3.0], index=["/data/c", "/data/a", "/data/d", "/data/b"])
+    theirs = pd.Series([30.0, 10.0, 40.0, 20.0], index=[f"/data/img_{i}" for i in (2, 0, 3, 1)])
+    outcome = per_file_outcome(ours, theirs, "reads", {})
+    assert outcome.details["by_rank"] is True
+    assert outcome.score == pytest.approx(1.0)  # the same shares, largest to smallest
+    uneven = pd.Series([97.0, 1.0, 1.0, 1.0], index=theirs.index)
+    assert per_file_outcome(ours, uneven, "reads", {}).score < 0.8
+    # name order: sequential, reversed, shuffled
+    assert name_order_tau(pd.Index(["a", "b", "c", "d"])) == pytest.approx(1.0)
+    assert name_order_tau(pd.Index(["d", "c", "b", "a"])) == pytest.approx(-1.0)
+    shuffled = SimpleNamespace(files_read=ours, file_scope=("/data",))
+    in_order = SimpleNamespace(
+        files_read=pd.Series(1.0, index=[f"/data/img_{i}" for i in range(4)]), file_scope=("/data",)
+    )
+    same = file_order(shuffled, SimpleNamespace(files_read=theirs, file_scope=("/data",)))
+    assert same.details["by_sequentiality"] is True
+    tau = name_order_tau(ours.index)
+    assert same.score == pytest.approx(1 - abs(tau - name_order_tau(theirs.index)) / 2)
+    apart = file_order(shuffled, in_order)
+    assert apart.score == pytest.approx(1 - abs(tau - 1.0) / 2) and apart.score < same.score

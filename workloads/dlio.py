@@ -298,7 +298,13 @@ def workload_config(
     }
     if compute.stdev_s > 0:
         train["computation_time_stdev"] = round(compute.stdev_s, 6)
-    if config.max_steps:
+    files = files_for_ranks(dataset, config.accelerators)
+    available = (
+        files * dataset.samples_per_file // dlio_batch(config, dataset) // config.accelerators
+    )
+    if config.max_steps and config.max_steps < available:
+        # a cap, as our max_steps is: DLIO refuses to run when it asks for more steps than its
+        # files give ("Only have enough data for N steps")
         train["total_training_steps"] = config.max_steps
     checkpoint = config.checkpoint_every > 0
     section: dict[str, Any] = {
@@ -311,10 +317,7 @@ def workload_config(
             "checkpoint": checkpoint,
             "profiling": False,
         },
-        "dataset": {
-            **dataset.generator_section(),
-            "num_files_train": files_for_ranks(dataset, config.accelerators),
-        },
+        "dataset": {**dataset.generator_section(), "num_files_train": files},
         "reader": {
             "data_loader": "pytorch",
             "batch_size": dlio_batch(config, dataset),

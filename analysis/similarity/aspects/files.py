@@ -1,5 +1,7 @@
 """Files: who reads the data (effective reader threads), in what order the files are first
 read (Kendall tau x Jaccard), the bytes read per file and the opens per file (Jensen-Shannon).
+Runs of two datasets that share no file (ours and DLIO's copy, for one) are compared by rank
+and by how sequential their orders are, since names cannot be matched (the functions say how).
 
 All four look only at files in the comparison's file scope (the dataset, by default the runs'
 read-only mounts: :attr:`RunProfile.file_scope`).
@@ -12,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import kendalltau
 
 from analysis.similarity.aspects.base import SCALE, SHIFT, SPEED, Outcome, aspect, one_sided
 from analysis.similarity.measures import (
@@ -34,10 +37,32 @@ def _scope(profile: RunProfile) -> dict[str, Any]:
 
 
 def per_file_outcome(a: pd.Series, b: pd.Series, what: str, extra: Mapping[str, Any]) -> Outcome:
-    """JS similarity of per-file shares over the union of files (0 when one run has none)."""
+    """JS similarity of per-file shares over the union of files (0 when one run has none).
+
+    Runs that read no file in common (two datasets: ours and DLIO's copy of it, say) are
+    compared by rank instead: each run's shares sorted from the largest, the largest against
+    the largest (``by_rank`` in the details), since their files' names cannot be matched."""
     missing = one_sided(len(a) > 0, len(b) > 0, what, extra)
     if missing:
         return missing
+    if not a.index.intersection(b.index).size:
+        n = max(len(a), len(b))
+        va = np.pad(np.sort(a.to_numpy(dtype=np.float64))[::-1], (0, n - len(a)))
+        vb = np.pad(np.sort(b.to_numpy(dtype=np.float64))[::-1], (0, n - len(b)))
+        score = js_similarity(va, vb)
+        pa, pb = va / va.sum(), vb / vb.sum()
+        details = {
+            "js_distance": 1.0 - score,
+            "files_real": len(a),
+            "files_emulated": len(b),
+            "by_rank": True,
+            **extra,
+        }
+        top = min(n, TOP_FILES)
+        labels = [f"#{i + 1}" for i in range(top)]
+        return Outcome(
+            score, details, {"kind": "bars", "x": labels, "real": pa[:top], "emulated": pb[:top]}
+        )
     union, va, vb = aligned_shares(a, b)
     score = js_similarity(va, vb)
     pa, pb = va / va.sum(), vb / vb.sum()
@@ -99,15 +124,39 @@ def read_parallelism(real: RunProfile, emulated: RunProfile) -> Outcome:
     ("which files are read", "order of first reads (shuffling seed)"),
 )
 def file_order(real: RunProfile, emulated: RunProfile) -> Outcome:
+    """Kendall tau x Jaccard of the first-read orders. Runs that read no file in common (two
+    datasets) are compared by how sequential each order is instead: Kendall's tau between a
+    run's first-read order and its files' name order (1 reading in name order, ~0 shuffled,
+    -1 reversed), the score ``1 - |tau_real - tau_emulated| / 2``."""
     a, b = real.files_read.index, emulated.files_read.index
     missing = one_sided(len(a) > 0, len(b) > 0, "reads of named files", _scope(real))
     if missing:
         return missing
+    if not a.intersection(b).size:
+        tau_a, tau_b = name_order_tau(a), name_order_tau(b)
+        details = {
+            "by_sequentiality": True,
+            "name_order_tau_real": tau_a,
+            "name_order_tau_emulated": tau_b,
+            **_scope(real),
+        }
+        ranks = (np.arange(len(a)), np.argsort(np.argsort(np.asarray(a, dtype=str))))
+        plot = {"kind": "ranks", "real": ranks[0], "emulated": ranks[1]}
+        return Outcome(1.0 - abs(tau_a - tau_b) / 2, details, plot)
     score, details = order_similarity(a, b)
     rank_a, rank_b = details.pop("ranks")
     step = max(1, len(rank_a) // MAX_RANK_POINTS)
     plot = {"kind": "ranks", "real": rank_a[::step], "emulated": rank_b[::step]}
     return Outcome(score, {**details, **_scope(real)}, plot)
+
+
+def name_order_tau(files: pd.Index) -> float:
+    """Kendall's tau between the order in which ``files`` were first read and their names'
+    sorted order (1 for one file)."""
+    if len(files) < 2:
+        return 1.0
+    by_name = np.argsort(np.argsort(np.asarray(files, dtype=str)))
+    return float(kendalltau(np.arange(len(files)), by_name).statistic)
 
 
 @aspect(
