@@ -445,12 +445,13 @@ def test_two_runs_are_stacked(tmp_path: Path, busy_run: Path) -> None:
     other = make_run(tmp_path, "20261121-170000-unet3d-original-0001", start_ns=START_NS - 3 * SEC)
     runs = [load_run(busy_run), load_run(other)]
     fig = timeline_figure(runs)
-    assert subplot_rows(fig) == 16
-    assert [e["run"] for e in fig.layout.meta["lanes"]] == [runs[0].run_id] * 8 + [
+    n = len(LANES)
+    assert subplot_rows(fig) == 2 * n
+    assert [e["run"] for e in fig.layout.meta["lanes"]] == [runs[0].run_id] * n + [
         runs[1].run_id
-    ] * 8
+    ] * n
     titles = [a.text for a in fig.layout.annotations]
-    second = titles[8]
+    second = titles[n]
     assert runs[1].run_id in second and "(unet3d, original)" in second and "phases" in second
     # The empty second run still labels its lanes.
     assert "no accelerator data" in titles and "no CPU samples" in titles
@@ -458,7 +459,7 @@ def test_two_runs_are_stacked(tmp_path: Path, busy_run: Path) -> None:
     assert fig.layout.meta["bin_s"] == pytest.approx(0.01)
     # One shared time axis.
     axes = list(fig.select_xaxes())
-    assert len(axes) == 16 and all(ax.matches == "x" for ax in axes[1:])
+    assert len(axes) == 2 * len(LANES) and all(ax.matches == "x" for ax in axes[1:])
 
 
 def test_gpu_utilisation_is_preferred_to_busy_intervals(tmp_path: Path) -> None:
@@ -567,13 +568,13 @@ def test_two_containers_get_a_lane_group_each_on_one_axis(tmp_path: Path) -> Non
     fig = timeline_figure([run], bin_s=1.0)
     lanes = fig.layout.meta["lanes"]
     assert subplot_rows(fig) == 2 * len(LANES)
-    assert [e["container"] for e in lanes] == ["rank0"] * 8 + ["rank1"] * 8
+    assert [e["container"] for e in lanes] == ["rank0"] * len(LANES) + ["rank1"] * len(LANES)
     assert [e["lane"] for e in lanes] == list(LANES) * 2
     titles = [a.text for a in fig.layout.annotations]
     assert "container <b>rank0</b>" in titles[0] and run.run_id in titles[0]
     assert any("container <b>rank1</b>" in t and "phases" in t for t in titles)
     axes = list(fig.select_xaxes())
-    assert len(axes) == 16 and all(ax.matches == "x" for ax in axes[1:])
+    assert len(axes) == 2 * len(LANES) and all(ax.matches == "x" for ax in axes[1:])
 
     def traces(lane: str, group: int) -> dict[str, Any]:
         return {t.name: t for t in traces_in_row(fig, lane_rows(fig, lane)[group])}
