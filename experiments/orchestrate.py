@@ -42,6 +42,9 @@ image workload) gives the sleep runs the profile database's profile of that acce
 their batch size (``./cli.py trace --accelerator``); original and instrumented runs compute for
 real and ignore it. Without it, sleep runs use the workload's shipped profile.
 
+``cold_cache = true`` (in ``[settings]`` or ``[workloads.<name>]``) drops the page cache before
+every run (root), so that no run reads from the cache what the one before it read.
+
 ``gpus`` (in ``[settings]`` or ``[workloads.<name>]``, whose value wins) gives every container
 of the runs real GPUs, as ``./cli.py trace --gpus`` does: ``"all"``, a count (``2`` or
 ``"2"``) or device ids (``"0,1"``). The workloads' ``device = auto`` then computes on them
@@ -77,7 +80,7 @@ SETTINGS_KEYS = ("epochs", "max_steps", "seed", "eval_every", "checkpoint_every"
 #: Settings of the sleep runs' emulated accelerator (profile database), not WorkloadConfig's.
 EMULATION_KEYS = ("accelerator", "profile_model")
 #: Settings of how the runs' containers are run (RunOptions), not WorkloadConfig's.
-RUN_KEYS = ("gpus",)
+RUN_KEYS = ("gpus", "cold_cache")
 PRODUCE_KEYS = ("timelines", "breakdown", "compare")
 #: The pairs ``compare`` reports on, (reference, emulation), where a configuration has both:
 #: the real job against our emulation, against DLIO's, and the two emulations against each other.
@@ -268,6 +271,10 @@ def load_experiment(path: Path) -> Experiment:
     runs = [_emulated(spec, settings, workloads, path) for spec in runs]
     for spec in runs:
         _check_gpus(spec, run_gpus(spec.workload, settings, workloads, path), path)
+        try:
+            cold_cache(spec.workload, settings, workloads)
+        except UserError as exc:
+            raise UserError(f"{path}: {exc}") from None
     experiment = Experiment(
         name=name,
         description=head.get("description", ""),
@@ -299,6 +306,18 @@ def emulation(
             raise UserError(f"{key} of {workload} must be a string, got {value!r}")
         values.append(value or None)
     return values[0], values[1]
+
+
+def cold_cache(
+    workload: str, settings: Mapping[str, Any], workloads: Mapping[str, Mapping[str, Any]]
+) -> bool:
+    """Whether a workload's runs start on a cold page cache (``cold_cache``: its own table's,
+    else ``[settings]``'s; default false): the cache dropped before each run, so that no run
+    finds the data a previous one read."""
+    value = workloads.get(workload, {}).get("cold_cache", settings.get("cold_cache", False))
+    if not isinstance(value, bool):
+        raise UserError(f"cold_cache of {workload} must be true or false, got {value!r}")
+    return value
 
 
 def run_gpus(
@@ -515,6 +534,11 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
                         gpus=run_gpus(spec.workload, experiment.settings, experiment.workloads),
                     ),
                 )
+            if cold_cache(spec.workload, experiment.settings, experiment.workloads):
+                # after the request is built: building it checks (reads) the dataset
+                from tracing.host import drop_caches
+
+                drop_caches()
             outcome = trace(request)
             status, error, run_dir = outcome.status, outcome.error, outcome.run_dir
         except RunInterrupted as exc:

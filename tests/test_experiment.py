@@ -58,6 +58,11 @@ def test_shipped_experiments_parse_and_expand() -> None:
     assert len(grid.runs) == 3 * 2 + 3 * 2 + 3 * 2
     assert {r.batch_size for r in grid.runs if r.workload == "dlrm"} == {1024, 2048, 4096}
     assert len({r.key for r in grid.runs}) == len(grid.runs)
+    study = load_experiment(REPO / "experiments" / "dlio-study.toml")
+    assert {r.variant for r in study.runs} == {"original", "sleep", "dlio"}
+    # the DLIO runs emulate the same accelerator as the sleep runs
+    assert {r.emulated for r in study.runs if r.variant != "original"} == {"cpu"}
+    assert study.settings["cold_cache"] is True
 
 
 @pytest.mark.parametrize(
@@ -70,6 +75,7 @@ def test_shipped_experiments_parse_and_expand() -> None:
         (("patch_size = 32", "patch = 32"), "unknown setting 'patch'"),
         (("workers = [1]", "workers = [1, 1]"), "same run twice"),
         (('memory_limit = ["", "6m"]', 'memory_limit = ["lots"]'), "lots"),
+        (("epochs = 1", 'epochs = 1\ncold_cache = "yes"'), "cold_cache of unet3d must be true"),
     ],
 )
 def test_bad_experiment_files_fail_with_one_clear_line(
@@ -111,3 +117,20 @@ def test_experiment_records_failures_continues_and_resumes(images, tmp_path: Pat
     again = {o.key: o for o in run_experiment(experiment, out, log=lines.append)}
     assert again[ok.key].status == "skipped" and again[ok.key].run_dir == ok.run_dir
     assert again[starved.key].status == "failed"
+
+
+def test_the_scores_table_has_a_row_per_comparison_and_a_column_per_aspect() -> None:
+    from experiments.orchestrate import scores_table
+
+    scores = {
+        "unet3d-2": {"overall": 0.9, "aspects": {"cpu": {"score": 0.8}, "memory": {"score": None}}},
+        "unet3d-2-original-vs-dlio": {
+            "pair": ["original", "dlio"],
+            "overall": 0.7,
+            "aspects": {"cpu": {"score": 0.5}, "file_order": {"score": 0.25}},
+        },
+    }
+    lines = scores_table(scores).splitlines()
+    assert lines[0] == "| comparison | reference vs emulation | overall | cpu | memory | file_order |"
+    assert lines[2] == "| unet3d-2 | original vs sleep | 0.900 | 0.800 | - | - |"
+    assert lines[3] == "| unet3d-2-original-vs-dlio | original vs dlio | 0.700 | 0.500 | - | 0.250 |"
