@@ -303,6 +303,7 @@ _TABS = np.uint64(0x0909090909090909)
 _ASCII_ZEROS = np.uint64(0x3030303030303030)
 _NOT_DIGIT = np.uint64(0x7676767676767676)  # + a byte of 0-9: no high bit
 _NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
+_BRACKETS = np.uint64(0x5D5D5D5D5D5D5D5D)  # closing square brackets
 
 
 @_inline
@@ -551,37 +552,40 @@ def _skip_echo(words: np.ndarray, p: int, end: int) -> int:
 
 
 @_inline
-def _parse_ev_map(buf: np.ndarray, p: int, stop: int, is_open: bool, ev: np.ndarray) -> bool:
-    """Parse a call printed from syscalls.bt's maps, from ``p`` (just after "@ev" or "@op")
-    to the line's end at ``stop``::
+def _parse_ev_map(buf: np.ndarray, words: np.ndarray, p: int, is_open: bool, ev: np.ndarray) -> int:
+    """Parse a call printed from syscalls.bt's maps, from ``p`` (just after "@ev" or "@op")::
 
         @evQ[ts, tid, comm]: (kind, pid, fd, ret, arg, latency)
         @opQ[ts, tid, comm]: (pid, ret, latency, path)        (openat)
 
     ``ev``: ts, tid, kind code, pid, fd, ret, arg, latency, then the start and end of the comm
     and of the path (empty but for openat). The comm ends at the first "]: (" (a thread name
-    may hold commas); the path is the rest of the line but its closing parenthesis."""
+    may hold commas); the path is the rest of the line but its closing parenthesis. Returns the
+    position of the line's newline, or -1 when the line is not one of these."""
     value, p, ok = _read_int(buf, p, False)
     if not ok or buf[p] != 91:  # '['
-        return False
-    p += 1
-    for f in range(2):
-        if f > 0:
-            p = _expect(buf, p, _AGG_SEP)
-            if p < 0:
-                return False
-        value, p, ok = _read_int(buf, p, False)
-        if not ok:
-            return False
-        ev[f] = value
+        return -1
+    value, p, ok = _read_time(buf, words, p + 1)
+    if not ok:
+        return -1
+    ev[0] = value
     p = _expect(buf, p, _AGG_SEP)
     if p < 0:
-        return False
+        return -1
+    value, p, ok = _read_int(buf, p, False)
+    if not ok:
+        return -1
+    ev[1] = value
+    p = _expect(buf, p, _AGG_SEP)
+    if p < 0:
+        return -1
     ev[8] = p
-    while p < stop and _expect(buf, p, _KEY_END) < 0:
+    while buf[p] != 93 or _expect(buf, p, _KEY_END) < 0:  # "]: ("
+        if buf[p] == 10:
+            return -1
         p += 1
-    if p >= stop or p - ev[8] > 16:
-        return False
+    if p - ev[8] > 16:
+        return -1
     ev[9] = p
     p += len(_KEY_END)
     if is_open:
@@ -592,29 +596,32 @@ def _parse_ev_map(buf: np.ndarray, p: int, stop: int, is_open: bool, ev: np.ndar
             if f > 3:
                 p = _expect(buf, p, _AGG_SEP)
                 if p < 0:
-                    return False
+                    return -1
             value, p, ok = _read_int(buf, p, True)
             if not ok:
-                return False
+                return -1
             ev[f] = value
         p = _expect(buf, p, _AGG_SEP)
-        if p < 0 or buf[stop - 1] != 41:  # ')'
-            return False
+        if p < 0:
+            return -1
+        stop = _line_end(words, p)
+        if buf[stop - 1] != 41:  # ')'
+            return -1
         ev[10] = p
         ev[11] = stop - 1
-        return True
+        return stop
     for f in range(2, 8):
         if f > 2:
             p = _expect(buf, p, _AGG_SEP)
             if p < 0:
-                return False
+                return -1
         value, p, ok = _read_int(buf, p, True)
         if not ok:
-            return False
+            return -1
         ev[f] = value
     ev[10] = p
     ev[11] = p
-    return buf[p] == 41 and p + 1 == stop  # ')'
+    return p + 1 if buf[p] == 41 and buf[p + 1] == 10 else -1  # ')' and the newline
 
 
 @_kernel
@@ -672,8 +679,10 @@ def _parse_syscall_block(
             q = _expect(buf, pos, _WORD_OP)
             is_open = q >= 0
         if q >= 0:  # a call printed from syscalls.bt's maps
-            p = _line_end(words, pos)
-            ok = _parse_ev_map(buf, q, p, is_open, ev)
+            p = _parse_ev_map(buf, words, q, is_open, ev)
+            ok = p >= 0
+            if not ok:
+                p = _line_end(words, pos)
             if ok:
                 ts, tid, kind, pid = ev[0], ev[1], ev[2], ev[3]
                 fd, ret, arg, lat = ev[4], ev[5], ev[6], ev[7]
