@@ -497,11 +497,16 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
         )
         started = time.monotonic()
         run_dir: Path | None = None
-        run_settings = {
-            "batch_size": spec.batch_size,
-            "accelerators": spec.accelerators,
-            "workers": spec.workers,
-            **settings,
+        common: dict[str, Any] = {
+            "settings": {
+                "batch_size": spec.batch_size,
+                "accelerators": spec.accelerators,
+                "workers": spec.workers,
+                **settings,
+            },
+            "options": dict(per_workload.get("options", {})),
+            "accelerator": accelerator,
+            "profile_model": model,
         }
         limits = Limits.parse(spec.memory_limit or None, None)
         try:
@@ -509,30 +514,17 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
                 from experiments.dlio import dlio_request
 
                 request = dlio_request(
-                    spec.workload,
-                    data,
-                    runs_root,
-                    settings=run_settings,
-                    options=dict(per_workload.get("options", {})),
-                    accelerator=accelerator,
-                    profile_model=model,
-                    run=RunOptions(limits=limits),
-                    log=log,
+                    spec.workload, data, runs_root, run=RunOptions(limits=limits), log=log, **common
                 )
             else:
+                gpus = run_gpus(spec.workload, experiment.settings, experiment.workloads)
                 request = workload_request(
                     spec.workload,
                     spec.variant,
                     data,
                     runs_root,
-                    settings=run_settings,
-                    options=dict(per_workload.get("options", {})),
-                    accelerator=accelerator,
-                    profile_model=model,
-                    run=RunOptions(
-                        limits=limits,
-                        gpus=run_gpus(spec.workload, experiment.settings, experiment.workloads),
-                    ),
+                    run=RunOptions(limits=limits, gpus=gpus),
+                    **common,
                 )
             if cold_cache(spec.workload, experiment.settings, experiment.workloads):
                 # after the request is built: building it checks (reads) the dataset
