@@ -24,13 +24,21 @@ the same shape and the same events:
   same data-side events plus those of :class:`SleepCompute` (``load_batch_gpu``, the forward,
   backward and optimizer phases when its profile splits the compute, ``accelerator_busy``,
   ``sync_wait`` and ``all_reduce`` with several ranks).
+- A ``step_end``'s value is the samples the step trained (:meth:`Task.trained_samples`: the
+  batch's samples, times the models of a fused array).
+- Emulated jobs in several containers can share one emulated accelerator: with
+  ``TWINTRACE_SHARED_ACCELERATOR`` (:data:`SHARED_ACCELERATOR_ENV`) naming a lock file that
+  they all see, a step's emulated compute holds the file's lock, so the jobs' computations run
+  one at a time as B processes time-slice one GPU; the wait for it is ``accelerator_wait``.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import ctypes
 import dataclasses
+import fcntl
 import mmap
 import os
 import resource
@@ -54,6 +62,10 @@ from workloads.events import ACCELERATOR_KEY, Emitter
 from workloads.profile import SleepProfile, Stratified, default_profile, load_profile
 
 Marks = list[tuple[str, int, int]]
+
+#: The lock file of an emulated accelerator shared by the jobs of several containers (module
+#: doc): a path every one of them sees.
+SHARED_ACCELERATOR_ENV = "TWINTRACE_SHARED_ACCELERATOR"
 
 
 @dataclasses.dataclass
@@ -110,7 +122,12 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def batch_samples(self, batch: Any) -> int:
-        """Samples in a loader batch (the ``step_end`` value and the profile's batch size)."""
+        """Samples in a loader batch (the profile's batch size)."""
+
+    def trained_samples(self, batch: Any) -> int:
+        """Samples a step on ``batch`` trains (the ``step_end`` value): the batch's samples,
+        or for a fused array of B models B times as many."""
+        return self.batch_samples(batch)
 
     def prepare(self, config: WorkloadConfig, out_dir: Path, emitter: Emitter) -> Task:
         """One-time set-up in the run's first process, before any rank starts: may log events
@@ -407,7 +424,9 @@ class SleepCompute:
     - with several ranks, ``sync_wait``: a real all-reduce through torch.distributed (gloo), so
       every rank waits for the slowest, as DDP's gradient all-reduce makes it; then
       ``all_reduce``: the modelled time of the gradient all-reduce itself
-      (:class:`workloads.profile.Collective`).
+      (:class:`workloads.profile.Collective`);
+    - on an accelerator shared with other containers' jobs (:data:`SHARED_ACCELERATOR_ENV`),
+      ``accelerator_wait`` before the compute: until the others' computations let go of it.
 
     ``model`` is only kept to write realistic checkpoints (``torch.save`` of its untrained
     state_dict) when the profile does not set ``checkpoint_bytes``.
@@ -430,6 +449,7 @@ class SleepCompute:
         self.model = model
         self.distributed = distributed
         self.staging = PinnedStaging()
+        self._shared = shared_accelerator()
         self._meta = self._meta_model()
         self._eval_batches = 0
         self._first = True
@@ -516,6 +536,22 @@ class SleepCompute:
         _sleep_until(t0 + int(h2d * 1e9))
         t1 = time.monotonic_ns()
         marks.append(("load_batch_gpu", t0, t1))
+        with self._shared.hold(marks):
+            t2 = self._compute(compute, marks)
+        if self.distributed:
+            # A real collective: the ranks meet here, and the fastest waits for the slowest;
+            # then the modelled time of the gradient all-reduce itself.
+            dist.all_reduce(torch.zeros(1))
+            t3 = time.monotonic_ns()
+            marks.append(("sync_wait", t2, t3))
+            seconds = self.profile.collective.seconds(self.accelerators, self.gradient_bytes)
+            _sleep_until(t3 + int(seconds * 1e9))
+            marks.append(("all_reduce", t3, time.monotonic_ns()))
+
+    def _compute(self, compute: float, marks: Marks) -> int:
+        """Sleep the emulated compute of one step from now, split as the profile says; returns
+        when it ended (ns)."""
+        t1 = time.monotonic_ns()
         split = self.profile.split
         parts: list[tuple[str, float]] = []
         if split is not None:
@@ -532,21 +568,14 @@ class SleepCompute:
         _sleep_until(end)
         t2 = time.monotonic_ns()
         marks.append(("accelerator_busy", t1, t2))
-        if self.distributed:
-            # A real collective: the ranks meet here, and the fastest waits for the slowest;
-            # then the modelled time of the gradient all-reduce itself.
-            dist.all_reduce(torch.zeros(1))
-            t3 = time.monotonic_ns()
-            marks.append(("sync_wait", t2, t3))
-            seconds = self.profile.collective.seconds(self.accelerators, self.gradient_bytes)
-            _sleep_until(t3 + int(seconds * 1e9))
-            marks.append(("all_reduce", t3, time.monotonic_ns()))
+        return t2
 
     def eval_batch(self, batch: Any) -> None:
         """Sleep for the profile's evaluation time of one batch (0 unless it has one)."""
         seconds = self.profile.sample_eval(self.rng.eval, self.accelerators, self._batch(batch))
         if seconds > 0:
-            time.sleep(seconds)
+            with self._shared.hold([]):
+                time.sleep(seconds)
         self._eval_batches += 1
 
     def eval_result(self) -> dict[str, Any] | None:
@@ -613,6 +642,43 @@ def _sleep_until(deadline_ns: int) -> None:
     remaining = deadline_ns - time.monotonic_ns()
     if remaining > 0:
         time.sleep(remaining / 1e9)
+
+
+class SharedAccelerator:
+    """The emulated accelerator's lock when jobs of several containers share it
+    (:data:`SHARED_ACCELERATOR_ENV` names a lock file all of them see; ``flock`` on it), or
+    nothing to wait for when the variable is unset."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._fd: int | None = None
+        if path:
+            try:
+                self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as exc:
+                raise UserError(
+                    f"the shared accelerator's lock file {path} ({SHARED_ACCELERATOR_ENV}) "
+                    f"cannot be opened: {exc.strerror}; mount a writable directory there"
+                ) from None
+
+    @contextlib.contextmanager
+    def hold(self, marks: Marks) -> Iterator[None]:
+        """Hold the accelerator for the block; the wait for it is marked ``accelerator_wait``."""
+        if self._fd is None:
+            yield
+            return
+        t0 = time.monotonic_ns()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        marks.append(("accelerator_wait", t0, time.monotonic_ns()))
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+def shared_accelerator() -> SharedAccelerator:
+    """The shared accelerator this process's environment names (module doc), if any."""
+    return SharedAccelerator(os.environ.get(SHARED_ACCELERATOR_ENV) or None)
 
 
 class PinnedStaging:
@@ -769,7 +835,7 @@ class _Loop:
                 break
             t1 = time.monotonic_ns()
             marks: Marks = [("load_batch_mem", t0, t1)]
-            size = self.task.batch_samples(batch)
+            size = self.task.trained_samples(batch)
             self.compute.train_step(batch, marks)
             marks.append(("all_compute", t1, time.monotonic_ns()))
             for key, start, end in marks:

@@ -25,6 +25,10 @@ class ImageOptions:
       ignored by AlexNet).
     - ``optimizer`` (``sgd`` with momentum 0.9 as the references, or ``adam``) and
       ``learning_rate``.
+    - ``array_size``: B > 1 trains a horizontally fused array of B models of the workload's
+      architecture on the same batches (HFTA, docs/hfta.md, :mod:`workloads.images.fused`);
+      ``learning_rates``: each model's learning rate, B numbers separated by commas (default:
+      every model at ``learning_rate``). A step then trains batch x B samples.
 
     - ``dataset``: ``local`` (the files under ``--data``) or a remote mode, the samples served
       by a storage node over gRPC (docs/sophon.md): ``remote-nooff`` (raw files, all the
@@ -41,6 +45,8 @@ class ImageOptions:
     width: int = 64
     optimizer: str = "sgd"
     learning_rate: float = 0.1
+    array_size: int = 1
+    learning_rates: str = ""
     dataset: str = "local"
     storage_host: str = f"{STORAGE_ROLE}:{STORAGE_PORT}"
 
@@ -55,6 +61,18 @@ class ImageOptions:
             raise UserError(
                 f"image option learning_rate must be positive, got {self.learning_rate}"
             )
+        if not 1 <= self.array_size <= 1024:
+            raise UserError(
+                f"image option array_size must be from 1 to 1024 (models in the fused array), "
+                f"got {self.array_size}"
+            )
+        rates = self.model_learning_rates  # checks learning_rates
+        if len(rates) != self.array_size:
+            raise UserError(
+                f"image option learning_rates has {len(rates)} values for array_size "
+                f"{self.array_size}: give one learning rate per model, e.g. "
+                f"learning_rates={','.join(['0.1'] * self.array_size)}"
+            )
         if self.dataset not in DATASET_MODES:
             raise UserError(
                 f"image option dataset must be one of {', '.join(DATASET_MODES)}, "
@@ -66,6 +84,25 @@ class ImageOptions:
                 f"image option storage_host must be HOST:PORT (e.g. storage:{STORAGE_PORT}), "
                 f"got {self.storage_host!r}"
             )
+
+    @property
+    def model_learning_rates(self) -> tuple[float, ...]:
+        """Each model's learning rate: ``learning_rates`` or, when empty, ``learning_rate`` for
+        every model of the array."""
+        if not self.learning_rates.strip():
+            return (self.learning_rate,) * self.array_size
+        try:
+            rates = tuple(float(v) for v in self.learning_rates.split(","))
+        except ValueError:
+            raise UserError(
+                f"image option learning_rates must be numbers separated by commas, e.g. "
+                f"0.1,0.05, got {self.learning_rates!r}"
+            ) from None
+        if any(not r > 0 for r in rates):
+            raise UserError(
+                f"image option learning_rates must all be positive, got {self.learning_rates!r}"
+            )
+        return rates
 
     @property
     def remote(self) -> bool:

@@ -4,6 +4,10 @@ One task serves the resnet18, resnet50 and alexnet workloads (the model is the w
 name). Folder datasets: each loader item is one JPEG (open, read, decode, RandomResizedCrop,
 flip, normalise). Grouped datasets: each item is one group file of G JPEGs read at once, so a
 step of ``batch_size`` images reads ``batch_size / G`` groups.
+
+With the option ``array_size`` B > 1 the model is a horizontally fused array of B models
+(:mod:`workloads.images.fused`), each at its own learning rate: one data pipeline, every batch
+trains all B, and a step counts batch x B trained samples (:meth:`ImageTask.trained_samples`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from workloads.config import WorkloadConfig
 from workloads.events import Emitter
 from workloads.images.dataset import GroupedImageDataset, ImageFolderDataset, collate_groups
 from workloads.images.files import ImageData, load_image_data
+from workloads.images.fused import array_loss, array_optimizer, per_model_losses
 from workloads.images.models import build_image_model
 from workloads.images.options import ImageOptions
 from workloads.training import Loader, Task, sharded_loader
@@ -74,9 +79,24 @@ class ImageTask(Task):
         assert self.data is not None
         return len(self.data.classes)
 
+    @property
+    def array_size(self) -> int:
+        return self.options.array_size
+
     def build_model(self, seed: int) -> nn.Module:
         torch.manual_seed(seed)
-        return build_image_model(self.model_name, self.classes, width=self.options.width)
+        return build_image_model(
+            self.model_name,
+            self.classes,
+            width=self.options.width,
+            array_size=self.array_size,
+            seed=seed,
+        )
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        if self.array_size == 1:
+            return super().make_optimizer(params)
+        return array_optimizer(params, self.options.optimizer, self.options.model_learning_rates)
 
     def _loader(
         self,
@@ -158,9 +178,18 @@ class ImageTask(Task):
         return net(batch[0])
 
     def loss(self, outputs: Any, batch: Any) -> torch.Tensor:
+        if self.array_size > 1:  # the sum of the models' losses: each gets its own gradient
+            return array_loss(outputs, batch[1])
         return nn.functional.cross_entropy(outputs, batch[1])
 
     def eval_metrics(self, outputs: Any, batch: Any) -> dict[str, float]:
+        """Loss and top-1 accuracy; of an array, the means over its models."""
+        if self.array_size > 1:
+            hits = (outputs.argmax(2) == batch[1].unsqueeze(1)).float()
+            return {
+                "loss": float(per_model_losses(outputs, batch[1]).mean().item()),
+                "top1": float(hits.mean().item()),
+            }
         return {
             "loss": float(nn.functional.cross_entropy(outputs, batch[1]).item()),
             "top1": float((outputs.argmax(1) == batch[1]).float().mean().item()),
@@ -168,3 +197,7 @@ class ImageTask(Task):
 
     def batch_samples(self, batch: Any) -> int:
         return int(batch[0].shape[0])
+
+    def trained_samples(self, batch: Any) -> int:
+        """Images x models: an array trains each of its B models on every image."""
+        return self.batch_samples(batch) * self.array_size
