@@ -1093,12 +1093,14 @@ def profile_measure(
     Example: ./cli.py profile measure --workload resnet18 --data data/img --batch-sizes 2,4,8 --db
     """
     from experiments.measure import MeasureSettings, database_name, measure
-    from workloads.profiledb import add_measured
+    from workloads.profiledb import add_measured, check_fileable
 
     if out_path is None and not into_db:
         raise UserError("give --out FILE, --db, or both: where the measured profile goes")
     if (db_name or replace) and not into_db:
         raise UserError("--accelerator and --replace name the database entry: add --db")
+    if into_db:
+        check_fileable(_parse_sets(sets))
 
     try:
         sizes = tuple(int(v) for v in batch_sizes.split(","))
@@ -1271,6 +1273,128 @@ def stalls(
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     else:
         click.echo(str(out_dir / "stalls.json"))
+
+
+@cli.command()
+@click.option(
+    "--workload", default="resnet18", show_default=True, help="resnet18, resnet50, alexnet."
+)
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="An image dataset (./cli.py datagen images).",
+)
+@click.option(
+    "--array-sizes", default="1,2,4,8", show_default=True, help="Models per array B, e.g. 1,2,4,8."
+)
+@click.option(
+    "--variant",
+    type=click.Choice(["original", "sleep"]),
+    default="original",
+    show_default=True,
+    help="original: real training here; sleep: compute from the profiles of --profiles.",
+)
+@click.option(
+    "--epochs", type=int, default=3, show_default=True, help="At least 2 (the first is warm-up)."
+)
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--workers", type=int, default=1, show_default=True, help="Loader workers per job.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--learning-rates",
+    default=None,
+    help="One per model, comma-separated (default: 0.1 halved from model to model).",
+)
+@click.option("--set", "sets", multiple=True, help="Workload option KEY=VALUE (repeatable).")
+@click.option("--memory-limit", default=None, help="Memory limit of each container, e.g. 2GiB.")
+@click.option("--cpus", type=float, default=None, help="CPU limit of each container.")
+@click.option("--timeout", type=float, default=None, help="Fail a run still going after this (s).")
+@click.option(
+    "--profiles",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="sleep: folder of cpu-<workload>-x<B>.json profiles (default: the shipped ones).",
+)
+@click.option(
+    "--warm-cache", is_flag=True, help="Leave the page cache as it is (default: drop it first)."
+)
+@out_option("out_dir", "Output directory (default: runs/hfta/<time>-<workload>).", kind="dir")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@user_errors
+def hfta(
+    workload: str,
+    data_dir: Path,
+    array_sizes: str,
+    variant: str,
+    epochs: int,
+    batch_size: int,
+    workers: int,
+    seed: int,
+    learning_rates: str | None,
+    sets: tuple[str, ...],
+    memory_limit: str | None,
+    cpus: float | None,
+    timeout: float | None,
+    profiles: Path | None,
+    warm_cache: bool,
+    out_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Horizontally fused training arrays (HFTA): for each B, train B models (model k at its
+    own learning rate) serially, concurrently (a container each) and as one fused array (one
+    data pipeline), every run traced; print throughput normalised to serial and the I/O and
+    CPU per model trained, write hfta.json and hfta.html (docs/hfta.md).
+
+    \b
+    Examples:
+      ./cli.py hfta --workload resnet18 --data data/img --array-sizes 1,2,4,8
+      ./cli.py hfta --workload alexnet --data data/img --variant sleep --set image_size=64
+    """
+    from experiments.hfta import RESULTS_NAME, load_results, parse_spec, run_hfta
+
+    spec: dict[str, Any] = {
+        "workload": workload,
+        "variant": variant,
+        "array_sizes": _numbers(array_sizes, "--array-sizes", int),
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "workers": workers,
+        "seed": seed,
+        "cold_cache": not warm_cache,
+        "memory_limit": memory_limit,
+        "cpus": cpus,
+        "timeout_s": timeout,
+        "options": _parse_sets(sets),
+    }
+    if learning_rates is not None:
+        spec["learning_rates"] = _numbers(learning_rates, "--learning-rates", float)
+    if profiles is not None:
+        spec["profiles"] = profiles
+    settings = parse_spec(spec, "hfta")
+    if out_dir is None:
+        out_dir = Path("runs/hfta") / f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}"
+    if (out_dir / RESULTS_NAME).exists():
+        raise UserError(f"{out_dir} already holds a result: give another --out")
+    path = run_hfta(
+        settings, data_dir, out_dir, log=lambda line: err_console.print(line, highlight=False)
+    )
+    if as_json:
+        click.echo(json.dumps(load_results(path), indent=2, sort_keys=True))
+    else:
+        click.echo(str(path))
+
+
+def _numbers(text: str, what: str, kind: type) -> list[Any]:
+    """Comma-separated numbers of ``kind``; a one-line UserError otherwise."""
+    try:
+        return [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(
+            f"{what}: give {'whole ' if kind is int else ''}numbers separated by commas, "
+            f"got {text!r}"
+        ) from None
 
 
 @cli.group()

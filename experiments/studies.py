@@ -39,6 +39,7 @@ STUDIES: Mapping[str, str] = {
     "stalls": "experiments.stalls",
     "grouping": "experiments.grouping",
     "sophon": "experiments.sophon",
+    "hfta": "experiments.hfta",
 }
 
 

@@ -869,6 +869,22 @@ def _measured_items(
     return items
 
 
+def check_fileable(options: Mapping[str, Any]) -> None:
+    """Refuse (UserError) to file the profile of a fused array of models (the image option
+    ``array_size`` above 1): the database keys one model, the array's profile is a file of its
+    own."""
+    try:
+        size = int(options.get("array_size", 1) or 1)
+    except (TypeError, ValueError):
+        return  # the workload's options check says what is wrong
+    if size > 1:
+        raise UserError(
+            f"a fused array's profile (array_size {size}) is not an entry of the profile "
+            "database, which keys one model: write it with --out FILE and trace with "
+            "--profile FILE"
+        )
+
+
 def add_measured(
     profile: SleepProfile, accelerator: str, replace: bool = False, path: Path = DATABASE
 ) -> Path:
@@ -881,6 +897,7 @@ def add_measured(
         )
     if profile.measured is None:
         raise UserError("only profiles made by profile measure can be filed in the database")
+    check_fileable(profile.measured.get("options") or {})
     db = load_database(path)
     declared = db.accelerators.get(accelerator)
     folder = path.parent / "measured"

@@ -1,0 +1,830 @@
+"""Horizontally fused training arrays (HFTA, MLSys 2021): B models trained three ways, traced.
+
+HFTA trains B same-shaped models of a hyper-parameter sweep as one fused model
+(:mod:`workloads.images.fused`). For each array size B this study trains B models of an image
+workload, model k at learning rate ``learning_rates[k]``, the same data, seed and settings
+otherwise, three ways, every run traced:
+
+- ``serial``: B jobs one after another, each its own run (``serial-j<k>``). The jobs are shared
+  between the array sizes: serial at B is jobs 0 .. B-1, which run back to back;
+- ``concurrent``: B jobs at once, one container each, in one run (``concurrent-b<B>``; roles
+  ``job0`` .. ``job<B-1>``) over the same read-only dataset;
+- ``fused``: one job, one data pipeline, training the fused array of the B models (the image
+  option ``array_size`` B, ``learning_rates`` theirs) (``fused-b<B>``).
+
+At B = 1 the three modes are one and the same job: run ``serial-j0`` stands for all three.
+
+``variant = "original"`` trains for real on this host's CPU. ``variant = "sleep"`` emulates the
+computation with profiles measured by ``./cli.py profile measure`` on the fused model of each
+array size (one file per B in ``profiles``, :func:`profile_path`; the study refuses profiles
+whose model, options or batch size differ from its own). Concurrent emulated jobs share one
+emulated accelerator, as B processes share one GPU: their containers see one lock file
+(:data:`workloads.training.SHARED_ACCELERATOR_ENV`) and compute one at a time
+(``accelerator_wait``).
+
+An experiment file with ``kind = "hfta"`` (or ``./cli.py hfta``, the same settings as
+options)::
+
+    [[datasets]]
+    name = "images"
+    generator = "images"
+    size = "40MB"
+    mean_kb = 16.0
+
+    [study]
+    kind = "hfta"
+    dataset = "images"            # a [[datasets]] name (./cli.py hfta: --data DIR)
+    workload = "resnet18"         # resnet18, resnet50 or alexnet
+    variant = "original"          # original (real CPU training) or sleep (profiles)
+    array_sizes = [1, 2, 4, 8]
+    learning_rates = [0.1, 0.05, ...]  # optional: one per model, at least max(array_sizes)
+    batch_size = 32
+    workers = 1                   # DataLoader workers per job
+    epochs = 3                    # at least 2: the first is excluded from throughput
+    seed = 0
+    cold_cache = true             # drop the page cache before serial's first job and before
+                                  # every concurrent and fused run
+    memory_limit = ""             # optional: each container's memory limit (its page cache)
+    cpus = 0                      # optional: each container's CPU limit (0: none)
+    timeout_s = 1800              # optional: a run still going after this fails
+    options = {image_size = 64}   # the workload's --set options (not array_size, learning_*)
+    profiles = "experiments/hfta-profiles"   # sleep only: cpu-<workload>-x<B>.json per B
+
+Every key but ``kind`` and ``dataset`` has the default shown (``learning_rates``: 0.1 halved
+from model to model; ``memory_limit``, ``cpus``, ``timeout_s``: none; ``profiles``: the shipped
+folder); unknown keys are refused when the file is loaded.
+
+**Runs and the page cache.** The runs go in this order: the serial jobs 0 .. max(B) - 1, then
+for each B > 1 the concurrent and the fused run. With ``cold_cache`` the page cache is dropped
+(:func:`tracing.host.drop_caches`) before the first serial job and before every concurrent and
+fused run, after the run's request is made; the dataset bytes still cached then are recorded
+(``cached_before_bytes``). The later serial jobs find what the earlier ones left in the cache,
+as jobs run back to back do. No evaluation, no checkpoints. ``hfta-state.json`` records each
+finished run: an interrupted study resumes with the runs it lacks while its settings and
+dataset are unchanged.
+
+**What is measured** per run (:func:`run_figures`; per mode and B: :mod:`analysis.hfta`):
+per job (container) the samples trained after its first epoch and the span of those epochs
+(throughput as HFTA measures it); over the whole run, the dataset's training files in the
+system calls of every container: successful ``openat`` calls (``opens``; and per epoch number,
+each job's epoch window, the opens of every file summed over the jobs: ``opens_by_epoch``,
+with the least and most opened file), read calls and bytes (weighted by ``count``); the block
+reads of the dataset's blocks (where the file system can say where they lie, FIEMAP, as the
+grouping study finds them; else the containers' own block reads): ``storage_bytes``; pages
+brought into the page cache by the containers (``cache_insert_bytes``); the containers' CPU
+seconds (``cpu_s``) and their loader workers' (``loader_cpu_s``) from the samples; the time the
+emulated jobs waited for the shared accelerator; the CPU something outside the run used
+(``other_cpu_cores``; the study warns above :data:`BUSY_HOST_CORES`).
+
+**Output** in the output directory: ``hfta.json`` (:data:`SCHEMA_VERSION`, ``kind: "hfta"``:
+settings, dataset, every run with its directory and figures, a row per mode and B, the
+published figure with its source; :func:`load_results` checks it), ``hfta.html`` (the speedup
+curves and the I/O and CPU per model trained against B), ``runs/`` and the state file.
+``docs/hfta.md`` has a measured result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.hfta import PUBLISHED, hfta_figure, mode_rows, table_lines
+from analysis.tables import is_value as _is
+from core import __version__ as TWINTRACE_VERSION
+from core.atomic import atomic_write_json
+from core.errors import UserError
+from core.rundir import FINISHED, Run, git_revision, load_manifest, load_run, utc_now
+from experiments.grouping import (
+    READ_KINDS,
+    DiskExtents,
+    _json_ready,
+    dataset_extents,
+    other_cpu_cores,
+)
+from experiments.sophon import sampled_total
+
+Log = Callable[[str], None]
+
+SCHEMA_VERSION = 1
+STATE_VERSION = 1
+KIND = "hfta"
+RESULTS_NAME = "hfta.json"
+FIGURE_NAME = "hfta.html"
+STATE_NAME = "hfta-state.json"
+#: The shipped profiles of the sleep variant (experiments/hfta-profiles/README.md).
+PROFILES_DIR = Path(__file__).resolve().parent / "hfta-profiles"
+#: Where the containers of a concurrent emulated run see their shared accelerator's lock.
+SHARED_MOUNT = "/twintrace/shared"
+VARIANTS = ("original", "sleep")
+#: Options the study sets itself, per job.
+OWN_OPTIONS = ("array_size", "learning_rate", "learning_rates")
+#: Another job using more cores than this during a run makes the study warn.
+BUSY_HOST_CORES = 0.25
+
+STUDY_KEYS = (
+    "dataset",
+    "workload",
+    "variant",
+    "array_sizes",
+    "learning_rates",
+    "batch_size",
+    "workers",
+    "epochs",
+    "seed",
+    "cold_cache",
+    "memory_limit",
+    "cpus",
+    "timeout_s",
+    "options",
+    "profiles",
+)
+DEFAULTS: Mapping[str, Any] = {
+    "workload": "resnet18",
+    "variant": "original",
+    "array_sizes": [1, 2, 4, 8],
+    "learning_rates": None,
+    "batch_size": 32,
+    "workers": 1,
+    "epochs": 3,
+    "seed": 0,
+    "cold_cache": True,
+    "memory_limit": None,
+    "cpus": None,
+    "timeout_s": None,
+    "options": {},
+    "profiles": None,
+}
+_NS = 1e-9
+
+
+# --------------------------------------------------------------------------------------------
+# Settings
+
+
+@dataclasses.dataclass(frozen=True)
+class HftaSpec:
+    """Validated settings of the study (module doc); ``dataset`` is the [[datasets]] name of a
+    study file (None for ``./cli.py hfta``, which gives the directory)."""
+
+    workload: str
+    variant: str
+    array_sizes: tuple[int, ...]
+    learning_rates: tuple[float, ...]
+    batch_size: int
+    workers: int
+    epochs: int
+    seed: int
+    cold_cache: bool
+    memory_limit: str | None
+    cpus: float | None
+    timeout_s: float | None
+    options: Mapping[str, Any]
+    profiles: Path | None
+    dataset: str | None = None
+
+    @property
+    def jobs(self) -> int:
+        """Serial jobs: one per model of the largest array."""
+        return max(self.array_sizes)
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that makes the study's runs what they are (recorded, fingerprinted)."""
+        return {
+            "workload": self.workload,
+            "variant": self.variant,
+            "array_sizes": list(self.array_sizes),
+            "learning_rates": list(self.learning_rates),
+            "batch_size": self.batch_size,
+            "workers": self.workers,
+            "epochs": self.epochs,
+            "seed": self.seed,
+            "cold_cache": self.cold_cache,
+            "memory_limit": self.memory_limit,
+            "cpus": self.cpus,
+            "timeout_s": self.timeout_s,
+            "options": dict(self.options),
+            "profiles": str(self.profiles) if self.profiles else None,
+        }
+
+
+def default_learning_rates(count: int) -> tuple[float, ...]:
+    """0.1 halved from one model to the next: ``count`` learning rates of a sweep."""
+    return tuple(round(0.1 * 0.5**k, 12) for k in range(count))
+
+
+def _int(value: Any, key: str, where: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UserError(
+            f"{where}: {key} must be a whole number from {low} to {high}, got {value!r}"
+        )
+    return value
+
+
+def _number(value: Any, key: str, where: str) -> float | None:
+    """A positive number, or None for 0, "" or None (no limit)."""
+    if value in (None, "", 0):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise UserError(f"{where}: {key} must be a positive number (0: none), got {value!r}")
+    return float(value)
+
+
+def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> HftaSpec:
+    """Validate the study's settings (a ``[study]`` table without ``kind``, or the CLI's);
+    one-line UserErrors naming the key."""
+    from core.units import parse_size
+    from workloads.registry import WORKLOADS
+
+    unknown = sorted(set(spec) - set(STUDY_KEYS))
+    if unknown:
+        raise UserError(
+            f"{where}: unknown key {unknown[0]!r}; known keys: kind, {', '.join(STUDY_KEYS)}"
+        )
+    s = {**DEFAULTS, **spec}
+    image_workloads = sorted(n for n, w in WORKLOADS.items() if w.datagen == "images")
+    workload = s["workload"]
+    if workload not in image_workloads:
+        raise UserError(
+            f"{where}: workload must be an image workload ({', '.join(image_workloads)}), "
+            f"got {workload!r}"
+        )
+    variant = s["variant"]
+    if variant not in VARIANTS:
+        raise UserError(f"{where}: variant must be original or sleep, got {variant!r}")
+    sizes = s["array_sizes"]
+    if (
+        not isinstance(sizes, list | tuple)
+        or not sizes
+        or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 64 for b in sizes)
+        or len(set(sizes)) != len(sizes)
+    ):
+        raise UserError(
+            f"{where}: array_sizes must be a list of distinct whole numbers from 1 to 64, "
+            f"got {sizes!r}"
+        )
+    array_sizes = tuple(sorted(sizes))
+    rates = s["learning_rates"]
+    if rates is None:
+        learning_rates = default_learning_rates(max(array_sizes))
+    else:
+        if (
+            not isinstance(rates, list | tuple)
+            or any(
+                isinstance(r, bool) or not isinstance(r, int | float) or not r > 0 for r in rates
+            )
+            or len(rates) < max(array_sizes)
+        ):
+            raise UserError(
+                f"{where}: learning_rates must be a list of at least {max(array_sizes)} positive "
+                f"numbers (one per model of the largest array), got {rates!r}"
+            )
+        learning_rates = tuple(float(r) for r in rates)
+    batch_size = _int(s["batch_size"], "batch_size", where, 1, 1 << 16)
+    workers = _int(s["workers"], "workers", where, 0, 64)
+    epochs = _int(s["epochs"], "epochs", where, 2, 1000)
+    seed = _int(s["seed"], "seed", where, 0, 2**31 - 1)
+    if not isinstance(s["cold_cache"], bool):
+        raise UserError(f"{where}: cold_cache must be true or false, got {s['cold_cache']!r}")
+    memory = s["memory_limit"] or None
+    if memory is not None:
+        if not isinstance(memory, str | int):
+            raise UserError(f"{where}: memory_limit must be a size such as 2GiB, got {memory!r}")
+        parse_size(memory)
+        memory = str(memory)
+    cpus = _number(s["cpus"], "cpus", where)
+    timeout = _number(s["timeout_s"], "timeout_s", where)
+    options = s["options"]
+    if not isinstance(options, dict):
+        raise UserError(f"{where}: options must be a table, got {options!r}")
+    own = sorted(set(options) & set(OWN_OPTIONS))
+    if own:
+        raise UserError(
+            f"{where}: options must not set {own[0]}: the study sets each job's array_size and "
+            "learning rate (use array_sizes and learning_rates)"
+        )
+    WORKLOADS[workload].parse_options(options)
+    profiles = s["profiles"]
+    if variant == "sleep":
+        profiles = Path(profiles) if profiles else PROFILES_DIR
+    elif profiles is not None:
+        raise UserError(f"{where}: profiles are for the sleep variant; the original one computes")
+    dataset = spec.get("dataset")
+    if dataset is not None and (not isinstance(dataset, str) or not dataset):
+        raise UserError(f"{where}: dataset must be a [[datasets]] name, got {dataset!r}")
+    parsed = HftaSpec(
+        workload=workload,
+        variant=variant,
+        array_sizes=array_sizes,
+        learning_rates=learning_rates,
+        batch_size=batch_size,
+        workers=workers,
+        epochs=epochs,
+        seed=seed,
+        cold_cache=s["cold_cache"],
+        memory_limit=memory,
+        cpus=cpus,
+        timeout_s=timeout,
+        options=dict(options),
+        profiles=profiles,
+        dataset=dataset,
+    )
+    if variant == "sleep":
+        for size in sorted({1, *array_sizes}):
+            check_profile(parsed, size)
+    return parsed
+
+
+def check_study(study: Any) -> None:
+    """Validate a loaded study (:class:`experiments.studies.Study`) of kind ``hfta``."""
+    spec = parse_spec(study.spec, f"{study.path}: [study]")
+    if spec.dataset is None:
+        raise UserError(f"{study.path}: [study] needs dataset, the name of an images [[datasets]]")
+    dataset = study.dataset(spec.dataset)
+    if dataset.generator != "images":
+        raise UserError(
+            f"{study.path}: study dataset {dataset.name!r} is made by {dataset.generator}; the "
+            "image workloads read the images generator's datasets"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# The sleep variant's profiles
+
+
+def profile_path(spec: HftaSpec, array_size: int) -> Path:
+    """The profile of the fused array of ``array_size`` models: ``cpu-<workload>-x<B>.json``
+    in the study's profiles folder (B = 1: one model)."""
+    assert spec.profiles is not None
+    return spec.profiles / f"cpu-{spec.workload}-x{array_size}.json"
+
+
+def measure_command(spec: HftaSpec, array_size: int, data: str = "DATA") -> str:
+    """The ``profile measure`` command that makes :func:`profile_path`'s profile."""
+    sets = " ".join(f"--set {k}={v}" for k, v in {**spec.options, "array_size": array_size}.items())
+    return (
+        f"./cli.py profile measure --workload {spec.workload} --data {data} --batch-sizes "
+        f"{spec.batch_size} {sets} --out {profile_path(spec, array_size)}"
+    )
+
+
+def check_profile(spec: HftaSpec, array_size: int) -> Path:
+    """The profile of an array of ``array_size`` models, refused (UserError saying how to
+    measure it) unless ``profile measure`` made it for this workload, these options (image
+    size, width, optimizer) and array size, at the study's batch size."""
+    from workloads.images.options import ImageOptions
+    from workloads.profile import load_profile
+
+    path = profile_path(spec, array_size)
+    how = f"measure it: {measure_command(spec, array_size)}"
+    if not path.is_file():
+        raise UserError(f"no sleep profile {path} for arrays of {array_size}: {how}")
+    profile = load_profile(path)
+    measured = profile.measured or {}
+    if profile.workload != spec.workload or "options" not in measured:
+        raise UserError(f"{path} is not a profile measure of {spec.workload}: {how}")
+    theirs = ImageOptions.from_dict(dict(measured["options"]))
+    ours = ImageOptions.from_dict({**spec.options, "array_size": array_size})
+    for key in ("array_size", "image_size", "width", "optimizer"):
+        if getattr(theirs, key) != getattr(ours, key):
+            raise UserError(
+                f"{path} was measured with {key} {getattr(theirs, key)}, the study trains with "
+                f"{getattr(ours, key)}: {how}"
+            )
+    if not any(point.b == spec.batch_size for point in profile.table):
+        measured_at = sorted({point.b for point in profile.table})
+        raise UserError(
+            f"{path} was measured at batch sizes {measured_at}, not the study's "
+            f"{spec.batch_size}: {how}"
+        )
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# The runs' requests
+
+
+def run_keys(spec: HftaSpec) -> list[str]:
+    """Every run, in the order they run (module doc)."""
+    keys = [f"serial-j{k}" for k in range(spec.jobs)]
+    for size in spec.array_sizes:
+        if size > 1:
+            keys += [f"concurrent-b{size}", f"fused-b{size}"]
+    return keys
+
+
+def _parse_key(key: str) -> tuple[str, int]:
+    mode, _, number = key.partition("-")
+    return mode, int(number[1:])
+
+
+def job_options(spec: HftaSpec, job: int) -> dict[str, Any]:
+    """The options of serial or concurrent job ``job``: its learning rate, one model."""
+    return {**spec.options, "learning_rate": spec.learning_rates[job]}
+
+
+def fused_options(spec: HftaSpec, array_size: int) -> dict[str, Any]:
+    """The options of the fused array of the first ``array_size`` jobs' models."""
+    rates = ",".join(repr(r) for r in spec.learning_rates[:array_size])
+    return {**spec.options, "array_size": array_size, "learning_rates": rates}
+
+
+def build_request(spec: HftaSpec, key: str, data_dir: Path, out: Path) -> Any:
+    """The :class:`tracing.request.RunRequest` of run ``key`` (module doc)."""
+    from tracing.container import BindMount
+    from tracing.request import Limits, RunOptions, workload_request
+    from workloads.training import SHARED_ACCELERATOR_ENV
+
+    mode, number = _parse_key(key)
+    size = 1 if mode == "serial" else number
+    options = fused_options(spec, size) if mode == "fused" else job_options(spec, 0)
+    if mode == "serial":
+        options = job_options(spec, number)
+    run = RunOptions(limits=Limits.parse(spec.memory_limit, spec.cpus), timeout_s=spec.timeout_s)
+    request = workload_request(
+        spec.workload,
+        spec.variant,
+        data_dir,
+        out / "runs",
+        settings={
+            "epochs": spec.epochs,
+            "batch_size": spec.batch_size,
+            "workers": spec.workers,
+            "seed": spec.seed,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+        },
+        options=options,
+        profile=check_profile(spec, 1 if mode != "fused" else size)
+        if spec.variant == "sleep"
+        else None,
+        run=run,
+    )
+    request = dataclasses.replace(request, label=f"{spec.workload}-{key}")
+    if mode != "concurrent":
+        return request
+    (main,) = request.containers
+    extra: dict[str, Any] = {}
+    if spec.variant == "sleep":  # one emulated accelerator for the B jobs
+        shared = out / "shared" / key
+        shared.mkdir(parents=True, exist_ok=True)
+        extra = {
+            "mounts": (*main.mounts, BindMount(shared.resolve(), SHARED_MOUNT, False)),
+            "environment": {
+                **main.environment,
+                SHARED_ACCELERATOR_ENV: f"{SHARED_MOUNT}/accelerator.lock",
+            },
+        }
+    assert main.config is not None
+    containers = tuple(
+        dataclasses.replace(
+            main, role=f"job{k}", config=main.config.replace(options=job_options(spec, k)), **extra
+        )
+        for k in range(size)
+    )
+    return dataclasses.replace(request, containers=containers)
+
+
+# --------------------------------------------------------------------------------------------
+# One run's figures
+
+
+def training_files(data_dir: Path) -> list[str]:
+    """The container paths (under /data) of the dataset's training files (JPEGs or group
+    files), as the workload lists them."""
+    from workloads.images.files import load_image_data
+
+    data_dir = Path(data_dir)
+    return sorted(
+        f"/data/{item.path.relative_to(data_dir).as_posix()}"
+        for item in load_image_data(data_dir).train
+    )
+
+
+def _jobs(run: Run) -> list[str]:
+    return [c["role"] for c in run.manifest.get("containers", []) if not c.get("daemon")]
+
+
+def job_figures(phases: pd.DataFrame, role: str) -> dict[str, Any]:
+    """A job's epochs (their windows) and the samples it trained after its first epoch."""
+    mine = phases[_is(phases["container"], role) & (phases["rank"] == 0)]
+    epochs = mine[_is(mine["kind"], "interval") & _is(mine["key"], "epoch")].sort_values("epoch")
+    ends = mine[_is(mine["kind"], "point") & _is(mine["key"], "step_end")]
+    values = pd.to_numeric(ends["value"], errors="coerce").fillna(0)
+    later = epochs[epochs["epoch"] >= 2]
+    return {
+        "role": role,
+        "epochs": [
+            {"epoch": int(e), "start_ns": int(s), "end_ns": int(t)}
+            for e, s, t in zip(epochs["epoch"], epochs["ts_ns"], epochs["end_ns"], strict=True)
+        ],
+        "epoch_s": [float(d) * _NS for d in epochs["duration_ns"]],
+        "samples": int(values.sum()),
+        "samples_measured": int(values[ends["epoch"].to_numpy() >= 2].sum()),
+        "measured_start_ns": int(later["ts_ns"].min()) if len(later) else None,
+        "measured_end_ns": int(later["end_ns"].max()) if len(later) else None,
+    }
+
+
+def opens_by_epoch(
+    events: pd.DataFrame, jobs: Sequence[Mapping[str, Any]], files: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Per epoch number: how often each training file was opened in that epoch, summed over
+    the jobs (each job's own epoch window, its own container's opens); the least and most
+    opened file and the total."""
+    paths = events["path"].astype("string")
+    opened = (
+        _is(events["kind"], "openat")
+        & (events["ret"].to_numpy() >= 0)
+        & paths.isin(set(files)).fillna(False).to_numpy(dtype=bool)
+    )
+    rows = events[opened]
+    ts = rows["ts_ns"].to_numpy(dtype=np.int64)
+    count = rows["count"].to_numpy(dtype=np.int64)
+    numbers = sorted({e["epoch"] for job in jobs for e in job["epochs"]})
+    out = []
+    for number in numbers:
+        per_file = pd.Series(0, index=pd.Index(files), dtype=np.int64)
+        for job in jobs:
+            for e in job["epochs"]:
+                if e["epoch"] != number:
+                    continue
+                inside = (
+                    _is(rows["container"], job["role"])
+                    & (ts >= e["start_ns"])
+                    & (ts <= e["end_ns"])
+                )
+                counted = pd.Series(count[inside]).groupby(paths[opened][inside].to_numpy()).sum()
+                per_file = per_file.add(counted, fill_value=0).astype(np.int64)
+        out.append(
+            {
+                "epoch": number,
+                "opens": int(per_file.sum()),
+                "least_opened": int(per_file.min()) if len(per_file) else 0,
+                "most_opened": int(per_file.max()) if len(per_file) else 0,
+            }
+        )
+    return out
+
+
+def run_figures(
+    run: Run, files: Sequence[str], extents: DiskExtents | None = None
+) -> dict[str, Any]:
+    """The figures of one traced run (module doc) over its whole duration; ``files`` are the
+    container paths of the dataset's training files, ``extents`` where the dataset lies on the
+    disk (None: the containers' own block reads count)."""
+    events, phases, samples = run.events, run.phases, run.samples
+    roles = _jobs(run)
+    jobs = [job_figures(phases, role) for role in roles]
+    start, end = int(run.manifest["start_ns"]), int(run.manifest["end_ns"])
+    paths = events["path"].astype("string")
+    ours = paths.isin(set(files)).fillna(False).to_numpy(dtype=bool)
+    kind = events["kind"].astype("string")
+    count = events["count"].to_numpy(dtype=np.int64)
+    nbytes = events["bytes"].to_numpy(dtype=np.int64)
+    opened = ours & _is(kind, "openat") & (events["ret"].to_numpy() >= 0)
+    read = ours & kind.isin(READ_KINDS).fillna(False).to_numpy(dtype=bool)
+    blocks = _is(kind, "block_read")
+    ts = events["ts_ns"].to_numpy(dtype=np.int64)
+    blocks &= (ts > start) & (ts <= end + int(1e9))  # completions just after the end count
+    mine = blocks & events["in_container"].fillna(False).to_numpy(dtype=bool)
+    if extents is not None:
+        rows = blocks & _is(events["dev"], extents.dev)
+        inside = np.zeros(len(events), dtype=np.int64)
+        inside[rows] = extents.overlap(
+            events["offset"].to_numpy(dtype=np.int64)[rows], nbytes[rows]
+        )
+        storage = int(inside.sum())
+        other = int(nbytes[mine & (inside == 0)].sum())
+    else:
+        storage, other = int(nbytes[mine].sum()), None
+    read_bytes = int(nbytes[read].sum())
+    interval = _is(phases["kind"], "interval")
+
+    def seconds(key: str) -> float:
+        return float(phases.loc[interval & _is(phases["key"], key), "duration_ns"].sum()) * _NS
+
+    cpus = int((run.manifest.get("host") or {}).get("cpus") or 0)
+    return {
+        "run_id": run.run_id,
+        "run_dir": str(run.path),
+        "status": run.status,
+        "lost_events": run.manifest.get("lost_events", 0),
+        "duration_s": (end - start) * _NS,
+        "jobs": jobs,
+        "opens": int(count[opened].sum()),
+        "files_opened": int(paths[opened].nunique()),
+        "opens_by_epoch": opens_by_epoch(events, jobs, files),
+        "read_calls": int(count[read].sum()),
+        "read_bytes": read_bytes,
+        "storage_bytes": storage,
+        "storage_other_bytes": other,
+        "storage_from": "dataset extents" if extents is not None else "container block reads",
+        "cache_hit_bytes": max(0, read_bytes - storage),
+        "cache_insert_bytes": int(nbytes[_is(kind, "cache_add")].sum()),
+        "cpu_s": sum(sampled_total(samples, "container_cpu", r, start, end) for r in roles) / 100,
+        "loader_cpu_s": sum(
+            sampled_total(samples, "container_cpu_loader", r, start, end) for r in roles
+        )
+        / 100,
+        "compute_s": seconds("all_compute"),
+        "accelerator_wait_s": seconds("accelerator_wait"),
+        "other_cpu_cores": _finite(other_cpu_cores(samples, cpus, start, end)),
+    }
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Running it
+
+
+def _fingerprint(spec: HftaSpec, data_dir: Path) -> str:
+    from datagen.common import load_manifest as load_data_manifest
+
+    manifest = load_data_manifest(data_dir)
+    text = json.dumps(
+        {
+            "settings": spec.settings(),
+            "data": str(Path(data_dir).resolve()),
+            "dataset": [manifest.get("seed"), manifest.get("total_bytes"), manifest.get("params")],
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _load_state(path: Path, fingerprint: str, log: Log) -> dict[str, Any]:
+    fresh = {"schema_version": STATE_VERSION, "fingerprint": fingerprint, "runs": {}}
+    if not path.is_file():
+        return fresh
+    try:
+        state = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        log(f"{path} is damaged: starting the study's runs afresh")
+        return fresh
+    if state.get("schema_version") != STATE_VERSION or state.get("fingerprint") != fingerprint:
+        log("the study's settings or dataset changed since its last runs: running them all again")
+        return fresh
+    return state
+
+
+def _done(entry: Mapping[str, Any] | None) -> bool:
+    if not entry or not entry.get("run_dir"):
+        return False
+    try:
+        return load_manifest(Path(entry["run_dir"])).get("status") in FINISHED
+    except UserError:
+        return False
+
+
+def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Path:
+    """Run the study over the image dataset ``data_dir`` into ``out`` (module doc); returns
+    the path of ``hfta.json``. Ctrl-C ends the current run cleanly and raises."""
+    from tracing.host import drop_caches, resident_bytes
+    from tracing.runner import trace
+    from workloads.registry import WORKLOADS
+
+    started = time.monotonic()
+    data_dir = Path(data_dir).resolve()
+    WORKLOADS[spec.workload].check_data(data_dir)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = training_files(data_dir)
+    host_files = [data_dir / f.removeprefix("/data/") for f in files]
+    dataset_bytes = sum(p.stat().st_size for p in host_files)
+    extents = dataset_extents(data_dir)
+    if extents is None:
+        log("the dataset's place on the disk is unknown here: the containers' block reads count")
+    state_path = out / STATE_NAME
+    state = _load_state(state_path, _fingerprint(spec, data_dir), log)
+    keys = run_keys(spec)
+    log(
+        f"{len(keys)} runs: serial jobs 0-{spec.jobs - 1}, then concurrent and fused at B = "
+        + ", ".join(str(b) for b in spec.array_sizes if b > 1)
+        + f"; {len(files)} training files ({dataset_bytes / 1e6:.1f} MB), {spec.epochs} epochs"
+    )
+    for i, key in enumerate(keys, 1):
+        if _done(state["runs"].get(key)):
+            log(f"[{i}/{len(keys)}] {key}: done before, kept")
+            continue
+        mode, number = _parse_key(key)
+        request = build_request(spec, key, data_dir, out)
+        cold = spec.cold_cache and (mode != "serial" or number == 0)
+        if cold:  # after the request: making it checks the dataset
+            drop_caches()
+        cached = sum(resident_bytes(p)[0] for p in host_files)
+        log(
+            f"[{i}/{len(keys)}] {key}: {len(request.containers)} container(s)"
+            + (", cold cache" if cold else f", {cached / 1e6:.1f} MB of the dataset cached")
+        )
+        t0 = time.monotonic()
+        outcome = trace(request)
+        outcome.check()  # a failed run is a UserError naming it: the study cannot be complete
+        state["runs"][key] = {
+            "run_dir": str(outcome.run_dir),
+            "status": outcome.status,
+            "duration_s": round(time.monotonic() - t0, 3),
+            "cached_before_bytes": cached,
+        }
+        atomic_write_json(state_path, state)
+        log(f"[{i}/{len(keys)}] {key}: {outcome.status} in {time.monotonic() - t0:.0f} s")
+    runs: dict[str, Any] = {}
+    host: dict[str, Any] = {}
+    for key in keys:
+        entry = state["runs"][key]
+        run = load_run(Path(entry["run_dir"]))
+        host = host or dict(run.manifest.get("host") or {})
+        runs[key] = {
+            "key": key,
+            "cached_before_bytes": entry.get("cached_before_bytes"),
+            **run_figures(run, files, extents),
+        }
+        busy = runs[key]["other_cpu_cores"]
+        if busy is not None and busy > BUSY_HOST_CORES:
+            log(
+                f"warning: run {key} shared the host with another job ({busy:.2f} cores busy "
+                "outside the run): its figures are off; run the study on an idle host for "
+                "clean numbers"
+            )
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "twintrace_version": TWINTRACE_VERSION,
+        "git_revision": git_revision(),
+        "created_at": utc_now(),
+        "host": host,
+        "settings": spec.settings(),
+        "dataset": {
+            "path": str(data_dir),
+            "training_files": len(files),
+            "bytes": dataset_bytes,
+            "extents_bytes": extents.bytes if extents is not None else None,
+        },
+        "runs": runs,
+        "rows": mode_rows(runs, spec.array_sizes),
+        "published": PUBLISHED,
+        "study_s": round(time.monotonic() - started, 1),
+    }
+    path = out / RESULTS_NAME
+    atomic_write_json(path, _json_ready(result))
+    from analysis.figures import write_figure
+
+    write_figure(hfta_figure(result), out / FIGURE_NAME)
+    for line in table_lines(result["rows"]):
+        log(line)
+    log(f"figure: {out / FIGURE_NAME}")
+    return path
+
+
+def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
+    """Run a study file's ``hfta`` study under ``out`` on its dataset; returns ``hfta.json``."""
+    spec = parse_spec(study.spec, f"{study.path}: [study]")
+    assert spec.dataset is not None  # check_study
+    return run_hfta(spec, data[spec.dataset], out, log)
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """Read ``hfta.json``, refusing another kind or schema version."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist: run the study first") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is damaged (not valid JSON: {exc}): run the study again") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise UserError(f"{path} is not an hfta study's results")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(
+            f"{path} has schema_version {data.get('schema_version')!r}; this twintrace reads "
+            f"{SCHEMA_VERSION}: use the twintrace version that made it "
+            f"({data.get('twintrace_version', 'unknown')}) or run the study again"
+        )
+    return data
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "HftaSpec",
+    "build_request",
+    "check_profile",
+    "check_study",
+    "job_figures",
+    "load_results",
+    "opens_by_epoch",
+    "parse_spec",
+    "run_figures",
+    "run_hfta",
+    "run_keys",
+    "run_study",
+]
