@@ -151,9 +151,27 @@ def _check_imports(files: list[Path], allowed: dict[str, str], where: str) -> No
     assert not problems, "\n".join(problems)
 
 
-def test_the_project_declares_every_module_it_imports() -> None:
+#: Scripts that run inside an image build, not on the host: checked against their image's pins.
+IMAGE_BUILD_SCRIPTS = ("images/dlio/",)
+
+
+def host_files() -> list[Path]:
     files = python_files(*PACKAGES, "cli.py")
-    _check_imports(files, declared(), "pyproject.toml [project.dependencies]")
+    return [p for p in files if not str(p.relative_to(REPO)).startswith(IMAGE_BUILD_SCRIPTS)]
+
+
+def test_the_project_declares_every_module_it_imports() -> None:
+    _check_imports(host_files(), declared(), "pyproject.toml [project.dependencies]")
+
+
+def test_the_dlio_image_pins_what_its_build_step_imports() -> None:
+    pinned = pins(REPO / "images" / "requirements-dlio.txt")
+    modules = third_party_imports(python_files("images/dlio"))
+    assert modules, "images/dlio/ has no build-step script importing DLIO"
+    for module in modules:
+        assert normalise(module) in {normalise(n) for n in pinned}, (
+            f"{module} (imported by images/dlio/) is not pinned in images/requirements-dlio.txt"
+        )
 
 
 def test_tests_and_benchmarks_use_declared_modules() -> None:
@@ -163,7 +181,7 @@ def test_tests_and_benchmarks_use_declared_modules() -> None:
 
 
 def test_every_declared_dependency_is_imported() -> None:
-    files = python_files(*PACKAGES, "cli.py")
+    files = host_files()
     imported = set()
     for module in third_party_imports(files):
         imported |= distributions_of(module)

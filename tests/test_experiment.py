@@ -131,6 +131,10 @@ def test_the_scores_table_has_a_row_per_comparison_and_a_column_per_aspect() -> 
         },
     }
     lines = scores_table(scores).splitlines()
-    assert lines[0] == "| comparison | reference vs emulation | overall | cpu | memory | file_order |"
+    assert (
+        lines[0] == "| comparison | reference vs emulation | overall | cpu | memory | file_order |"
+    )
     assert lines[2] == "| unet3d-2 | original vs sleep | 0.900 | 0.800 | - | - |"
-    assert lines[3] == "| unet3d-2-original-vs-dlio | original vs dlio | 0.700 | 0.500 | - | 0.250 |"
+    assert (
+        lines[3] == "| unet3d-2-original-vs-dlio | original vs dlio | 0.700 | 0.500 | - | 0.250 |"
+    )
