@@ -1320,6 +1320,11 @@ def stalls(
 @click.option(
     "--warm-cache", is_flag=True, help="Leave the page cache as it is (default: drop it first)."
 )
+@click.option(
+    "--no-share-cores",
+    is_flag=True,
+    help="Concurrent jobs compute with a thread per core each (default: their share).",
+)
 @out_option("out_dir", "Output directory (default: runs/hfta/<time>-<workload>).", kind="dir")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @user_errors
@@ -1339,6 +1344,7 @@ def hfta(
     timeout: float | None,
     profiles: Path | None,
     warm_cache: bool,
+    no_share_cores: bool,
     out_dir: Path | None,
     as_json: bool,
 ) -> None:
@@ -1363,6 +1369,7 @@ def hfta(
         "workers": workers,
         "seed": seed,
         "cold_cache": not warm_cache,
+        "share_cores": not no_share_cores,
         "memory_limit": memory_limit,
         "cpus": cpus,
         "timeout_s": timeout,

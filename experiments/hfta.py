@@ -44,11 +44,21 @@ options)::
     seed = 0
     cold_cache = true             # drop the page cache before serial's first job and before
                                   # every concurrent and fused run
+    share_cores = true            # concurrent jobs: each computes with its share of the host's
+                                  # cores (max(1, cores // B) torch threads); false: each with a
+                                  # thread per core, as a job alone
     memory_limit = ""             # optional: each container's memory limit (its page cache)
     cpus = 0                      # optional: each container's CPU limit (0: none)
     timeout_s = 1800              # optional: a run still going after this fails
     options = {image_size = 64}   # the workload's --set options (not array_size, learning_*)
     profiles = "experiments/hfta-profiles"   # sleep only: cpu-<workload>-x<B>.json per B
+
+A serial or fused job computes with a torch thread per core of the host, as a job alone does.
+B concurrent jobs that each did so would run B times as many threads as cores, and torch's
+threads, which wait for one another at every operation, then lose most of their time to each
+other (docs/hfta.md measures it): with ``share_cores`` each concurrent job computes with
+``max(1, cores // B)`` threads (its ``threads`` setting), as one would configure B jobs on one
+host, and the operating system shares the cores among them.
 
 Every key but ``kind`` and ``dataset`` has the default shown (``learning_rates``: 0.1 halved
 from model to model; ``memory_limit``, ``cpus``, ``timeout_s``: none; ``profiles``: the shipped
@@ -89,6 +99,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -141,6 +152,7 @@ STUDY_KEYS = (
     "epochs",
     "seed",
     "cold_cache",
+    "share_cores",
     "memory_limit",
     "cpus",
     "timeout_s",
@@ -157,6 +169,7 @@ DEFAULTS: Mapping[str, Any] = {
     "epochs": 3,
     "seed": 0,
     "cold_cache": True,
+    "share_cores": True,
     "memory_limit": None,
     "cpus": None,
     "timeout_s": None,
@@ -184,6 +197,7 @@ class HftaSpec:
     epochs: int
     seed: int
     cold_cache: bool
+    share_cores: bool
     memory_limit: str | None
     cpus: float | None
     timeout_s: float | None
@@ -208,6 +222,7 @@ class HftaSpec:
             "epochs": self.epochs,
             "seed": self.seed,
             "cold_cache": self.cold_cache,
+            "share_cores": self.share_cores,
             "memory_limit": self.memory_limit,
             "cpus": self.cpus,
             "timeout_s": self.timeout_s,
@@ -292,8 +307,9 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> HftaSpec:
     workers = _int(s["workers"], "workers", where, 0, 64)
     epochs = _int(s["epochs"], "epochs", where, 2, 1000)
     seed = _int(s["seed"], "seed", where, 0, 2**31 - 1)
-    if not isinstance(s["cold_cache"], bool):
-        raise UserError(f"{where}: cold_cache must be true or false, got {s['cold_cache']!r}")
+    for key in ("cold_cache", "share_cores"):
+        if not isinstance(s[key], bool):
+            raise UserError(f"{where}: {key} must be true or false, got {s[key]!r}")
     memory = s["memory_limit"] or None
     if memory is not None:
         if not isinstance(memory, str | int):
@@ -330,6 +346,7 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> HftaSpec:
         epochs=epochs,
         seed=seed,
         cold_cache=s["cold_cache"],
+        share_cores=s["share_cores"],
         memory_limit=memory,
         cpus=cpus,
         timeout_s=timeout,
@@ -437,6 +454,14 @@ def fused_options(spec: HftaSpec, array_size: int) -> dict[str, Any]:
     return {**spec.options, "array_size": array_size, "learning_rates": rates}
 
 
+def concurrent_threads(spec: HftaSpec, array_size: int) -> int:
+    """Torch threads of each of ``array_size`` concurrent jobs: with ``share_cores`` their
+    share of the host's cores (at least one), else 0 (a thread per core, as a job alone)."""
+    if not spec.share_cores:
+        return 0
+    return max(1, len(os.sched_getaffinity(0)) // array_size)
+
+
 def build_request(spec: HftaSpec, key: str, data_dir: Path, out: Path) -> Any:
     """The :class:`tracing.request.RunRequest` of run ``key`` (module doc)."""
     from tracing.container import BindMount
@@ -484,9 +509,13 @@ def build_request(spec: HftaSpec, key: str, data_dir: Path, out: Path) -> Any:
             },
         }
     assert main.config is not None
+    threads = concurrent_threads(spec, size)
     containers = tuple(
         dataclasses.replace(
-            main, role=f"job{k}", config=main.config.replace(options=job_options(spec, k)), **extra
+            main,
+            role=f"job{k}",
+            config=main.config.replace(options=job_options(spec, k), threads=threads),
+            **extra,
         )
         for k in range(size)
     )

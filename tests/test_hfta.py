@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,7 @@ def test_defaults_are_resnet18_original_at_b_1_2_4_8() -> None:
         ({"cpus": -1}, "cpus must be a positive number"),
         ({"profiles": "x"}, "profiles are for the sleep variant"),
         ({"cold_cache": "yes"}, "cold_cache must be true or false"),
+        ({"share_cores": 1}, "share_cores must be true or false"),
     ],
 )
 def test_bad_settings_are_one_line_errors(spec: dict[str, Any], message: str) -> None:
@@ -211,6 +213,13 @@ def test_requests_give_each_job_its_learning_rate_and_the_array_all_of_them(
     rates = [c.config.options["learning_rate"] for c in concurrent.containers]
     assert rates == [0.1, 0.05]
     assert {c.config.seed for c in concurrent.containers} == {spec.seed}
+    # Each concurrent job computes with its share of the cores; a job alone with all of them.
+    cores = len(os.sched_getaffinity(0))
+    assert {c.config.threads for c in concurrent.containers} == {max(1, cores // 2)}
+    assert serial.config.threads == 0
+    alone = parse_spec({**spec.settings(), "share_cores": False})
+    naive = build_request(alone, "concurrent-b2", tiny_images, tmp_path)
+    assert {c.config.threads for c in naive.containers} == {0}
     assert all(SHARED_ACCELERATOR_ENV not in c.environment for c in concurrent.containers)
     fused = build_request(spec, "fused-b2", tiny_images, tmp_path)
     (main,) = fused.containers

@@ -93,6 +93,10 @@ class WorkloadConfig:
     accelerators' maximum ingestion rate): one real batch is loaded while the run starts up
     (``init``) and then given to every step, so the epochs read and decode nothing; an epoch has
     as many steps as the real data would give it (``max_steps`` still caps them).
+
+    ``threads``: torch's compute threads per rank; 0 shares the CPUs the process may use among
+    its ranks. Jobs sharing a host with others (the HFTA study's concurrent jobs) take their
+    share of its cores instead of each starting a thread per core.
     """
 
     workload: str
@@ -107,6 +111,7 @@ class WorkloadConfig:
     checkpoint_every: int = 1  # checkpoint every N epochs; 0 disables checkpoints
     device: str = "auto"  # auto, cpu or cuda (original and instrumented variants)
     synthetic: bool = False  # one in-memory batch for every step (no reads, no decode)
+    threads: int = 0  # torch compute threads per rank; 0: the CPUs shared among the ranks
     profile: str | None = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     # One container per rank: this process runs only rank ``rank`` of ``accelerators`` and
@@ -122,7 +127,7 @@ class WorkloadConfig:
         for name in ("epochs", "batch_size", "accelerators"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("workers", "max_steps", "eval_every", "checkpoint_every"):
+        for name in ("workers", "max_steps", "eval_every", "checkpoint_every", "threads"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.rank is not None and not 0 <= self.rank < self.accelerators:

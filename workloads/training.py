@@ -266,8 +266,9 @@ def _rank_main(rank: int, plan: Plan, emitter: Emitter) -> None:
     em.start("init")
     world = config.accelerators
     # Ranks share the CPUs (all of them when each rank has a container of its own, since
-    # containers see every host core); DataLoader workers set themselves to one thread each.
-    torch.set_num_threads(max(1, available_cpus() // world))
+    # containers see every host core) unless the config says; DataLoader workers set
+    # themselves to one thread each.
+    torch.set_num_threads(config.threads or max(1, available_cpus() // world))
     device = resolve_device(config, rank)
     # Emulated ranks join a process group too: every step ends with a collective, as DDP's
     # gradient all-reduce, so the fastest rank waits for the slowest.
