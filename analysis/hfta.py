@@ -257,8 +257,9 @@ def hfta_figure(result: Mapping[str, Any]) -> go.Figure:
             f"{settings['epochs']} epochs (the first excluded from throughput); published: up "
             f"to {PUBLISHED['max_speedup']}x on accelerators"
         ),
-        height=800,
-        width=1500,
+        legend={"orientation": "h", "y": -0.12},
+        height=820,
+        width=1400,
     )
     return fig
 

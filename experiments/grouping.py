@@ -796,13 +796,17 @@ def epoch_evidence(
 
 def other_cpu_cores(samples: pd.DataFrame, cpus: int, start_ns: int, end_ns: int) -> float:
     """Cores busy with something else than the run between ``start_ns`` and ``end_ns``: the
-    host's busy share of its ``cpus`` less the containers', the tracer's and the sampler's
-    (means of their samples; NaN without samples). On a shared host this says whether another
+    host's busy share of its ``cpus`` less the containers' (every one's), the tracer's and the
+    sampler's (means of their samples; NaN without samples). On a shared host this says whether another
     job took the CPU from the run's loaders."""
     inside = samples[(samples["ts_ns"] > start_ns) & (samples["ts_ns"] <= end_ns)]
     if not len(inside) or not cpus:
         return math.nan
-    means = inside.groupby(inside["metric"].astype(str))["value"].mean()
+    # Each container's mean, summed over the containers (host-wide metrics have none).
+    by_container = inside.groupby(
+        [inside["metric"].astype(str), inside["container"].astype(str).fillna("")]
+    )["value"].mean()
+    means = by_container.groupby(level=0).sum()
     if "host_cpu_idle" not in means:
         return math.nan
     host = (100.0 - means["host_cpu_idle"] - means.get("host_cpu_iowait", 0.0)) / 100.0 * cpus

@@ -803,6 +803,8 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
         "runs": runs,
         "rows": mode_rows(runs, spec.array_sizes),
         "published": PUBLISHED,
+        # The runs' own time (over every invocation, when resumed) and this invocation's.
+        "runs_s": round(sum(state["runs"][k].get("duration_s") or 0.0 for k in keys), 1),
         "study_s": round(time.monotonic() - started, 1),
     }
     path = out / RESULTS_NAME

@@ -476,3 +476,15 @@ def test_a_tiny_study_reads_the_dataset_once_per_fused_array_and_b_times_otherwi
     assert (busy["ts_ns"].to_numpy()[1:] >= busy["end_ns"].to_numpy()[:-1]).all()
     waits = phases[phases["key"].astype(str) == "accelerator_wait"]
     assert len(waits) == len(busy) and pd.to_numeric(waits["duration_ns"]).sum() > 0
+
+
+def test_other_cpu_counts_every_container_of_the_run_as_the_runs() -> None:
+    from experiments.grouping import other_cpu_cores
+
+    rows = []
+    for t in range(5):
+        rows += [(t, "host_cpu_idle", 50.0, "percent"), (t, "host_cpu_iowait", 0.0, "percent")]
+        rows += [(t, "container_cpu", 50.0, "percent", role) for role in ("job0", "job1")]
+    samples = samples_frame(rows)
+    # Two cores half busy: one core, all of it the two containers' (half a core each).
+    assert other_cpu_cores(samples, 2, START_NS - 1, START_NS + 5 * SEC) == pytest.approx(0.0)
