@@ -113,11 +113,13 @@ from analysis.tables import is_value as _is
 from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_write_json
 from core.errors import UserError
-from core.rundir import FINISHED, Run, git_revision, load_manifest, load_run, utc_now
-from experiments.grouping import (
+from core.rundir import Run, git_revision, load_run, utc_now
+from experiments.grouping import (  # the state file and JSON of the grouping study's format
     READ_KINDS,
     DiskExtents,
     _json_ready,
+    _load_state,
+    _run_done,
     dataset_extents,
     other_cpu_cores,
 )
@@ -126,7 +128,6 @@ from experiments.sophon import sampled_total
 Log = Callable[[str], None]
 
 SCHEMA_VERSION = 1
-STATE_VERSION = 1
 KIND = "hfta"
 RESULTS_NAME = "hfta.json"
 FIGURE_NAME = "hfta.html"
@@ -693,30 +694,6 @@ def _fingerprint(spec: HftaSpec, data_dir: Path) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _load_state(path: Path, fingerprint: str, log: Log) -> dict[str, Any]:
-    fresh = {"schema_version": STATE_VERSION, "fingerprint": fingerprint, "runs": {}}
-    if not path.is_file():
-        return fresh
-    try:
-        state = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        log(f"{path} is damaged: starting the study's runs afresh")
-        return fresh
-    if state.get("schema_version") != STATE_VERSION or state.get("fingerprint") != fingerprint:
-        log("the study's settings or dataset changed since its last runs: running them all again")
-        return fresh
-    return state
-
-
-def _done(entry: Mapping[str, Any] | None) -> bool:
-    if not entry or not entry.get("run_dir"):
-        return False
-    try:
-        return load_manifest(Path(entry["run_dir"])).get("status") in FINISHED
-    except UserError:
-        return False
-
-
 def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Path:
     """Run the study over the image dataset ``data_dir`` into ``out`` (module doc); returns
     the path of ``hfta.json``. Ctrl-C ends the current run cleanly and raises."""
@@ -744,7 +721,7 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
         + f"; {len(files)} training files ({dataset_bytes / 1e6:.1f} MB), {spec.epochs} epochs"
     )
     for i, key in enumerate(keys, 1):
-        if _done(state["runs"].get(key)):
+        if _run_done(state["runs"].get(key)):
             log(f"[{i}/{len(keys)}] {key}: done before, kept")
             continue
         mode, number = _parse_key(key)

@@ -158,7 +158,8 @@ def per_model_losses(outputs: Tensor, targets: Tensor) -> Tensor:
 
 class _ArrayOptimizer(torch.optim.Optimizer):
     """An optimizer over an array's parameters, model b at ``learning_rates[b]``: every
-    parameter viewed ``[B, numel / B]`` (model b's block in row b)."""
+    parameter viewed ``[B, numel / B]`` (model b's block in row b) is moved by its
+    :meth:`_direction` times each model's learning rate."""
 
     def __init__(self, params: Iterable[Any], learning_rates: Sequence[float], **defaults: Any):
         if not learning_rates or any(lr <= 0 for lr in learning_rates):
@@ -172,9 +173,26 @@ class _ArrayOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 _blocks(p, self.array_size, "an array parameter")
 
-    def _lrs(self, p: Tensor) -> Tensor:
-        """The learning rates as a ``[B, 1]`` column on ``p``'s device and dtype."""
-        return torch.tensor(self.learning_rates, dtype=p.dtype, device=p.device).unsqueeze(1)
+    def _direction(self, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> Tensor:
+        """The step of one parameter at learning rate 1, from its (contiguous) gradient."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                direction = self._direction(p.grad.contiguous(), self.state[p], group)
+                rates = torch.tensor(self.learning_rates, dtype=p.dtype, device=p.device)
+                p.view(self.array_size, -1).sub_(
+                    direction.reshape(self.array_size, -1) * rates.unsqueeze(1)
+                )
+        return loss
 
 
 class FusedSGD(_ArrayOptimizer):
@@ -186,29 +204,16 @@ class FusedSGD(_ArrayOptimizer):
     ) -> None:
         super().__init__(params, learning_rates, momentum=momentum)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            momentum = group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad.contiguous()
-                state = self.state[p]
-                buf = state.get("momentum_buffer")
-                if momentum == 0:
-                    buf = grad
-                elif buf is None:
-                    buf = state["momentum_buffer"] = grad.clone()
-                else:
-                    buf.mul_(momentum).add_(grad)
-                step = buf.reshape(self.array_size, -1) * self._lrs(p)
-                p.view(self.array_size, -1).sub_(step)
-        return loss
+    def _direction(self, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> Tensor:
+        momentum = group["momentum"]
+        if momentum == 0:
+            return grad
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = state["momentum_buffer"] = grad.clone()
+        else:
+            buf.mul_(momentum).add_(grad)
+        return buf
 
 
 class FusedAdam(_ArrayOptimizer):
@@ -224,34 +229,20 @@ class FusedAdam(_ArrayOptimizer):
     ) -> None:
         super().__init__(params, learning_rates, betas=betas, eps=eps)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad.contiguous()
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                state["step"] += 1
-                t = state["step"]
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.lerp_(grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                bias1 = 1 - beta1**t
-                bias2_sqrt = (1 - beta2**t) ** 0.5
-                denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(group["eps"])
-                step = (exp_avg / denom).reshape(self.array_size, -1) * (self._lrs(p) / bias1)
-                p.view(self.array_size, -1).sub_(step)
-        return loss
+    def _direction(self, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> Tensor:
+        beta1, beta2 = group["betas"]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(grad)
+            state["exp_avg_sq"] = torch.zeros_like(grad)
+        state["step"] += 1
+        t = state["step"]
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias2_sqrt = (1 - beta2**t) ** 0.5
+        denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(group["eps"])
+        return exp_avg / denom / (1 - beta1**t)
 
 
 def array_optimizer(
