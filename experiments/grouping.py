@@ -121,14 +121,13 @@ from analysis.stalls import union_s
 from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_write_json
 from core.errors import UserError
-from core.rundir import FINISHED, Run, git_revision, load_manifest, load_run, utc_now
+from core.rundir import Run, git_revision, load_run, utc_now
+from experiments.study_state import json_ready, load_state, run_done
 
 Log = Callable[[str], None]
 
 #: Version of the layout of ``grouping.json``; bump on any change.
 SCHEMA_VERSION = 1
-#: Version of ``grouping-state.json`` (the runs done so far).
-STATE_VERSION = 1
 KIND = "grouping"
 RESULTS_NAME = "grouping.json"
 FIGURE_NAME = "grouping.html"
@@ -1183,30 +1182,6 @@ def _fingerprint(spec: GroupingSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _load_state(path: Path, fingerprint: str, log: Log) -> dict[str, Any]:
-    fresh = {"schema_version": STATE_VERSION, "fingerprint": fingerprint, "runs": {}}
-    if not path.is_file():
-        return fresh
-    try:
-        state = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        log(f"{path} is damaged: starting the study's runs afresh")
-        return fresh
-    if state.get("schema_version") != STATE_VERSION or state.get("fingerprint") != fingerprint:
-        log("the study's settings or dataset changed since its last runs: running them all again")
-        return fresh
-    return state
-
-
-def _run_done(entry: Mapping[str, Any] | None) -> bool:
-    if not entry or not entry.get("run_dir"):
-        return False
-    try:
-        return load_manifest(Path(entry["run_dir"])).get("status") in FINISHED
-    except UserError:
-        return False
-
-
 def run_order(spec: GroupingSpec) -> list[tuple[int, str, int]]:
     """(round, layout, group size) of every run, in the order they run: every layout once per
     round, reversed every other round."""
@@ -1245,11 +1220,11 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
     if any(e is None for e in extents.values()):
         log("the dataset's place on the disk is unknown here: no block_dataset_* figures")
     state_path = out / STATE_NAME
-    state = _load_state(state_path, _fingerprint(spec), log)
+    state = load_state(state_path, _fingerprint(spec), log)
     order = run_order(spec)
     for i, (r, name, _) in enumerate(order, 1):
         key = f"{name}-e{r}"
-        if _run_done(state["runs"].get(key)):
+        if run_done(state["runs"].get(key)):
             log(f"[{i}/{len(order)}] {key}: done before, kept")
             continue
         log(f"[{i}/{len(order)}] {key}: cold cache, tracing one epoch")
@@ -1332,7 +1307,7 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         "study_s": round(time.monotonic() - started, 1),
     }
     path = out / RESULTS_NAME
-    atomic_write_json(path, _json_ready(result))
+    atomic_write_json(path, json_ready(result))
     from analysis.figures import write_figure
 
     write_figure(grouping_figure(result), out / FIGURE_NAME)
@@ -1340,19 +1315,6 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         log(line)
     log(f"figure: {out / FIGURE_NAME}")
     return path
-
-
-def _json_ready(value: Any) -> Any:
-    """NaN (no reads, say) as null: JSON has no NaN."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, np.generic):
-        return _json_ready(value.item())
-    return value
 
 
 __all__ = [

@@ -114,16 +114,9 @@ from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_write_json
 from core.errors import UserError
 from core.rundir import Run, git_revision, load_run, utc_now
-from experiments.grouping import (  # the state file and JSON of the grouping study's format
-    READ_KINDS,
-    DiskExtents,
-    _json_ready,
-    _load_state,
-    _run_done,
-    dataset_extents,
-    other_cpu_cores,
-)
+from experiments.grouping import READ_KINDS, DiskExtents, dataset_extents, other_cpu_cores
 from experiments.sophon import sampled_total
+from experiments.study_state import json_ready, load_state, run_done
 
 Log = Callable[[str], None]
 
@@ -713,7 +706,7 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
     if extents is None:
         log("the dataset's place on the disk is unknown here: the containers' block reads count")
     state_path = out / STATE_NAME
-    state = _load_state(state_path, _fingerprint(spec, data_dir), log)
+    state = load_state(state_path, _fingerprint(spec, data_dir), log)
     keys = run_keys(spec)
     log(
         f"{len(keys)} runs: serial jobs 0-{spec.jobs - 1}, then concurrent and fused at B = "
@@ -721,7 +714,7 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
         + f"; {len(files)} training files ({dataset_bytes / 1e6:.1f} MB), {spec.epochs} epochs"
     )
     for i, key in enumerate(keys, 1):
-        if _run_done(state["runs"].get(key)):
+        if run_done(state["runs"].get(key)):
             log(f"[{i}/{len(keys)}] {key}: done before, kept")
             continue
         mode, number = _parse_key(key)
@@ -785,7 +778,7 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
         "study_s": round(time.monotonic() - started, 1),
     }
     path = out / RESULTS_NAME
-    atomic_write_json(path, _json_ready(result))
+    atomic_write_json(path, json_ready(result))
     from analysis.figures import write_figure
 
     write_figure(hfta_figure(result), out / FIGURE_NAME)

@@ -74,12 +74,12 @@ from analysis.tables import is_value
 from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_write_json, atomic_write_text
 from core.errors import UserError
-from core.rundir import FINISHED, Run, git_revision, load_manifest, load_run, utc_now
+from core.rundir import Run, git_revision, load_run, utc_now
+from experiments.study_state import load_state, run_done
 
 Log = Callable[[str], None]
 
 SCHEMA_VERSION = 1
-STATE_VERSION = 1
 KIND = "sophon"
 RESULTS_NAME = "sophon.json"
 FIGURE_NAME = "sophon.html"
@@ -508,29 +508,6 @@ def run_key(bandwidth: str, cpus: float, mode: str) -> str:
     return f"{bandwidth}-cpu{cpus:g}-{mode}"
 
 
-def _load_state(path: Path, fingerprint: str, log: Log) -> dict[str, Any]:
-    fresh = {"state_version": STATE_VERSION, "fingerprint": fingerprint, "runs": {}}
-    if not path.exists():
-        return fresh
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return fresh
-    if state.get("state_version") != STATE_VERSION or state.get("fingerprint") != fingerprint:
-        log("the study's settings changed since its last runs: starting over")
-        return fresh
-    return state
-
-
-def _done(entry: Mapping[str, Any] | None) -> bool:
-    if not entry:
-        return False
-    try:
-        return load_manifest(Path(entry["run_dir"])).get("status") in FINISHED
-    except (UserError, OSError, KeyError):
-        return False
-
-
 def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
     """Run the study (module doc) under ``out``; return the path of ``sophon.json``."""
     from tracing.remote import StorageNode
@@ -553,11 +530,11 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         f"({dataset['cropped_bytes']} B)"
     )
     state_path = out / STATE_NAME
-    state = _load_state(state_path, _fingerprint(spec), log)
+    state = load_state(state_path, _fingerprint(spec), log)
     order = run_order(spec)
     for i, (bandwidth, cpus, mode) in enumerate(order, 1):
         key = run_key(bandwidth, cpus, mode)
-        if _done(state["runs"].get(key)):
+        if run_done(state["runs"].get(key)):
             log(f"[{i}/{len(order)}] {key}: done before, kept")
             continue
         log(f"[{i}/{len(order)}] {key}")
