@@ -119,10 +119,14 @@ def comparison_figure(real: Run, emulated: Run, comparison: Comparison) -> go.Fi
     )
     legend_shown: set[str] = set()
     for row, aspect in enumerate(comparison.aspects, start=1):
-        for trace in _lane(aspect):
+        # A lane with nothing to draw (a skipped aspect) gets an empty trace: plotly draws no
+        # axes for a subplot without one, and the lane would vanish from the page.
+        traces = _lane(aspect) or [go.Scatter(x=[], y=[], showlegend=False, hoverinfo="skip")]
+        for trace in traces:
             who = trace.legendgroup
-            trace.showlegend = who not in legend_shown
-            legend_shown.add(who)
+            if who is not None:
+                trace.showlegend = who not in legend_shown
+                legend_shown.add(who)
             fig.add_trace(trace, row=row, col=1)
         for axis, settings in axes_settings(aspect).items():
             fig.update_layout({f"{axis}axis{'' if row == 1 else row}": settings})

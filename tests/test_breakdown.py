@@ -341,5 +341,5 @@ def test_storage_demand_of_known_steps(tmp_path: Path) -> None:
     assert d["compute_s"] == pytest.approx(COMPUTE_S)
     assert d["load_s"] == pytest.approx(np.median(LOADS_S[1:]))
     lines = demand_lines(run)
-    assert "steps: 8 measured" in lines[0] and f"AU {d['au']:.0%}" in lines[0]
+    assert "steps: 8 measured" in lines[0] and f"AU {d['au']:.1%}" in lines[0]
     assert "keeping the accelerator busy needs 13.0 KiB/s" in lines[1]
