@@ -50,7 +50,7 @@ GOAL = 0.98
 BENCH_SETUPS = {
     **SETUPS,
     "dlrm": dataclasses.replace(
-        SETUPS["dlrm"], size=160_000_000, options={**SETUPS["dlrm"].options, "max_steps": 300}
+        SETUPS["dlrm"], size=160_000_000, settings={**SETUPS["dlrm"].settings, "max_steps": 300}
     ),
 }
 
