@@ -326,8 +326,11 @@ class LogFollower:
         echo: bool,
         prefix: str = "",
         sink: Callable[[bytes], None] | None = None,
+        ended: threading.Event | None = None,
     ) -> None:
         self.container = container
+        #: Set when the log stream ends: the container has stopped (or was removed).
+        self.ended = ended or threading.Event()
         self.path = path
         self.prefix = prefix.encode()
         self.echo = echo
@@ -350,6 +353,7 @@ class LogFollower:
         finally:
             if self.echo and pending:
                 self._echo(pending + b"\n")
+            self.ended.set()
 
     def _echo(self, data: bytes) -> bytes:
         *lines, rest = data.split(b"\n")
