@@ -14,9 +14,15 @@ interval probe; lines come out of per-CPU buffers polled every ms, so the file i
 time order by up to a few ms (aggregated rows by up to ~110 ms). A "Lost N events" line and a
 last line cut short complete it.
 
+The calls traced one by one are printed as the tracer prints them now (``--format map``: from
+its 100 ms kernel maps, ``@evQ[ts, tid, comm]: (kind, pid, fd, ret, arg, lat)``, openat's as
+``@opQ[...]``) or as it did before (``--format tsv``: a tab-separated line per call); beside
+raw/ the same calls are written as tab-separated lines (``syscalls.tsv``), the input of the
+bare parse, so both sides read the same calls.
+
 Then, in one process, alternating for --rounds rounds (the order flips every round):
   A: tracing.ingest.write_events: parse, merge, descriptor join, events.parquet written;
-  B: pandas.read_csv of raw/syscalls.txt (tab-separated, no further processing).
+  B: pandas.read_csv of syscalls.tsv (tab-separated, no further processing).
 Prints each round, the median and spread (min-max) of time(B) / time(A) (>= 0.5 is the goal:
 the whole ingest in at most twice the time of a bare parse), and the peak RSS of an ingest run
 alone in a child process (:func:`peak_rss`).
@@ -24,16 +30,20 @@ alone in a child process (:func:`peak_rss`).
 The output of each round is removed before it (the runner writes events.parquet into a new run
 directory; renaming over an existing file costs ext4 a flush, ~50 ms for 100 MB).
 
-Measured on the 2-vCPU AMD EPYC VM of the project (other jobs running, hence the spread: other
-sessions' traced workloads at times), LZ4 but delta-encoded times and latencies, a row group per
-round (~110 Ki rows), `--rounds 3`:
+Measured on the 2-vCPU AMD EPYC VM of the project, LZ4 but delta-encoded times and latencies, a
+row group per round (~110 Ki rows), `--rounds 3`:
 
-  lines   rows     ratio median (min-max)   ingest   pandas.read_csv   ingest peak RSS
-  5 M     5.35 M   0.57 (0.51-0.58)         0.97 s   0.56 s            532 MiB
-  20 M    21.4 M   0.73 (0.70-0.98)         5.88 s   4.76 s            578 MiB   (loaded VM)
+  format  lines   rows     ratio median (min-max)   ingest   pandas.read_csv   ingest peak RSS
+  map     5 M     5.35 M   0.53 (0.47-0.54)         1.04 s   0.56 s            510 MiB   (idle VM)
+  tsv     5 M     5.35 M   0.57 (0.51-0.58)         0.97 s   0.56 s            532 MiB   (busy VM)
+  tsv     20 M    21.4 M   0.73 (0.70-0.98)         5.88 s   4.76 s            578 MiB   (loaded VM)
 
-(the streaming ingest's memory is flat: +46 MiB for 4x the trace, where pandas.read_csv holds the
-whole file; events.parquet is 101 MB at 5 M, it was 128 MB). Before this version: 0.36
+The two tsv rows were measured before the tracer printed from maps (other sessions' jobs
+running); the map form's file is 10 % larger (each line carries its map's name and brackets:
+411 MB against 375 MB at 5 M lines) and its lines come in key order within a 100 ms period,
+which the per-block time sort already handles. The streaming ingest's memory is flat: +46 MiB
+for 4x the trace, where pandas.read_csv holds the whole file; events.parquet is 101 MB at 5 M
+(it was 128 MB). Before this version: 0.36
 (0.26-0.39) at 5 M, 1.76 s, 592 MiB; 0.68 at 20 M. Before that (the merge_asof
 implementation, build_events + write_table): 0.14 at 5 M (4.3-5.5 s against 0.6-0.8 s) with
 1.7 GB RSS, on the old bench's trace (tests/data/raw repeated).
