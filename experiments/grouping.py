@@ -122,6 +122,7 @@ from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_write_json
 from core.errors import UserError
 from core.rundir import Run, git_revision, load_run, utc_now
+from experiments import study_state
 from experiments.study_state import json_ready, load_state, run_done
 
 Log = Callable[[str], None]
@@ -935,21 +936,7 @@ def published_curves() -> dict[str, Any]:
 
 def load_results(path: Path) -> dict[str, Any]:
     """Read ``grouping.json``, refusing another kind or schema version."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist: run the study first") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is damaged (not valid JSON: {exc}): run the study again") from None
-    if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise UserError(f"{path} is not a grouping study's results")
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(
-            f"{path} has schema_version {data.get('schema_version')!r}; this twintrace reads "
-            f"{SCHEMA_VERSION}: use the twintrace version that made it "
-            f"({data.get('twintrace_version', 'unknown')}) or run the study again"
-        )
-    return data
+    return study_state.load_results(path, KIND, SCHEMA_VERSION)
 
 
 def _category(group_size: int) -> str:

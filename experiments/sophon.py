@@ -75,6 +75,7 @@ from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_write_json, atomic_write_text
 from core.errors import UserError
 from core.rundir import Run, git_revision, load_run, utc_now
+from experiments import study_state
 from experiments.study_state import load_state, run_done
 
 Log = Callable[[str], None]
@@ -398,16 +399,8 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def load_results(path: Path) -> dict[str, Any]:
-    """``sophon.json``, checked: its kind and schema version."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
-    if data.get("kind") != KIND or data.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(
-            f"{path} is not a sophon study result of schema {SCHEMA_VERSION}: run the study again"
-        )
-    return data
+    """Read ``sophon.json``, refusing another kind or schema version."""
+    return study_state.load_results(path, KIND, SCHEMA_VERSION)
 
 
 SHORT_LABELS = {

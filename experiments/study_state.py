@@ -1,5 +1,6 @@
-"""What the studies share to resume and to write their results: a state file of the runs done,
-and results made JSON-ready.
+"""What the studies share to resume and to write and read their results: a state file of the
+runs done, results made JSON-ready, and a results file read back with its kind and schema
+checked.
 
 A study (grouping, sophon, hfta) records each finished run in ``OUT/NAME/<kind>-state.json``
 with the fingerprint of its settings; run again with the same settings, it skips the runs
@@ -65,3 +66,23 @@ def json_ready(value: Any) -> Any:
     if isinstance(value, np.generic):
         return json_ready(value.item())
     return value
+
+
+def load_results(path: Path, kind: str, schema_version: int) -> dict[str, Any]:
+    """A study's results file (``grouping.json``, ``sophon.json``, ``hfta.json``), refusing
+    another study's (``kind``) or another schema version with a line saying what to do."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist: run the study first") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} cannot be read ({exc}): run the study again") from None
+    if not isinstance(data, dict) or data.get("kind") != kind:
+        raise UserError(f"{path} is not the {kind} study's results")
+    if data.get("schema_version") != schema_version:
+        raise UserError(
+            f"{path} has schema_version {data.get('schema_version')!r}; this twintrace reads "
+            f"{schema_version}: use the twintrace version that made it "
+            f"({data.get('twintrace_version', 'unknown')}) or run the study again"
+        )
+    return data

@@ -350,7 +350,7 @@ def test_results_files_of_another_kind_or_version_are_refused(tmp_path: Path) ->
     with pytest.raises(UserError, match="schema_version 99"):
         grouping.load_results(path)
     path.write_text(json.dumps({"kind": "stalls", "schema_version": 1}))
-    with pytest.raises(UserError, match="not a grouping"):
+    with pytest.raises(UserError, match="not the grouping study's results"):
         grouping.load_results(path)
 
 

@@ -177,3 +177,24 @@ def test_net_bytes_sums_every_interface_but_loopback(tmp_path: Path) -> None:
     )
     assert net_bytes(42, proc=tmp_path) == (1_500_500, 20_700)
     assert net_bytes(43, proc=tmp_path) is None
+
+
+def test_study_results_of_another_kind_version_or_damaged_are_refused(tmp_path: Path) -> None:
+    import json
+
+    from experiments.sophon import load_results
+
+    path = tmp_path / "sophon.json"
+    with pytest.raises(UserError, match="does not exist: run the study first"):
+        load_results(path)
+    path.write_text("{not json")
+    with pytest.raises(UserError, match="cannot be read"):
+        load_results(path)
+    path.write_text(json.dumps({"kind": "hfta", "schema_version": 1}))
+    with pytest.raises(UserError, match="not the sophon study's results"):
+        load_results(path)
+    path.write_text(json.dumps({"kind": "sophon", "schema_version": 99}))
+    with pytest.raises(UserError, match="schema_version 99"):
+        load_results(path)
+    path.write_text(json.dumps({"kind": "sophon", "schema_version": 1, "cells": []}))
+    assert load_results(path)["cells"] == []
