@@ -4,6 +4,7 @@ the slowest at every step. Runs the real data pipeline on a tiny UNet3D dataset.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,7 @@ from tests.test_workloads_unet3d import (
     run_variant,
     sleep_profile,
 )
-from workloads.training import PinnedStaging, locked_bytes
+from workloads.training import PinnedStaging, available_cpus, locked_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -184,3 +185,32 @@ def test_the_all_reduce_model_and_its_time_after_the_meeting(
     waits = keys(frame, "sync_wait").set_index(["rank", "step"]).sort_index()
     after = reduce.set_index(["rank", "step"]).sort_index()
     assert (after.ts_ns >= waits.end_ns).all()  # the modelled time follows the meeting
+
+
+@pytest.mark.parametrize(
+    "files, cores",
+    [
+        ({}, None),  # no quota anywhere: the affinity mask
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu.max": "150000 100000\n"}, 1),  # 1.5 cores: torch gets 1 thread
+        ({"cpu.max": "20000 100000\n"}, 1),  # never below 1
+        ({"cpu.max": "250000 100000\n"}, 2),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+        (
+            {
+                "cpu,cpuacct/cpu.cfs_quota_us": "50000\n",
+                "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+            },
+            1,
+        ),
+    ],
+)
+def test_available_cpus_reads_a_v2_or_v1_quota(
+    tmp_path: Path, files: dict[str, str], cores: int | None
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    mask = len(os.sched_getaffinity(0))
+    assert available_cpus(tmp_path) == (mask if cores is None else min(mask, cores))
