@@ -123,7 +123,13 @@ from core.atomic import atomic_write_json
 from core.errors import UserError
 from core.rundir import Run, git_revision, load_run, utc_now
 from experiments import study_state
-from experiments.study_state import json_ready, load_state, run_done
+from experiments.study_state import (
+    distinct_whole_numbers,
+    json_ready,
+    load_state,
+    run_done,
+    whole_number,
+)
 
 Log = Callable[[str], None]
 
@@ -265,12 +271,7 @@ def layout_name(group_size: int) -> str:
 
 
 def _int(spec: Mapping[str, Any], key: str, where: str, low: int, high: int) -> int:
-    value = spec[key]
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise UserError(
-            f"{where}: {key} must be a whole number from {low} to {high}, got {value!r}"
-        )
-    return value
+    return whole_number(spec[key], key, where, low, high)
 
 
 def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> GroupingSpec:
@@ -306,18 +307,7 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> GroupingSpec:
     workers = _int(s, "workers", where, 0, 256)
     epochs = _int(s, "epochs", where, 1, 1000)
     seed = _int(s, "seed", where, 0, 2**31 - 1)
-    sizes = s["group_sizes"]
-    if (
-        not isinstance(sizes, list)
-        or not sizes
-        or any(isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 65536 for g in sizes)
-        or len(set(sizes)) != len(sizes)
-    ):
-        raise UserError(
-            f"{where}: group_sizes must be a non-empty list of distinct whole numbers from 1 to "
-            f"65536, got {sizes!r}"
-        )
-    group_sizes = tuple(sorted(sizes))
+    group_sizes = distinct_whole_numbers(s["group_sizes"], "group_sizes", where, 1, 65536)
     odd = [g for g in group_sizes if batch_size % g]
     if odd:
         raise UserError(

@@ -117,7 +117,13 @@ from core.rundir import Run, git_revision, load_run, utc_now
 from experiments import study_state
 from experiments.grouping import READ_KINDS, DiskExtents, dataset_extents, other_cpu_cores
 from experiments.sophon import sampled_total
-from experiments.study_state import json_ready, load_state, run_done
+from experiments.study_state import (
+    distinct_whole_numbers,
+    json_ready,
+    load_state,
+    run_done,
+    whole_number,
+)
 
 Log = Callable[[str], None]
 
@@ -231,14 +237,6 @@ def default_learning_rates(count: int) -> tuple[float, ...]:
     return tuple(round(0.1 * 0.5**k, 12) for k in range(count))
 
 
-def _int(value: Any, key: str, where: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise UserError(
-            f"{where}: {key} must be a whole number from {low} to {high}, got {value!r}"
-        )
-    return value
-
-
 def _number(value: Any, key: str, where: str) -> float | None:
     """A positive number, or None for 0, "" or None (no limit)."""
     if value in (None, "", 0):
@@ -270,18 +268,7 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> HftaSpec:
     variant = s["variant"]
     if variant not in VARIANTS:
         raise UserError(f"{where}: variant must be original or sleep, got {variant!r}")
-    sizes = s["array_sizes"]
-    if (
-        not isinstance(sizes, list | tuple)
-        or not sizes
-        or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 64 for b in sizes)
-        or len(set(sizes)) != len(sizes)
-    ):
-        raise UserError(
-            f"{where}: array_sizes must be a list of distinct whole numbers from 1 to 64, "
-            f"got {sizes!r}"
-        )
-    array_sizes = tuple(sorted(sizes))
+    array_sizes = distinct_whole_numbers(s["array_sizes"], "array_sizes", where, 1, 64)
     rates = s["learning_rates"]
     if rates is None:
         learning_rates = default_learning_rates(max(array_sizes))
@@ -298,10 +285,10 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> HftaSpec:
                 f"numbers (one per model of the largest array), got {rates!r}"
             )
         learning_rates = tuple(float(r) for r in rates)
-    batch_size = _int(s["batch_size"], "batch_size", where, 1, 1 << 16)
-    workers = _int(s["workers"], "workers", where, 0, 64)
-    epochs = _int(s["epochs"], "epochs", where, 2, 1000)
-    seed = _int(s["seed"], "seed", where, 0, 2**31 - 1)
+    batch_size = whole_number(s["batch_size"], "batch_size", where, 1, 1 << 16)
+    workers = whole_number(s["workers"], "workers", where, 0, 64)
+    epochs = whole_number(s["epochs"], "epochs", where, 2, 1000)
+    seed = whole_number(s["seed"], "seed", where, 0, 2**31 - 1)
     for key in ("cold_cache", "share_cores"):
         if not isinstance(s[key], bool):
             raise UserError(f"{where}: {key} must be true or false, got {s[key]!r}")

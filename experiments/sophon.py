@@ -76,7 +76,7 @@ from core.atomic import atomic_write_json, atomic_write_text
 from core.errors import UserError
 from core.rundir import Run, git_revision, load_run, utc_now
 from experiments import study_state
-from experiments.study_state import load_state, run_done
+from experiments.study_state import load_state, run_done, whole_number
 
 Log = Callable[[str], None]
 
@@ -144,12 +144,6 @@ class SophonSpec:
         return int(self.dataset.get("images", 192))
 
 
-def _int(value: Any, where: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise UserError(f"{where} must be a whole number from {low} to {high}, got {value!r}")
-    return value
-
-
 def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> SophonSpec:
     """Validate a ``[study]`` table (one-line UserErrors naming the key)."""
     from tracing.shaper import parse_rate
@@ -204,14 +198,14 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> SophonSpec:
         workload=workload,
         variant=variant,
         accelerator=str(accelerator) if accelerator is not None else None,
-        batch_size=_int(spec.get("batch_size", s.batch_size), f"{where}: batch_size", 1, 4096),
-        workers=_int(spec.get("workers", s.workers), f"{where}: workers", 0, 64),
-        epochs=_int(spec.get("epochs", s.epochs), f"{where}: epochs", 1, 100),
+        batch_size=whole_number(spec.get("batch_size", s.batch_size), "batch_size", where, 1, 4096),
+        workers=whole_number(spec.get("workers", s.workers), "workers", where, 0, 64),
+        epochs=whole_number(spec.get("epochs", s.epochs), "epochs", where, 1, 100),
         modes=modes,
         bandwidths=bandwidths,
         storage_cpus=tuple(float(c) for c in cpus),
         train_cpus=float(train_cpus) if train_cpus is not None else None,
-        seed=_int(spec.get("seed", s.seed), f"{where}: seed", 0, 2**31),
+        seed=whole_number(spec.get("seed", s.seed), "seed", where, 0, 2**31),
         timeout_s=float(timeout) if timeout is not None else None,
         options=options,
         dataset=dataset,

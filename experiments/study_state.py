@@ -1,5 +1,5 @@
-"""What the studies share to resume and to write and read their results: a state file of the
-runs done, results made JSON-ready, and a results file read back with its kind and schema
+"""What the studies share: checks of their ``[study]`` settings, a state file of the runs done
+(to resume), results made JSON-ready, and a results file read back with its kind and schema
 checked.
 
 A study (grouping, sophon, hfta) records each finished run in ``OUT/NAME/<kind>-state.json``
@@ -19,6 +19,35 @@ import numpy as np
 
 from core.errors import UserError
 from core.rundir import FINISHED, load_manifest
+
+
+def whole_number(value: Any, key: str, where: str, low: int, high: int) -> int:
+    """``value`` when it is a whole number from ``low`` to ``high``, else a one-line UserError
+    naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UserError(
+            f"{where}: {key} must be a whole number from {low} to {high}, got {value!r}"
+        )
+    return value
+
+
+def distinct_whole_numbers(
+    value: Any, key: str, where: str, low: int, high: int
+) -> tuple[int, ...]:
+    """``value`` sorted, when it is a non-empty list of distinct whole numbers from ``low`` to
+    ``high``, else a one-line UserError naming ``key``."""
+    if (
+        not isinstance(value, list | tuple)
+        or not value
+        or any(isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high for v in value)
+        or len(set(value)) != len(value)
+    ):
+        raise UserError(
+            f"{where}: {key} must be a non-empty list of distinct whole numbers from {low} to "
+            f"{high}, got {value!r}"
+        )
+    return tuple(sorted(value))
+
 
 #: The version of a study's state file.
 STATE_VERSION = 1
