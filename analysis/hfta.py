@@ -215,36 +215,25 @@ def hfta_figure(result: Mapping[str, Any]) -> go.Figure:
             row=2,
             col=1,
         )
-        for field, dash in (
-            ("read_bytes_per_model", "solid"),
-            ("storage_bytes_per_model", "dash"),
-            ("cache_hit_bytes_per_model", "dot"),
-        ):
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=_series(mine, field, 1e6),
-                    mode="lines+markers",
-                    name=f"{mode}: {field}",
-                    line={"color": colour, "dash": dash},
-                    showlegend=False,
-                ),
-                row=1,
-                col=2,
-            )
-        for field, dash in (("cpu_s_per_model", "solid"), ("loader_cpu_s_per_model", "dash")):
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=_series(mine, field),
-                    mode="lines+markers",
-                    name=f"{mode}: {field}",
-                    line={"color": colour, "dash": dash},
-                    showlegend=False,
-                ),
-                row=2,
-                col=2,
-            )
+        lanes = (
+            (1, 1e6, (("read_bytes_per_model", "solid"), ("storage_bytes_per_model", "dash"),
+                      ("cache_hit_bytes_per_model", "dot"))),
+            (2, 1.0, (("cpu_s_per_model", "solid"), ("loader_cpu_s_per_model", "dash"))),
+        )  # fmt: skip
+        for row, scale, fields in lanes:
+            for field, dash in fields:
+                fig.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=_series(mine, field, scale),
+                        mode="lines+markers",
+                        name=f"{mode}: {field}",
+                        line={"color": colour, "dash": dash},
+                        showlegend=False,
+                    ),
+                    row=row,
+                    col=2,
+                )
     sizes = sorted({r["array_size"] for r in rows})
     for row in (1, 2):
         for col in (1, 2):
