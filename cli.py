@@ -25,6 +25,7 @@ if Path(sys.prefix).resolve() != _VENV.resolve() and os.environ.get("TWINTRACE_N
     os.execv(str(_venv_python), [str(_venv_python), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 import json  # noqa: E402
+import warnings  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from functools import wraps  # noqa: E402
 from typing import Any  # noqa: E402
@@ -116,6 +117,12 @@ def cli() -> None:
       ./cli.py trace --workload unet3d --variant sleep --data data/unet3d
       ./cli.py plot timeline runs/RUN
     """
+    warnings.showwarning = _one_line_warning
+
+
+def _one_line_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+    """The library's warnings (a foreign CPU profile, ...) as one plain line on stderr."""
+    err_console.print(_styled(f" {message}", "yellow", "warning:"), soft_wrap=True)
 
 
 @cli.command()
@@ -643,6 +650,16 @@ def trace(
             "checkpoint_every": checkpoint_every,
             "synthetic": synthetic or None,
         }
+        from experiments.hostprofile import prepare_emulation
+
+        prepare_emulation(
+            workload,
+            emulated,
+            data_dir,
+            settings=given,
+            options=_parse_sets(sets),
+            log=lambda msg: err_console.print(_styled(msg)),
+        )
         if variant in PEER_VARIANTS:
             from experiments.dlio import dlio_request
 
@@ -1068,8 +1085,8 @@ def profile_fit(
     "--accelerator",
     "db_name",
     default=None,
-    help="Accelerator name of the database entry (default: cpu on a CPU; a declared card "
-    "matching the GPU's name, else the name made from it).",
+    help="Accelerator name of the database entry (default on a CPU: cpu, this host's CPU, "
+    "cached per host; on a GPU a declared card matching its name, else a name made from it).",
 )
 @click.option("--replace", is_flag=True, help="Overwrite an existing database entry.")
 @user_errors
@@ -1093,6 +1110,7 @@ def profile_measure(
     Example: ./cli.py profile measure --workload resnet18 --data data/img --batch-sizes 2,4,8 --db
     """
     from experiments.measure import MeasureSettings, database_name, measure
+    from workloads.hostprofiles import HOST_CPU, save_host_profile
     from workloads.profiledb import add_measured, check_fileable
 
     if out_path is None and not into_db:
@@ -1124,12 +1142,20 @@ def profile_measure(
     )
     if into_db:
         name = db_name or database_name(measured)
-        filed = add_measured(measured, name, replace=replace)
-        err_console.print(
-            f"filed in the profile database as {name}/{workload}: ./cli.py trace --workload "
-            f"{workload} --variant sleep --accelerator {name} ...",
-            highlight=False,
-        )
+        if name == HOST_CPU:
+            filed = save_host_profile(measured, _parse_sets(sets))
+            err_console.print(
+                f"filed as this host's CPU ({filed}): ./cli.py trace --workload {workload} "
+                f"--variant sleep --accelerator {HOST_CPU} ...",
+                highlight=False,
+            )
+        else:
+            filed = add_measured(measured, name, replace=replace)
+            err_console.print(
+                f"filed in the profile database as {name}/{workload}: ./cli.py trace --workload "
+                f"{workload} --variant sleep --accelerator {name} ...",
+                highlight=False,
+            )
     _report_profile(measured, warnings, out_path)
     if out_path is None:
         click.echo(str(filed))

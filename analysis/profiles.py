@@ -14,12 +14,14 @@ step of epoch 1 (:func:`first_step_extra`), which the sleep run adds to its firs
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from analysis.profile_fit import PointSamples, fit_points
 from core.errors import UserError
 from core.rundir import Run
+from workloads.hostrecord import HostRecord, torch_version
 from workloads.profile import SleepProfile, Split
 
 
@@ -115,5 +117,31 @@ def fit_runs(runs: Sequence[Run], accelerator: str | None = None) -> tuple[Sleep
         fit=fit.info(),
         split=compute_split(runs),
         first_step_s=first_step_extra(runs),
+        host=runs_host(runs),
     )
     return profile, list(fit.warnings)
+
+
+def runs_host(runs: Sequence[Run]) -> dict[str, Any] | None:
+    """The host record (:class:`workloads.hostrecord.HostRecord`) of the runs a profile is
+    fitted to, from their manifests: the CPU model, the CPUs the container could use (the
+    host's, capped by the run's ``--cpus``), the torch threads it computed with (the config's
+    ``threads``, else those CPUs, as the workloads set them) and torch's version (the images
+    pin the host's); no reference measurement. None when the runs come from different hosts
+    or do not say."""
+    records = set()
+    for run in runs:
+        host = run.manifest.get("host") or {}
+        config = run.manifest.get("config") or {}
+        if not host.get("cpu_model") or not host.get("cpus"):
+            return None
+        cpus = int(host["cpus"])
+        limits = [c.get("cpus") for c in run.manifest.get("containers") or () if c.get("cpus")]
+        if limits:
+            cpus = max(1, min(cpus, int(min(float(x) for x in limits))))
+        world = max(1, int(config.get("accelerators") or 1))
+        threads = int(config.get("threads") or max(1, cpus // world))
+        device = str(config.get("device") or "auto")
+        accelerator = "cpu" if device in ("cpu", "auto") else device
+        records.add(HostRecord(str(host["cpu_model"]), cpus, threads, torch_version(), accelerator))
+    return records.pop().to_dict() if len(records) == 1 else None

@@ -42,6 +42,7 @@ from tracing.container import BindMount
 from tracing.request import ContainerSpec, RunOptions, RunRequest, accelerator_profile
 from workloads import dlio
 from workloads.config import WorkloadConfig
+from workloads.hostprofiles import foreign_fix, rank_threads, warn_if_foreign
 
 Log = Callable[[str], None]
 #: Pillow's default JPEG quality, which DLIO's generator uses.
@@ -337,11 +338,16 @@ def dlio_request(
     check_image()
     as_sleep = config.replace(variant="sleep")
     if accelerator is not None or profile_model is not None:
-        chosen = accelerator_profile(as_sleep, accelerator, profile_model, profile)
+        chosen = accelerator_profile(as_sleep, accelerator, profile_model, profile, options)
     elif profile is not None:
         chosen = load_profile(profile)
     else:
         chosen = default_profile(workload)
+    warn_if_foreign(
+        chosen,
+        rank_threads(config.accelerators, config.threads),
+        foreign_fix(workload, config.batch_size),
+    )
     ckpt = checkpoint_bytes(config, data_dir, chosen)
     gradients = chosen.collective.gradient_bytes
     if gradients is None:

@@ -312,7 +312,7 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> HftaSpec:
     WORKLOADS[workload].parse_options(options)
     profiles = s["profiles"]
     if variant == "sleep":
-        profiles = Path(profiles) if profiles else PROFILES_DIR
+        profiles = Path(profiles) if profiles else None  # None: measured on this host
     elif profiles is not None:
         raise UserError(f"{where}: profiles are for the sleep variant; the original one computes")
     dataset = spec.get("dataset")
@@ -336,7 +336,7 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> HftaSpec:
         profiles=profiles,
         dataset=dataset,
     )
-    if variant == "sleep":
+    if variant == "sleep" and profiles is not None:
         for size in sorted({1, *array_sizes}):
             check_profile(parsed, size)
     return parsed
@@ -375,13 +375,30 @@ def measure_command(spec: HftaSpec, array_size: int, data: str = "DATA") -> str:
     )
 
 
-def check_profile(spec: HftaSpec, array_size: int) -> Path:
-    """The profile of an array of ``array_size`` models, refused (UserError saying how to
-    measure it) unless ``profile measure`` made it for this workload, these options (image
-    size, width, optimizer) and array size, at the study's batch size."""
+def check_profile(
+    spec: HftaSpec,
+    array_size: int,
+    data_dir: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """The profile of an array of ``array_size`` models. Without a ``profiles`` folder, this
+    host's CPU: measured once on ``data_dir`` (``experiments/hostprofile.py``), cached by the
+    host's record. From a folder: refused (UserError saying how to measure it) unless
+    ``profile measure`` made it for this workload, these options (image size, width,
+    optimizer) and array size, at the study's batch size; a warning when it was measured on
+    another host."""
     from workloads.images.options import ImageOptions
     from workloads.profile import load_profile
 
+    if spec.profiles is None:
+        from experiments.hostprofile import ensure_host_profile
+
+        if data_dir is None:
+            raise UserError("this host's profiles of the arrays are measured on the dataset")
+        options = {**spec.options, "array_size": array_size}
+        return ensure_host_profile(
+            spec.workload, data_dir, spec.batch_size, options=options, log=log
+        )
     path = profile_path(spec, array_size)
     how = f"measure it: {measure_command(spec, array_size)}"
     if not path.is_file():
@@ -444,7 +461,9 @@ def concurrent_threads(spec: HftaSpec, array_size: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // array_size)
 
 
-def build_request(spec: HftaSpec, key: str, data_dir: Path, out: Path) -> Any:
+def build_request(
+    spec: HftaSpec, key: str, data_dir: Path, out: Path, log: Callable[[str], None] = print
+) -> Any:
     """The :class:`tracing.request.RunRequest` of run ``key`` (module doc)."""
     from tracing.container import BindMount
     from tracing.request import Limits, RunOptions, workload_request
@@ -470,7 +489,7 @@ def build_request(spec: HftaSpec, key: str, data_dir: Path, out: Path) -> Any:
             "checkpoint_every": 0,
         },
         options=options,
-        profile=check_profile(spec, 1 if mode != "fused" else size)
+        profile=check_profile(spec, 1 if mode != "fused" else size, data_dir, log)
         if spec.variant == "sleep"
         else None,
         run=run,
@@ -706,7 +725,7 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
             log(f"[{i}/{len(keys)}] {key}: done before, kept")
             continue
         mode, number = _parse_key(key)
-        request = build_request(spec, key, data_dir, out)
+        request = build_request(spec, key, data_dir, out, log)
         cold = spec.cold_cache and (mode != "serial" or number == 0)
         if cold:  # after the request: making it checks the dataset
             drop_caches()

@@ -29,12 +29,13 @@ profile database under that accelerator (``./cli.py trace --accelerator KEY`` th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import platform
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,11 @@ from analysis.profiles import SPLIT_PHASES, split_of
 from core import __version__ as TWINTRACE_VERSION
 from core.errors import UserError
 from workloads.events import Emitter
+from workloads.hostrecord import cpu_model, this_host
 from workloads.profile import Linear, Memory, Normal, SleepProfile, Split
 from workloads.profiledb import default_database
 from workloads.registry import get_workload
-from workloads.training import ModelCompute, batches_of, resolve_device
+from workloads.training import ModelCompute, available_cpus, batches_of, resolve_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,8 @@ class MeasureSettings:
     max_seconds: float = 60.0
     cv_target: float = 0.05
     seed: int = 0
+    threads: int | None = None  # torch threads; None: the CPUs this process may use, as a job
+    workers: int = 0  # loader workers running beside the timed steps, as in the job (0: none)
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -74,6 +78,10 @@ class MeasureSettings:
             )
         if self.warmup < 0 or self.min_steps < 2 or self.max_steps < self.min_steps:
             raise UserError("need warmup >= 0, min_steps >= 2 and max_steps >= min_steps")
+        if self.workers < 0:
+            raise UserError(f"workers must be 0 or more, got {self.workers}")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"threads must be at least 1, got {self.threads}")
         if not 0 < self.cv_target < 1:
             raise UserError(f"cv_target must be in (0, 1), got {self.cv_target}")
 
@@ -92,13 +100,7 @@ def slice_batch(batch: Any, n: int) -> Any:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"CPU: {line.split(':', 1)[1].strip()} ({torch.get_num_threads()} threads)"
-    except OSError:
-        pass
-    return f"CPU: {platform.processor() or 'unknown'} ({torch.get_num_threads()} threads)"
+    return f"CPU: {cpu_model()} ({torch.get_num_threads()} threads)"
 
 
 def measure(
@@ -112,6 +114,9 @@ def measure(
     """Measure ``workload``'s compute per step at each batch size; return the profile and
     the fit's warnings (see the module doc)."""
     spec = get_workload(workload)
+    if settings.device == "cpu":
+        # As the zoo's jobs compute (workloads.training): one thread per CPU they may use.
+        torch.set_num_threads(settings.threads or available_cpus())
     largest = max(settings.batch_sizes)
     config = spec.config(
         "instrumented",
@@ -139,7 +144,8 @@ def measure(
     notes = []
     for b in sorted(set(settings.batch_sizes)):
         sub = slice_batch(batch, b)
-        timed = _time_steps(compute, sub, settings)
+        with _loader_beside(spec, task, config, b, settings, device) as fetch:
+            timed = _time_steps(compute, sub, settings, fetch)
         steps[b] = timed
         times = timed.compute
         progress(
@@ -156,6 +162,10 @@ def measure(
     h2d_fit = fit_points([PointSamples(1, b, t.h2d) for b, t in steps.items()])
     table = tuple(dataclasses.replace(point, **steps[point.b].point_parts()) for point in fit.table)
     name = device_name(device)
+    host = this_host(
+        accelerator="cpu" if device.type == "cpu" else name, threads=torch.get_num_threads()
+    )
+    progress(f"host: {host.describe()}")
     measured: dict[str, Any] = {
         "command": command or " ".join(sys.argv),
         "device": name,
@@ -187,6 +197,7 @@ def measure(
         memory=_memory(device, steps),
         model_transfer_s=transfer_s,
         first_step_s=_first_step_extra(steps),
+        host=host.to_dict(),
     )
     return profile, [*fit.warnings, *notes]
 
@@ -275,9 +286,47 @@ def _model_transfer_s(task: Any, seed: int, device: torch.device) -> float:
     return seconds
 
 
-def _time_steps(compute: ModelCompute, batch: Any, s: MeasureSettings) -> StepTimes:
+@contextlib.contextmanager
+def _loader_beside(
+    spec: Any, task: Any, config: Any, batch_size: int, s: MeasureSettings, device: Any
+) -> Iterator[Callable[[], None]]:
+    """With ``s.workers``: the workload's training loader at ``batch_size`` with that many
+    workers, and a function that takes one batch from it (starting a new epoch at the end),
+    called between timed steps: the workers read and decode beside the compute, competing for
+    the cores as in the job, while the timed step computes on the fixed batch. Without
+    workers, a function that does nothing."""
+    if s.workers == 0:
+        yield lambda: None
+        return
+    beside = config.replace(batch_size=batch_size, workers=s.workers)
+    with Emitter("/dev/null") as emitter:
+        loader = task.train_loader(beside, 0, device, emitter)
+        epoch = [1]
+        loader.set_epoch(epoch[0])
+        batches = [batches_of(loader.loader)]
+
+        def fetch() -> None:
+            if next(batches[0], None) is None:
+                epoch[0] += 1
+                loader.set_epoch(epoch[0])
+                batches[0] = batches_of(loader.loader)
+                next(batches[0], None)
+
+        try:
+            yield fetch
+        finally:
+            batches[0].close()  # ends the workers
+
+
+def _time_steps(
+    compute: ModelCompute,
+    batch: Any,
+    s: MeasureSettings,
+    fetch: Callable[[], None] = lambda: None,
+) -> StepTimes:
     first_s = None
     for i in range(s.warmup):
+        fetch()
         t0 = time.monotonic_ns()
         compute.train_step(batch, [])
         if i == 0:
@@ -292,6 +341,7 @@ def _time_steps(compute: ModelCompute, batch: Any, s: MeasureSettings) -> StepTi
     met = False
     while len(rows) < s.max_steps:
         marks: list[tuple[str, int, int]] = []
+        fetch()
         compute.train_step(batch, marks)
         seconds = {key: (end - start) / 1e9 for key, start, end in marks}
         row = {part: sum(seconds.get(k, 0.0) for k in keys) for part, keys in PARTS.items()}

@@ -42,6 +42,14 @@ image workload) gives the sleep runs the profile database's profile of that acce
 their batch size (``./cli.py trace --accelerator``); original and instrumented runs compute for
 real and ignore it. Without it, sleep runs use the workload's shipped profile.
 
+``profile = "fit"`` (in ``[settings]`` or ``[workloads.<name>]``, instead of ``accelerator``)
+gives the sleep and DLIO runs of a configuration the profile fitted (``./cli.py profile fit``)
+to the ``instrumented`` run of the same configuration, made first on this host: the grid's
+variants must list ``instrumented`` before them. The emulation is then of this host's CPU as
+the real job computes on it, container, loader workers and all; the fitted profile is kept in
+``<out>/<name>/profiles/``. ``accelerator = "cpu"`` instead measures this host's CPU natively
+(``profile measure``, once per host) without an ``instrumented`` run.
+
 ``cold_cache = true`` (in ``[settings]`` or ``[workloads.<name>]``) drops the page cache before
 every run (root), so that no run reads from the cache what the one before it read.
 
@@ -78,7 +86,10 @@ from workloads.registry import WORKLOADS
 GRID_KEYS = ("workload", "variant", "batch_size", "accelerators", "workers", "memory_limit")
 SETTINGS_KEYS = ("epochs", "max_steps", "seed", "eval_every", "checkpoint_every")
 #: Settings of the sleep runs' emulated accelerator (profile database), not WorkloadConfig's.
-EMULATION_KEYS = ("accelerator", "profile_model")
+EMULATION_KEYS = ("accelerator", "profile_model", "profile")
+#: ``profile = "fit"``: sleep and DLIO runs use the profile fitted to their configuration's
+#: instrumented run (module doc).
+FIT = "fit"
 #: Settings of how the runs' containers are run (RunOptions), not WorkloadConfig's.
 RUN_KEYS = ("gpus", "cold_cache")
 PRODUCE_KEYS = ("timelines", "breakdown", "compare")
@@ -268,7 +279,20 @@ def load_experiment(path: Path) -> Experiment:
                 spec, batch_size=WORKLOADS[spec.workload].config("original").batch_size
             )
         runs.append(spec)
-    runs = [_emulated(spec, settings, workloads, path) for spec in runs]
+    try:
+        runs = [_emulated(spec, settings, workloads, path) for spec in runs]
+    except UserError as exc:
+        raise UserError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}") from None
+    order = {spec.key: i for i, spec in enumerate(runs)}
+    for spec in runs:
+        if spec.emulated == "fitted":
+            source = fit_source(spec)
+            if order.get(source.key, len(runs)) > order[spec.key]:
+                raise UserError(
+                    f'{path}: {spec.key} is fitted (profile = "{FIT}") to the instrumented run '
+                    f"of its configuration, {source.key}: list instrumented before "
+                    f"{spec.variant} in grid.variant"
+                )
     for spec in runs:
         _check_gpus(spec, run_gpus(spec.workload, settings, workloads, path), path)
         try:
@@ -293,6 +317,25 @@ def load_experiment(path: Path) -> Experiment:
     return experiment
 
 
+def fitted(
+    workload: str, settings: Mapping[str, Any], workloads: Mapping[str, Mapping[str, Any]]
+) -> bool:
+    """Whether a workload's sleep and DLIO runs use the profile fitted to their
+    configuration's instrumented run (``profile = "fit"``: its own table's, else
+    ``[settings]``'s)."""
+    value = workloads.get(workload, {}).get("profile", settings.get("profile"))
+    if value is None:
+        return False
+    if value != FIT:
+        raise UserError(f'profile of {workload} must be "{FIT}", got {value!r}')
+    return True
+
+
+def fit_source(spec: RunSpec) -> RunSpec:
+    """The instrumented run a fitted sleep or DLIO run's profile comes from."""
+    return dataclasses.replace(spec, variant="instrumented", emulated="")
+
+
 def emulation(
     workload: str, settings: Mapping[str, Any], workloads: Mapping[str, Mapping[str, Any]]
 ) -> tuple[str | None, str | None]:
@@ -300,7 +343,7 @@ def emulation(
     ``[settings]``'s; None where neither sets one."""
     own = workloads.get(workload, {})
     values = []
-    for key in EMULATION_KEYS:
+    for key in EMULATION_KEYS[:2]:
         value = own.get(key, settings.get(key))
         if value is not None and not isinstance(value, str):
             raise UserError(f"{key} of {workload} must be a string, got {value!r}")
@@ -365,15 +408,37 @@ def _emulated(
     """A sleep (or DLIO) run's spec with its emulated accelerator, checked against the
     profile database (so a typo fails before any run starts): a DLIO run's computation time
     comes from the same profile as the sleep run's."""
+    from experiments.hostprofile import is_host_cpu
+    from workloads.hostprofiles import HOST_CPU
     from workloads.profiledb import sleep_profile_for
 
     accelerator, model = emulation(spec.workload, settings, workloads)
+    if fitted(spec.workload, settings, workloads):
+        if accelerator is not None or model is not None:
+            raise UserError(
+                f'{path}: {spec.workload}: profile = "{FIT}" and accelerator/profile_model both '
+                "choose the sleep profile: give one"
+            )
+        return (
+            dataclasses.replace(spec, emulated="fitted")
+            if spec.variant
+            in (
+                "sleep",
+                "dlio",
+            )
+            else spec
+        )
     if spec.variant not in ("sleep", "dlio") or (accelerator is None and model is None):
         return spec
     if accelerator is None:
         raise UserError(f"{path}: profile_model of {spec.workload} needs an accelerator too")
     try:
-        sleep_profile_for(spec.workload, accelerator, spec.batch_size, spec.accelerators, model)
+        if is_host_cpu(accelerator):
+            # This host's CPU: measured when the run comes (it needs the dataset), once.
+            if model is not None and model != spec.workload:
+                raise UserError(f"{HOST_CPU} is measured on the workload's own model, not {model}")
+        else:
+            sleep_profile_for(spec.workload, accelerator, spec.batch_size, spec.accelerators, model)
     except UserError as exc:
         raise UserError(f"{path}: {spec.key}: {exc}") from None
     name = accelerator if model is None else f"{accelerator}-{model}"
@@ -465,6 +530,7 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
     """Run (or resume) every run of the grid, then produce the outputs; return the outcomes."""
     import time
 
+    from experiments.hostprofile import prepare_emulation
     from tracing.request import Limits, RunOptions, workload_request
     from tracing.runner import RunInterrupted, trace
 
@@ -492,7 +558,7 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
         data = datasets[experiment.dataset_for(spec.workload).name]
         accelerator, model = (
             emulation(spec.workload, experiment.settings, experiment.workloads)
-            if spec.emulated
+            if spec.emulated and spec.emulated != "fitted"
             else (None, None)
         )
         started = time.monotonic()
@@ -510,6 +576,11 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
         }
         limits = Limits.parse(spec.memory_limit or None, None)
         try:
+            if spec.emulated == "fitted":
+                common["profile"] = fit_profile(spec, state, home, log)
+            prepare_emulation(
+                spec.workload, accelerator, data, common["settings"], common["options"], log
+            )
             if spec.variant == "dlio":
                 from experiments.dlio import dlio_request
 
@@ -549,6 +620,31 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
         )
     produce_outputs(experiment, state, home, log)
     return outcomes
+
+
+def fit_profile(spec: RunSpec, state: Mapping[str, Any], home: Path, log: Log) -> Path:
+    """The profile of a fitted sleep or DLIO run: fitted to its configuration's instrumented
+    run (:func:`fit_source`), kept in ``home/profiles/<that run's key>.json``."""
+    from analysis.profiles import fit_runs
+    from core.rundir import load_run
+
+    source = fit_source(spec)
+    entry = state["runs"].get(source.key, {})
+    if entry.get("status") not in FINISHED or not _completed(entry.get("run_dir")):
+        raise UserError(
+            f"{spec.key} is fitted to the instrumented run {source.key}, which did not "
+            "complete: run the experiment again once it does"
+        )
+    # named by the run it is fitted to: a run made again gets its own fit
+    path = home / "profiles" / f"{Path(entry['run_dir']).name}.json"
+    if not path.exists():
+        profile, warnings = fit_runs([load_run(Path(entry["run_dir"]))])
+        for warning in warnings:
+            log(f"warning: {source.key}'s fit: {warning}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profile.save(path)
+        log(f"fitted to {source.key} on this host: {path}")
+    return path
 
 
 def scores_table(scores: Mapping[str, Mapping[str, Any]]) -> str:

@@ -82,7 +82,8 @@ def test_the_database_covers_the_sources() -> None:
         ("k80", "m40", "p100", "rtx6000"), 36
     )
     assert db.models("h100") == ["resnet50", "unet3d"]
-    assert db.models("cpu") == ["alexnet", "bert", "dlrm", "resnet18", "resnet50", "unet3d"]
+    assert db.models("epyc-2t") == ["alexnet", "bert", "dlrm", "resnet18", "resnet50", "unet3d"]
+    assert db.models("cpu") == []  # this host's CPU: measured here, not a table
     assert {"bert", "dlrm", "unet3d", "vgg16", "resnet18"} <= set(db.models("v100"))
     # The card memory is the vendor's, in GiB; M40 is its 12 GB variant (docs/profiles.md).
     capacity = {k: a.capacity_bytes for k, a in db.accelerators.items()}
@@ -95,6 +96,7 @@ def test_the_database_covers_the_sources() -> None:
         "m40": 12 * GIB,
         "h100": None,
         "cpu": None,
+        "epyc-2t": None,
     }
     for acc in db.accelerators.values():
         assert acc.capacity_source.startswith(("vendor specification", "not "))
@@ -156,7 +158,7 @@ def test_accelerator_names_and_aliases(name: str) -> None:
 
 def test_every_short_alias_resolves() -> None:
     db = default_database()
-    for alias in ("a100", "v100", "p100", "rtx6000", "k80", "m40", "h100", "cpu"):
+    for alias in ("a100", "v100", "p100", "rtx6000", "k80", "m40", "h100", "cpu", "epyc-2t"):
         assert db.accelerator(alias).key == alias
     assert db.accelerator("Quadro RTX 6000").key == "rtx6000"
     assert db.accelerator("NVIDIA_A100-SXM4-40GB").name == "NVIDIA A100-SXM4-40GB"
@@ -300,9 +302,9 @@ def test_published_fits_are_the_shipped_profiles() -> None:
     [
         (("h100", "vgg16", 8), ["no vgg16 on h100", "h100 covers resnet50, unet3d", "a100"]),
         (
-            ("cpu", "vgg16", 8),
+            ("epyc-2t", "vgg16", 8),
             [
-                "cpu covers alexnet, bert, dlrm, resnet18, resnet50, unet3d",
+                "epyc-2t covers alexnet, bert, dlrm, resnet18, resnet50, unet3d",
                 "vgg16 is covered on a100",
             ],
         ),
@@ -379,7 +381,7 @@ def test_the_sleep_profile_of_an_exact_row(rows: dict) -> None:
         ("a100", "vgg16", 100, "alexnet"),
         ("p100", "resnet50", 300, "resnet50"),
         ("h100", "unet3d", 4, "unet3d"),
-        ("cpu", "alexnet", 6, "alexnet"),
+        ("epyc-2t", "alexnet", 6, "alexnet"),
         ("v100", "bert", 4, "bert"),
     ],
 )
@@ -401,7 +403,7 @@ def test_sleep_profiles_round_trip_and_compute_is_forward_plus_backward(
 
 
 def test_interpolated_and_extrapolated_profiles_say_so() -> None:
-    assert "interpolated" in lookup("cpu", "alexnet", 5).to_sleep_profile("alexnet").source
+    assert "interpolated" in lookup("epyc-2t", "alexnet", 5).to_sleep_profile("alexnet").source
     profile = lookup("a100", "resnet50", 300).to_sleep_profile("resnet50")
     assert "extrapolated" in profile.source and "128-256" in profile.source
 
@@ -442,7 +444,7 @@ def test_cli_profiles_filters() -> None:
     assert {r["model"] for r in json.loads(result.output)["coverage"]} == {"unet3d", "resnet50"}
     result = runner.invoke(cli_module.cli, ["profiles", "--json", "--workload", "unet3d"])
     accelerators = {r["accelerator"] for r in json.loads(result.output)["coverage"]}
-    assert accelerators == {"a100", "h100", "v100", "cpu"}
+    assert accelerators == {"a100", "h100", "v100", "epyc-2t"}
     result = runner.invoke(cli_module.cli, ["profiles", "--accelerator", "tpu"])
     assert result.exit_code == 1 and "unknown accelerator 'tpu'" in result.output
     result = runner.invoke(cli_module.cli, ["profiles", "--accelerator", "k80"])
@@ -563,9 +565,9 @@ MEASURED_DB = """
 schema_version = 1
 default_order = ["measured"]
 
-[accelerators.cpu]
+[accelerators.cpu-test]
 name = "CPU: test"
-names = ["CPU"]
+names = ["CPU test"]
 
 [sources.measured]
 title = "measured"
@@ -630,19 +632,19 @@ def test_table_points_keep_their_phases_through_json(tmp_path: Path) -> None:
 def test_a_measured_profile_becomes_a_database_entry(measured_db: Path) -> None:
     from workloads.profiledb import add_measured
 
-    written = add_measured(measured_profile(), "cpu", path=measured_db)
-    assert written == measured_db.parent / "measured" / "cpu-unet3d.json"
+    written = add_measured(measured_profile(), "cpu-test", path=measured_db)
+    assert written == measured_db.parent / "measured" / "cpu-test-unet3d.json"
     record = json.loads(written.read_text())["measured"]["database"]
-    assert record == {"accelerator": "cpu", "model": "unet3d", "declared": "CPU: test"}
+    assert record == {"accelerator": "cpu-test", "model": "unet3d", "declared": "CPU: test"}
     db = load_database(measured_db)
-    entry = db.lookup("cpu", "unet3d", 2)
+    entry = db.lookup("cpu-test", "unet3d", 2)
     assert entry.method == "exact" and entry.source_id == "measured"
     assert (entry.compute_s, entry.h2d_s) == pytest.approx((0.2, 0.002))
     assert (entry.forward_s, entry.backward_s, entry.optimizer_s) == pytest.approx(
         (0.06, 0.12, 0.02)
     )
     assert not any("optimizer step not in the data" in n for n in entry.notes)
-    mid = db.lookup("cpu", "unet3d", 3)
+    mid = db.lookup("cpu-test", "unet3d", 3)
     assert mid.method == "interpolated" and mid.forward_s == pytest.approx(0.09)
     profile = entry.to_sleep_profile("unet3d")
     assert (profile.split.forward, profile.split.backward, profile.split.optimizer) == (
@@ -656,19 +658,21 @@ def test_a_measured_profile_becomes_a_database_entry(measured_db: Path) -> None:
 def test_a_database_entry_is_replaced_only_when_asked(measured_db: Path) -> None:
     from workloads.profiledb import add_measured
 
-    add_measured(measured_profile(), "cpu", path=measured_db)
+    add_measured(measured_profile(), "cpu-test", path=measured_db)
     with pytest.raises(UserError, match="give --replace"):
-        add_measured(measured_profile(), "cpu", path=measured_db)
-    add_measured(measured_profile(), "cpu", replace=True, path=measured_db)
+        add_measured(measured_profile(), "cpu-test", path=measured_db)
+    add_measured(measured_profile(), "cpu-test", replace=True, path=measured_db)
     for bad in ("CPU", "a b", "", "../x"):
         with pytest.raises(UserError, match="lower-case letters"):
             add_measured(measured_profile(), bad, path=measured_db)
     with pytest.raises(UserError, match="only profiles made by profile measure"):
         add_measured(
-            dataclasses.replace(measured_profile(), measured=None), "cpu", path=measured_db
+            dataclasses.replace(measured_profile(), measured=None), "cpu-test", path=measured_db
         )
+    with pytest.raises(UserError, match="this host's CPU, cached per host"):
+        add_measured(measured_profile(), "cpu", path=measured_db)
     assert sorted(p.name for p in (measured_db.parent / "measured").iterdir()) == [
-        "cpu-unet3d.json"
+        "cpu-test-unet3d.json"
     ]
 
 
@@ -695,18 +699,21 @@ def test_a_folder_profile_without_its_record_is_named(measured_db: Path) -> None
 
 def test_the_shipped_cpu_entries_are_measured_phase_by_phase() -> None:
     db = default_database()
-    covered = set(db.models("cpu"))
+    covered = set(db.models("epyc-2t"))
     assert covered >= {"unet3d", "bert", "dlrm", "resnet18", "resnet50", "alexnet"}
     for model in ("unet3d", "bert", "dlrm", "resnet18", "resnet50", "alexnet"):
-        profile = load_profile(PROFILES_DIR / "measured" / f"cpu-{model}.json")
-        assert profile.measured["database"]["accelerator"] == "cpu"
+        profile = load_profile(PROFILES_DIR / "measured" / f"epyc-2t-{model}.json")
+        assert profile.measured["database"]["accelerator"] == "epyc-2t"
+        # where they were measured: a CPU profile says so, and is foreign elsewhere
+        assert profile.host is not None and profile.host["cpu_model"] == "AMD EPYC"
         assert profile.split is not None
         for point in profile.table:
             parts = point.forward + point.backward + point.optimizer
             # compute = forward + backward + optimizer + the loss read-back (small)
             assert parts <= point.mean + 1e-9 and parts >= 0.8 * point.mean
-            entry = db.lookup("cpu", model, point.b)
+            entry = db.lookup("epyc-2t", model, point.b)
             assert entry.compute_s == point.mean and entry.h2d_s == point.h2d
+            assert entry.to_sleep_profile(model).host == profile.host
 
 
 @pytest.mark.parametrize(

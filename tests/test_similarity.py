@@ -552,14 +552,22 @@ def test_a_run_without_phases_spans_its_manifest(tmp_path: Path) -> None:
 
 def test_faster_and_shifted_copy(tmp_path: Path) -> None:
     """The same run twice as fast and 1000 s later on the clock: every aspect documented as
-    invariant to a time shift and a uniform speed-up stays 1; those sensitive to it drop."""
+    invariant to a time shift and a uniform speed-up stays 1; those sensitive to it drop, the
+    bandwidth aspects through their rate term."""
     real = load_run(training_run(tmp_path, REAL))
     fast = load_run(training_run(tmp_path, EMULATED, speed=2.0, clock_shift_s=1000.0))
-    result = scores(compare_runs(real, fast))
-    for name in ("read_bandwidth", "write_bandwidth", "block_io", "read_sizes", "write_sizes",
-                 "read_parallelism", "file_order", "file_bytes", "open_close", "cpu",
-                 "memory"):  # fmt: skip
+    comparison = compare_runs(real, fast)
+    result = scores(comparison)
+    for name in ("read_sizes", "write_sizes", "read_parallelism", "file_order", "file_bytes",
+                 "open_close", "cpu", "memory"):  # fmt: skip
         assert result[name] == pytest.approx(1.0, abs=1e-9), name
+    # The same bytes at twice the rate: timing, volume and burstiness 1, the rate term 0.5.
+    for name in ("read_bandwidth", "write_bandwidth", "block_io"):
+        assert result[name] == pytest.approx((1 + 1 + 0.5 + 1) / 4, abs=1e-4), name
+    details = comparison.aspect("read_bandwidth").details
+    assert details["rate_emulated"] == pytest.approx(2 * details["rate_real"])
+    # To the storage under it a run twice as fast is another workload: the overall says so.
+    assert comparison.overall < 0.9
     # Steps of 1 s vs 0.5 s: W1 0.5 s, as a fraction of the larger median step (1 s).
     assert result["step_time"] == pytest.approx(0.5)
     # Batch loads of 0.2 vs 0.1 s: 0.1 s apart, a tenth of a step.
@@ -687,7 +695,10 @@ def test_other_sizes_and_bandwidth_shape_score_clearly_lower(tmp_path: Path) -> 
     bandwidth = other.aspect("read_bandwidth").details
     assert bandwidth["timing_w1"] == pytest.approx(0.36, abs=1e-9)
     assert bandwidth["volume"] == 1 / 64 and bandwidth["burstiness"] > 0.99
-    assert result["read_bandwidth"] == pytest.approx((0.64 + 1 / 64 + bandwidth["burstiness"]) / 3)
+    assert bandwidth["rate"] == pytest.approx(1 / 64)  # the same span, 64 times fewer bytes
+    assert result["read_bandwidth"] == pytest.approx(
+        (0.64 + 1 / 64 + 1 / 64 + bandwidth["burstiness"]) / 4
+    )
     assert result["file_order"] < 0.5
     assert result["file_bytes"] == pytest.approx(1.0)  # same bytes per file, other order
     assert other.overall < 0.8 < same.overall
@@ -707,9 +718,13 @@ def test_missing_data_is_skipped_or_zero(tmp_path: Path) -> None:
     # Phases need both: load_batch_mem is instrumentation, so its absence is not scored.
     load = one.aspect("load_time")
     assert load.score is None and "the real lacks it" in (load.skipped or "")
+    scored = [a for a in one.aspects if a.score is not None]
+    weights = sum(a.weight for a in scored)
     assert one.overall == pytest.approx(
-        sum(a.weight * a.score for a in one.aspects if a.score is not None)
-        / sum(a.weight for a in one.aspects if a.score is not None)
+        min(
+            weights / sum(a.weight / max(a.score, 0.1) for a in scored),
+            sum(a.weight * a.score for a in scored) / weights,
+        )
     )
 
 
@@ -780,7 +795,7 @@ def test_report_has_one_lane_per_aspect_with_scores(tmp_path: Path) -> None:
     assert len(axes) == REPORT_LANES == report_lanes(comparison) == len(ASPECTS)
     assert [lane["aspect"] for lane in fig.layout.meta["lanes"]] == list(ASPECTS)
     titles = [a.text for a in fig.layout.annotations]
-    assert any(t.startswith("<b>read bandwidth — 1.00 (W1 time + volume + burstiness)</b>")
+    assert any(t.startswith("<b>read bandwidth — 0.88 (W1 time + volume + rate + burstiness)</b>")
                for t in titles)  # fmt: skip
     assert any("step time — 0.50 (W1 / step)" in t for t in titles)
     assert lane_title(comparison.aspect("load_time")).startswith(

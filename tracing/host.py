@@ -21,6 +21,7 @@ import numpy as np
 
 from core.errors import UserError
 from tracing.bpftrace import BPF_DIR
+from workloads.hostrecord import cpu_model
 
 TRACEFS = Path("/sys/kernel/tracing")
 MIN_BPFTRACE = (0, 17)
@@ -250,16 +251,6 @@ def require_tracing_prerequisites() -> None:
             raise UserError(f"{result.name}: {result.detail}: {result.fix}")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _first_line(argv: list[str]) -> str | None:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
@@ -281,7 +272,7 @@ def host_metadata(docker_version: str | None = None) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "kernel": platform.release(),
         "os": os_name,
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "docker_version": docker_version,

@@ -234,7 +234,7 @@ def workload_request(
     if accelerator is not None or profile_model is not None:
         # Before the data checks: a wrong accelerator or model fails without touching the data.
         emulated = accelerator_profile(
-            spec.config(variant, **settings), accelerator, profile_model, profile
+            spec.config(variant, **settings), accelerator, profile_model, profile, options
         )
     options = dict(options or {})
     parsed = spec.parse_options(options)  # names and types checked before anything starts
@@ -279,6 +279,16 @@ def workload_request(
         extra.append(BindMount(Path(profile).resolve(), f"{PROFILE_MOUNT}/profile.json", True))
         settings["profile"] = f"{PROFILE_MOUNT}/profile.json"
     config = spec.config(variant, options=options, **settings)
+    if variant == "sleep":
+        from workloads.hostprofiles import foreign_fix, rank_threads, warn_if_foreign
+        from workloads.profile import default_profile
+
+        used = emulated or (load_profile(profile) if profile is not None else None)
+        warn_if_foreign(
+            used or default_profile(workload),
+            rank_threads(config.accelerators, config.threads),
+            foreign_fix(workload, config.batch_size),
+        )
     image = image_tag(workload, variant)
     common = {
         "image": image,
@@ -334,10 +344,13 @@ def accelerator_profile(
     accelerator: str | None,
     profile_model: str | None = None,
     profile: Path | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> SleepProfile:
     """The sleep profile ``--accelerator`` asks for: the profile database's entry for the
     config's workload (or ``profile_model``) on ``accelerator`` at its batch size, for its
-    number of accelerators. UserErrors for the combinations that make no sense."""
+    number of accelerators; for ``cpu``, this host's measurement with the workload
+    ``options`` (``experiments/hostprofile.py`` makes it). UserErrors for the combinations
+    that make no sense."""
     from workloads.profiledb import sleep_profile_for
 
     if accelerator is None:
@@ -360,6 +373,8 @@ def accelerator_profile(
         config.batch_size,
         accelerators=config.accelerators,
         model=profile_model,
+        options=options,
+        threads=config.threads,
     )
 
 

@@ -29,7 +29,9 @@ File format (JSON), every key optional except ``workload``, ``accelerator``, ``s
       "memory": {"capacity_bytes": 42949672960, "persistent_bytes": 734003200,
                  "peak_bytes": {"g": 0, "b": 4194304, "const": 883000000}},
       "model_transfer_s": 0.054,
-      "first_step_s": 0.15
+      "first_step_s": 0.15,
+      "host": {"cpu_model": "AMD EPYC", "cpus": 2, "threads": 2, "torch": "2.13.0",
+               "accelerator": "cpu", "reference_s": 0.061, "reference": "..."}
     }
 
 ``split`` divides each step's compute time into the phases a real step has (forward,
@@ -49,6 +51,9 @@ measure`` (its first warm-up step against the timed ones).
 configuration is in the table draws from that point's Normal(mean, std), any other from the
 linear model (so a poor fit never overrides a measurement). ``fit`` and ``measured`` are
 free-form records of how the profile was made (``./cli.py profile fit`` / ``profile measure``).
+``host``: where it was measured (:class:`workloads.hostrecord.HostRecord`: CPU model, CPUs,
+torch threads, torch version, accelerator, a reference measurement of the host's speed); a CPU
+profile used on a host whose record differs is foreign, and the run says so.
 
 All times are in seconds.
 """
@@ -310,6 +315,7 @@ class SleepProfile:
     model_transfer_s: float = 0.0
     first_step_s: float = 0.0
     collective: Collective = Collective()
+    host: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -434,6 +440,11 @@ class SleepProfile:
             values["collective"] = Collective(**collective)
         for name in ("model_transfer_s", "first_step_s"):
             values[name] = float(_number(data.get(name, 0.0), f"{where}: {name}"))
+        host = data.get("host")
+        if host is not None:
+            from workloads.hostrecord import HostRecord
+
+            host = HostRecord.from_dict(host, f"{where}: host").to_dict()
         return cls(
             **values,
             checkpoint_bytes=ckpt,
@@ -441,6 +452,7 @@ class SleepProfile:
             table=table,
             fit=data.get("fit"),
             measured=data.get("measured"),
+            host=host,
             schema_version=version,
         )
 

@@ -15,7 +15,8 @@ The tables and their sources are listed in ``workloads/profiles/profiledb.toml``
   profiles ``unet3d.json``, ``bert.json``, ``dlrm.json``), used as fits in (g, b);
 - ``measured``: profiles measured with ``./cli.py profile measure --db`` (folder ``measured/``,
   one ``<accelerator>-<model>.json`` each; :func:`add_measured` files them): the shipped ones
-  on the build machine's CPU, phase by phase;
+  on a 2-thread AMD EPYC build machine (``epyc-2t``), phase by phase; this host's own CPU,
+  ``cpu``, is measured here and cached by the host's record (:mod:`workloads.hostprofiles`);
 - ``osre-2023``: the OSRE 2023 emulator's ResNet-18 batch-64 points (V100, P100).
 
 Lookup rules (``lookup(accelerator, model, batch)``), the same for every column of a table:
@@ -52,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import UserError
+from workloads.hostprofiles import HOST_CPU, host_cpu_profile, measure_command
 from workloads.profile import (
     PROFILES_DIR,
     Collective,
@@ -158,6 +160,7 @@ class Table:
     measured_max: int | None = None
     fit: SleepProfile | None = None
     origin: str = ""
+    host: Mapping[str, Any] | None = None  # a measured table's host record
 
     @property
     def batch_range(self) -> tuple[int, int]:
@@ -200,6 +203,7 @@ class ProfileEntry:
     notes: tuple[str, ...] = ()
     accelerators: int = 1
     fit: SleepProfile | None = dataclasses.field(default=None, repr=False)
+    host: Mapping[str, Any] | None = None  # where a measured table was measured
 
     def describe(self) -> str:
         """One line: source, card, model, batch, method and the rows used."""
@@ -302,6 +306,7 @@ class ProfileEntry:
             collective=Collective(interconnect=self.interconnect)
             if self.interconnect
             else Collective(),
+            host=dict(self.host) if self.host is not None else None,
         )
 
 
@@ -377,6 +382,12 @@ class ProfileDatabase:
         if accelerators < 1:
             raise UserError(f"accelerators must be at least 1, got {accelerators}")
         candidates = self.tables.get((acc.key, model), [])
+        if not candidates and acc.key == HOST_CPU:
+            raise UserError(
+                f"{HOST_CPU} is this host's CPU, measured here (not a table of the database): "
+                f"`{measure_command(model, int(batch))}` measures it, and `trace --accelerator "
+                f"{HOST_CPU}` does so once by itself"
+            )
         if not candidates:
             raise UserError(self._uncovered(acc, model))
         if source is not None:
@@ -421,6 +432,7 @@ class ProfileDatabase:
             "capacity_source": acc.capacity_source,
             "interconnect": acc.interconnect,
             "accelerators": g,
+            "host": table.host,
         }
         if table.fit is not None:
             fit = table.fit
@@ -765,6 +777,7 @@ def _profile_tables(
                 batch=np.array([p.b for p in points], dtype=int),
                 values=values,
                 origin=f"{item['profile']}: {profile.source}",
+                host=profile.host,
             )
         )
     return tables
@@ -895,6 +908,11 @@ def add_measured(
             f"accelerator name {accelerator!r} for the profile database: use lower-case letters, "
             "digits, '-', '_' and '.', e.g. cpu-epyc or h100"
         )
+    if accelerator == HOST_CPU:
+        raise UserError(
+            f"{HOST_CPU} is this host's CPU, cached per host, not a database entry: file a CPU "
+            "measurement under another name (--accelerator cpu-NAME) to ship it"
+        )
     if profile.measured is None:
         raise UserError("only profiles made by profile measure can be filed in the database")
     check_fileable(profile.measured.get("options") or {})
@@ -955,11 +973,18 @@ def sleep_profile_for(
     accelerators: int = 1,
     model: str | None = None,
     source: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    threads: int | None = None,
 ) -> SleepProfile:
     """The sleep profile of ``workload`` emulating ``model`` (default: the workload's own) on
-    ``accelerator`` at per-accelerator ``batch`` with ``accelerators`` ranks."""
+    ``accelerator`` at per-accelerator ``batch`` with ``accelerators`` ranks. ``cpu`` is this
+    host's CPU (:func:`workloads.hostprofiles.host_cpu_profile`: this host's measurement with
+    the workload ``options``, at ``threads`` torch threads a rank; a UserError with the command
+    that measures it when there is none yet)."""
     model = (model or workload).strip().lower()
     check_workload_model(workload, model)
+    if default_database().accelerator(accelerator).key == HOST_CPU and source is None:
+        return host_cpu_profile(workload, batch, accelerators, model, options, threads)
     entry = lookup(accelerator, model, batch, accelerators=accelerators, source=source)
     return entry.to_sleep_profile(workload, accelerators, batch)
 

@@ -186,17 +186,29 @@ def volume_similarity(a: float, b: float, reference: float = 0.0) -> float:
 
 
 def activity_similarity(
-    a: np.ndarray, b: np.ndarray, total_a: float, total_b: float, reference: float = 0.0
+    a: np.ndarray,
+    b: np.ndarray,
+    total_a: float,
+    total_b: float,
+    reference: float = 0.0,
+    seconds_a: float = 0.0,
+    seconds_b: float = 0.0,
+    reference_rate: float = 0.0,
 ) -> tuple[float, dict[str, float]]:
-    """Similarity of two runs' activity over time: the mean of three terms in [0, 1].
+    """Similarity of two runs' activity over time: the mean of four terms in [0, 1].
 
     - timing: :func:`timing_similarity` (when, on each run's normalised time);
     - volume: :func:`volume_similarity` of the total amounts ``total_a``, ``total_b`` (bytes;
       totals over the whole run, the series only cover its span) on the scale ``reference``;
+    - rate: :func:`volume_similarity` of the mean rates over each run's span (the series' sum
+      over ``seconds_a``, ``seconds_b``) on the scale ``reference_rate``: what the storage is
+      asked for per second, so that the same bytes moved twice as fast score 0.5 here;
     - burstiness: :func:`burstiness_similarity` (how concentrated in time).
 
-    Returns the score and the terms (``timing``, ``timing_w1``, ``volume``, ``burstiness``,
-    ``half_bytes_time_real``, ``half_bytes_time_emulated``).
+    Without the spans' lengths (0) the rate term is left out (the mean of three). Returns the
+    score and the terms (``timing``, ``timing_w1``, ``volume``, ``rate``, ``rate_real``,
+    ``rate_emulated`` (bytes per second), ``burstiness``, ``half_bytes_time_real``,
+    ``half_bytes_time_emulated``).
     """
     timing, w1 = timing_similarity(a, b)
     burstiness, _ = burstiness_similarity(a, b)
@@ -209,7 +221,13 @@ def activity_similarity(
         "half_bytes_time_real": half_bytes_time(a),
         "half_bytes_time_emulated": half_bytes_time(b),
     }
-    return (timing + volume + burstiness) / 3.0, terms
+    if seconds_a <= 0 or seconds_b <= 0:
+        return (timing + volume + burstiness) / 3.0, terms
+    rate_a = float(np.sum(a)) / seconds_a
+    rate_b = float(np.sum(b)) / seconds_b
+    rate = volume_similarity(rate_a, rate_b, reference_rate)
+    terms.update(rate=rate, rate_real=rate_a, rate_emulated=rate_b)
+    return (timing + volume + rate + burstiness) / 4.0, terms
 
 
 def relative_wasserstein_similarity(

@@ -2,7 +2,8 @@
 
 Each run's bytes per bin over its own span (:attr:`RunProfile.series`) are compared with
 :func:`~analysis.similarity.measures.activity_similarity`: the mean of 1 - W1 on normalised time,
-min/max of the total bytes and 1 - 2 W1 of the bins sorted busiest first.
+min/max of the total bytes, min/max of the mean rates over the spans and 1 - 2 W1 of the bins
+sorted busiest first.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from analysis.similarity.aspects.base import (
 from analysis.similarity.measures import activity_similarity
 from analysis.similarity.profile import RunProfile
 
-ACTIVITY = "W1 time + volume + burstiness"
+ACTIVITY = "W1 time + volume + rate + burstiness"
 
 #: The device's traffic is judged against what the application asked for in its direction.
 REFERENCES: Mapping[str, str] = {"block_read": "read", "block_write": "write"}
@@ -52,8 +53,24 @@ def activity_outcome(
             if ref_key
             else 0.0
         )
+        # The reference's rate: the larger of the two runs' syscall bytes per second of span.
+        reference_rate = (
+            max(
+                real.series[ref_key].sum() / max(real.duration_s, 1e-9),
+                emulated.series[ref_key].sum() / max(emulated.duration_s, 1e-9),
+            )
+            if ref_key and ref_key in real.series and ref_key in emulated.series
+            else 0.0
+        )
         score, terms = activity_similarity(
-            a, b, real.totals[f"{key}_bytes"], emulated.totals[f"{key}_bytes"], reference
+            a,
+            b,
+            real.totals[f"{key}_bytes"],
+            emulated.totals[f"{key}_bytes"],
+            reference,
+            real.duration_s,
+            emulated.duration_s,
+            reference_rate,
         )
         prefix = f"{label.replace(' ', '_')}_" if len(channels) > 1 else ""
         return score, {f"{prefix}{term}": value for term, value in terms.items()}
@@ -78,8 +95,13 @@ def _bandwidth(direction: str, done: str, weight: float) -> Aspect:
         "syscall I/O",
         ACTIVITY,
         weight,
-        (SHIFT, SPEED, JITTER),
-        (f"when in the run bytes are {done}", f"bytes {done}", "burstiness"),
+        (SHIFT, JITTER),
+        (
+            f"when in the run bytes are {done}",
+            f"bytes {done}",
+            f"bytes {done} per second ({SPEED})",
+            "burstiness",
+        ),
     )
     def bandwidth(real: RunProfile, emulated: RunProfile) -> Outcome:
         return activity_outcome(real, emulated, {direction: direction})
@@ -97,8 +119,13 @@ write_bandwidth = _bandwidth("write", "written", 1.0)
     "block I/O",
     ACTIVITY,
     2.0,
-    (SHIFT, SPEED, JITTER, "other processes' and kernel writeback requests"),
-    ("when the device reads and writes", "bytes", "page-cache hits (cache state)"),
+    (SHIFT, JITTER, "other processes' and kernel writeback requests"),
+    (
+        "when the device reads and writes",
+        "bytes",
+        f"bytes per second ({SPEED})",
+        "page-cache hits (cache state)",
+    ),
 )
 def block_io(real: RunProfile, emulated: RunProfile) -> Outcome:
     """Block requests the containers issued; the others' bytes are evidence only."""
