@@ -1074,6 +1074,13 @@ def profile_fit(
 @click.option(
     "--max-seconds", type=float, default=60.0, show_default=True, help="Time limit per batch size."
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Loader workers reading beside the timed steps, as in the job.",
+)
 @out_option("out_path", "Profile JSON to write (with --db: optional).")
 @click.option(
     "--db",
@@ -1098,6 +1105,7 @@ def profile_measure(
     sets: tuple[str, ...],
     cv_target: float,
     max_seconds: float,
+    workers: int,
     out_path: Path | None,
     into_db: bool,
     db_name: str | None,
@@ -1127,7 +1135,11 @@ def profile_measure(
             f"--batch-sizes {batch_sizes!r}: give whole numbers separated by commas, e.g. 1,2,4"
         ) from None
     settings = MeasureSettings(
-        batch_sizes=sizes, device=device, cv_target=cv_target, max_seconds=max_seconds
+        batch_sizes=sizes,
+        device=device,
+        cv_target=cv_target,
+        max_seconds=max_seconds,
+        workers=workers,
     )
     command = "./cli.py profile measure " + " ".join(
         sys.argv[3:] if sys.argv[1:3] == ["profile", "measure"] else sys.argv[1:]

@@ -13,6 +13,8 @@ step of epoch 1 (:func:`first_step_extra`), which the sleep run adds to its firs
 
 from __future__ import annotations
 
+import dataclasses
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +23,7 @@ import numpy as np
 from analysis.profile_fit import PointSamples, fit_points
 from core.errors import UserError
 from core.rundir import Run
-from workloads.hostrecord import HostRecord, torch_version
+from workloads.hostrecord import HostRecord, this_host, torch_version
 from workloads.profile import SleepProfile, Split
 
 
@@ -127,8 +129,8 @@ def runs_host(runs: Sequence[Run]) -> dict[str, Any] | None:
     fitted to, from their manifests: the CPU model, the CPUs the container could use (the
     host's, capped by the run's ``--cpus``), the torch threads it computed with (the config's
     ``threads``, else those CPUs, as the workloads set them) and torch's version (the images
-    pin the host's); no reference measurement. None when the runs come from different hosts
-    or do not say."""
+    pin the host's); when the fit runs on the host that made the runs, that host's reference
+    measurement, taken now. None when the runs come from different hosts or do not say."""
     records = set()
     for run in runs:
         host = run.manifest.get("host") or {}
@@ -144,4 +146,19 @@ def runs_host(runs: Sequence[Run]) -> dict[str, Any] | None:
         device = str(config.get("device") or "auto")
         accelerator = "cpu" if device in ("cpu", "auto") else device
         records.add(HostRecord(str(host["cpu_model"]), cpus, threads, torch_version(), accelerator))
-    return records.pop().to_dict() if len(records) == 1 else None
+    if len(records) != 1:
+        return None
+    record = records.pop()
+    if record.on_cpu and runs_here(runs):
+        # Fitted where the runs were made: this host's reference speed, taken now, tells a
+        # later user of the profile whether their host computes alike.
+        here = this_host(threads=record.threads)
+        if here.identity() == record.identity():
+            record = dataclasses.replace(record, reference_s=here.reference_s)
+    return record.to_dict()
+
+
+def runs_here(runs: Sequence[Run]) -> bool:
+    """Whether every run was made on this host (its name in the runs' manifests)."""
+    name = socket.gethostname()
+    return all((run.manifest.get("host") or {}).get("hostname") == name for run in runs)

@@ -1,7 +1,8 @@
 """Integration: the analysis on real traced runs (real containers, bpftrace, torch).
 
 - similarity: a run against itself scores 1; two runs of one configuration (page cache dropped
-  before each) score >= 0.9; 1 vs 4 loader workers, and UNet3D vs DLRM, score clearly lower;
+  before each) score >= 0.9; 1 vs 4 loader workers, UNet3D vs DLRM, and the same job at twice
+  the rate score clearly lower;
   the HTML report renders in headless Chromium with one plot lane per aspect;
 - profiles: instrumented runs -> ``profile fit`` -> a profile file the sleep variant reads;
 - export and breakdown of a real run.
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import astuple, replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from tests.browser import dom, subplot_count
 from tracing.host import drop_caches
 from tracing.request import workload_request
 from tracing.runner import trace
+from workloads.profile import Linear, Normal, default_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
@@ -45,7 +48,14 @@ def unet3d_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def traced(runs_dir: Path, data: Path, workload: str, variant: str, **settings: object) -> Path:
+def traced(
+    runs_dir: Path,
+    data: Path,
+    workload: str,
+    variant: str,
+    profile: Path | None = None,
+    **settings: object,
+) -> Path:
     options = settings.pop("options", {"patch_size": 32} if workload == "unet3d" else {})
     drop_caches()
     return trace(
@@ -56,8 +66,31 @@ def traced(runs_dir: Path, data: Path, workload: str, variant: str, **settings: 
             runs_dir,
             settings={"epochs": 1, "checkpoint_every": 1, **settings},
             options=options,
+            profile=profile,
         )
     ).check()
+
+
+def twice_as_fast(workload: str, out: Path) -> Path:
+    """The workload's shipped profile with every compute and copy time halved: its emulated
+    job asks the storage for the same bytes at twice the rate."""
+    profile = default_profile(workload)
+
+    def half(normal: Normal) -> Normal:
+        return Normal(
+            Linear(*(v / 2 for v in astuple(normal.mean))),
+            Linear(*(v / 2 for v in astuple(normal.std))),
+        )
+
+    fast = replace(
+        profile,
+        compute=half(profile.compute),
+        h2d=half(profile.h2d),
+        table=tuple(replace(p, mean=p.mean / 2, std=p.std / 2) for p in profile.table),
+        source=f"{profile.source}, every time halved (a test)",
+    )
+    fast.save(out)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +101,11 @@ def sleep_runs(
 
     dlrm = tmp_path_factory.mktemp("dlrm")
     generate_dlrm(dlrm, 6_000_000, seed=2)
+    fast = twice_as_fast("unet3d", tmp_path_factory.mktemp("profiles") / "fast.json")
     return {
         "a": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=2),
         "b": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=2),
+        "fast": traced(runs_dir, unet3d_data, "unet3d", "sleep", fast, batch_size=2, workers=2),
         "w1": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=1),
         "w4": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=4),
         "dlrm": traced(runs_dir, dlrm, "dlrm", "sleep", batch_size=1024, workers=2),
@@ -89,12 +124,18 @@ def test_similarity_separates_configurations_on_real_traces(
     same = score("a", "b")
     workers = score("w1", "w4")
     workloads = score("a", "dlrm")
+    rate = compare_runs(runs["a"], runs["fast"])
     print(
-        f"same configuration {same:.3f}; 1 vs 4 workers {workers:.3f}; unet3d vs dlrm {workloads:.3f}"
+        f"same configuration {same:.3f}; 1 vs 4 workers {workers:.3f}; unet3d vs dlrm "
+        f"{workloads:.3f}; the same job at twice the rate {rate.overall:.3f} (read bandwidth "
+        f"{rate.aspect('read_bandwidth').score:.3f})"
     )
     assert same >= 0.9
     assert workers <= same - 0.05
     assert workloads <= same - 0.2
+    # The same bytes asked for twice as fast are, to the storage, another workload.
+    assert rate.aspect("read_bandwidth").score < 0.9
+    assert rate.overall < 0.9 and rate.overall <= same - 0.05
     assert score("b", "a") == pytest.approx(same)
 
     comparison = compare_runs(runs["a"], runs["dlrm"])

@@ -59,9 +59,10 @@ def test_shipped_experiments_parse_and_expand() -> None:
     assert {r.batch_size for r in grid.runs if r.workload == "dlrm"} == {1024, 2048, 4096}
     assert len({r.key for r in grid.runs}) == len(grid.runs)
     study = load_experiment(REPO / "experiments" / "dlio-study.toml")
-    assert {r.variant for r in study.runs} == {"original", "sleep", "dlio"}
-    # the DLIO runs emulate the same accelerator as the sleep runs
-    assert {r.emulated for r in study.runs if r.variant != "original"} == {"cpu"}
+    assert {r.variant for r in study.runs} == {"instrumented", "original", "sleep", "dlio"}
+    # the sleep and DLIO runs emulate this host's CPU as fitted to the instrumented run
+    emulated = {r.variant: r.emulated for r in study.runs}
+    assert emulated == {"instrumented": "", "original": "", "sleep": "fitted", "dlio": "fitted"}
     assert study.settings["cold_cache"] is True
 
 
@@ -76,6 +77,17 @@ def test_shipped_experiments_parse_and_expand() -> None:
         (("workers = [1]", "workers = [1, 1]"), "same run twice"),
         (('memory_limit = ["", "6m"]', 'memory_limit = ["lots"]'), "lots"),
         (("epochs = 1", 'epochs = 1\ncold_cache = "yes"'), "cold_cache of unet3d must be true"),
+        (("epochs = 1", 'epochs = 1\nprofile = "fitted"'), 'profile of unet3d must be "fit"'),
+        (
+            ("epochs = 1", 'epochs = 1\nprofile = "fit"'),
+            "fitted .* to the instrumented run of its configuration, "
+            "unet3d-instrumented-b2-g1-w1-r1: list instrumented before sleep",
+        ),
+        (
+            ("epochs = 1", 'epochs = 1\nprofile = "fit"\naccelerator = "v100"'),
+            "accelerator/profile_model both choose",
+        ),
+        (("epochs = 1", 'epochs = 1\naccelerator = "cpu"\nprofile_model = "vgg16"'), "own model"),
     ],
 )
 def test_bad_experiment_files_fail_with_one_clear_line(
@@ -117,6 +129,34 @@ def test_experiment_records_failures_continues_and_resumes(images, tmp_path: Pat
     again = {o.key: o for o in run_experiment(experiment, out, log=lines.append)}
     assert again[ok.key].status == "skipped" and again[ok.key].run_dir == ok.run_dir
     assert again[starved.key].status == "failed"
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_a_fitted_sleep_run_emulates_the_instrumented_run_of_its_configuration(
+    images, tmp_path: Path
+) -> None:
+    """profile = "fit": the sleep run's profile is fitted, on this host, to the instrumented
+    run made before it, and says so (its source, its host record)."""
+    text = TINY.replace('variant = ["sleep"]', 'variant = ["instrumented", "sleep"]')
+    text = text.replace('memory_limit = ["", "6m"]', 'memory_limit = [""]')
+    text = text.replace("epochs = 1", 'epochs = 1\nprofile = "fit"\nmax_steps = 4')
+    experiment = load_experiment(write(tmp_path, text))
+    assert [r.key for r in experiment.runs] == [
+        "unet3d-instrumented-b2-g1-w1-r1",
+        "unet3d-sleep-fitted-b2-g1-w1-r1",
+    ]
+    lines: list[str] = []
+    outcomes = run_experiment(experiment, tmp_path / "out", log=lines.append)
+    assert [o.status for o in outcomes] == ["completed", "completed"]
+    instrumented, emulated = (Path(o.run_dir) for o in outcomes)
+    fitted = tmp_path / "out" / "tiny" / "profiles" / f"{instrumented.name}.json"
+    profile = json.loads(fitted.read_text())
+    assert instrumented.name in profile["source"] and profile["host"]["accelerator"] == "cpu"
+    mounted = json.loads((emulated / "manifest.json").read_text())["containers"][0]["mounts"]
+    assert any(Path(m["source"]) == fitted.resolve() for m in mounted)
+    assert any(line.startswith("fitted to unet3d-instrumented") for line in lines)
 
 
 def test_the_scores_table_has_a_row_per_comparison_and_a_column_per_aspect() -> None:

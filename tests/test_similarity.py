@@ -29,6 +29,7 @@ from analysis.series import Bins, binned_sum, filled_mean
 from analysis.similarity import (
     ASPECTS,
     N_SIZE_BUCKETS,
+    OVERALL_FLOOR,
     Comparison,
     activity_similarity,
     burstiness_similarity,
@@ -722,7 +723,7 @@ def test_missing_data_is_skipped_or_zero(tmp_path: Path) -> None:
     weights = sum(a.weight for a in scored)
     assert one.overall == pytest.approx(
         min(
-            weights / sum(a.weight / max(a.score, 0.1) for a in scored),
+            weights / sum(a.weight / max(a.score, OVERALL_FLOOR) for a in scored),
             sum(a.weight * a.score for a in scored) / weights,
         )
     )

@@ -52,9 +52,11 @@ from analysis.similarity.aspects.files import MAX_RANK_POINTS, TOP_FILES
 from analysis.similarity.aspects.phases import RELATIVE_W1
 from analysis.similarity.compare import (
     CACHE_STATE_GAP,
+    OVERALL_FLOOR,
     compare_profiles,
     compare_runs,
     condition_warnings,
+    overall_score,
     page_cache_miss_share,
 )
 from analysis.similarity.measures import (
@@ -101,6 +103,7 @@ __all__ = [
     "N_POINTS",
     "N_QUANTILES",
     "N_SIZE_BUCKETS",
+    "OVERALL_FLOOR",
     "REGISTERED",
     "RELATIVE_W1",
     "SCALE",
@@ -132,6 +135,7 @@ __all__ = [
     "ks_similarity",
     "log2_buckets",
     "order_similarity",
+    "overall_score",
     "page_cache_miss_share",
     "ratio_similarity",
     "reads_in_flight",

@@ -19,8 +19,8 @@ CACHE_STATE_GAP = 0.5
 
 #: The overall score is the weighted harmonic mean of the aspect scores, each counted at
 #: least at this value: an aspect at 0 (one run lacks a resource the other uses) lowers the
-#: overall as much as a score of 0.1 does, instead of making it 0. docs/similarity.md says why.
-OVERALL_FLOOR = 0.1
+#: overall as much as a score of 0.25 does, instead of making it 0. docs/similarity.md says why.
+OVERALL_FLOOR = 0.25
 
 
 def overall_score(weighted: Sequence[tuple[float, float]]) -> float:
@@ -39,7 +39,7 @@ def overall_score(weighted: Sequence[tuple[float, float]]) -> float:
     inverse = sum(w / max(float(s), OVERALL_FLOOR) for w, s in weighted)
     arithmetic = sum(w * float(s) for w, s in weighted) / total
     # The floor can lift the harmonic mean above the arithmetic one only where most scores are
-    # under it (every aspect 0: 0.1); the overall is never above the plain weighted mean.
+    # under it (every aspect 0: 0.25); the overall is never above the plain weighted mean.
     return float(min(total / inverse, arithmetic))
 
 
