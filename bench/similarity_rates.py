@@ -1,4 +1,4 @@
-"""Does the similarity analyzer see rates? Real traced pairs scored before and after the rate term.
+"""Does the similarity analyzer see rates? Real traced pairs scored before and after the rate factor.
 
 On one small UNet3D dataset (``--data-root``, generated once), with the page cache dropped
 before every run (batch 2, 2 loader workers, ``--steps`` steps, one epoch):
@@ -13,7 +13,7 @@ before every run (batch 2, 2 loader workers, ``--steps`` steps, one epoch):
 
 Each pair is scored twice: *before* (activity aspects the mean of timing, volume and
 burstiness; the overall the weighted arithmetic mean), reconstructed from the comparison's
-evidence, and *after* (the rate term and the weighted harmonic overall of
+evidence, and *after* (the rate factor and the weighted harmonic overall of
 ``analysis/similarity``). Printed: both overall scores, read bandwidth, step time and the median
 steps of the two runs.
 
@@ -164,6 +164,7 @@ def main() -> None:
     other = traced("sleep", dlrm, workload="dlrm", batch_size=2048, max_steps=150)
     pairs = [
         ("original vs sleep, this host's fitted profile", original, sleep_a),
+        ("original vs instrumented (two real runs)", original, instrumented),
         ("original vs sleep, epyc-2t (another host's CPU)", original, foreign),
         ("sleep vs sleep at twice the rate (times halved)", sleep_a, fast),
         ("same configuration twice, caches dropped", sleep_a, sleep_b),

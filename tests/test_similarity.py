@@ -562,9 +562,9 @@ def test_faster_and_shifted_copy(tmp_path: Path) -> None:
     for name in ("read_sizes", "write_sizes", "read_parallelism", "file_order", "file_bytes",
                  "open_close", "cpu", "memory"):  # fmt: skip
         assert result[name] == pytest.approx(1.0, abs=1e-9), name
-    # The same bytes at twice the rate: timing, volume and burstiness 1, the rate term 0.5.
+    # The same bytes at twice the rate: timing, volume and burstiness 1, times the rate, 0.5.
     for name in ("read_bandwidth", "write_bandwidth", "block_io"):
-        assert result[name] == pytest.approx((1 + 1 + 0.5 + 1) / 4, abs=1e-4), name
+        assert result[name] == pytest.approx(0.5, abs=1e-4), name
     details = comparison.aspect("read_bandwidth").details
     assert details["rate_emulated"] == pytest.approx(2 * details["rate_real"])
     # To the storage under it a run twice as fast is another workload: the overall says so.
@@ -698,7 +698,7 @@ def test_other_sizes_and_bandwidth_shape_score_clearly_lower(tmp_path: Path) -> 
     assert bandwidth["volume"] == 1 / 64 and bandwidth["burstiness"] > 0.99
     assert bandwidth["rate"] == pytest.approx(1 / 64)  # the same span, 64 times fewer bytes
     assert result["read_bandwidth"] == pytest.approx(
-        (0.64 + 1 / 64 + 1 / 64 + bandwidth["burstiness"]) / 4
+        (0.64 + 1 / 64 + bandwidth["burstiness"]) / 3 / 64
     )
     assert result["file_order"] < 0.5
     assert result["file_bytes"] == pytest.approx(1.0)  # same bytes per file, other order
@@ -796,7 +796,7 @@ def test_report_has_one_lane_per_aspect_with_scores(tmp_path: Path) -> None:
     assert len(axes) == REPORT_LANES == report_lanes(comparison) == len(ASPECTS)
     assert [lane["aspect"] for lane in fig.layout.meta["lanes"]] == list(ASPECTS)
     titles = [a.text for a in fig.layout.annotations]
-    assert any(t.startswith("<b>read bandwidth — 0.88 (W1 time + volume + rate + burstiness)</b>")
+    assert any(t.startswith("<b>read bandwidth — 0.50 ((W1 time + volume + burstiness) x rate)</b>")
                for t in titles)  # fmt: skip
     assert any("step time — 0.50 (W1 / step)" in t for t in titles)
     assert lane_title(comparison.aspect("load_time")).startswith(

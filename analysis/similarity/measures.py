@@ -195,17 +195,19 @@ def activity_similarity(
     seconds_b: float = 0.0,
     reference_rate: float = 0.0,
 ) -> tuple[float, dict[str, float]]:
-    """Similarity of two runs' activity over time: the mean of four terms in [0, 1].
+    """Similarity of two runs' activity over time in [0, 1]: the mean of three terms, times a
+    fourth.
 
     - timing: :func:`timing_similarity` (when, on each run's normalised time);
     - volume: :func:`volume_similarity` of the total amounts ``total_a``, ``total_b`` (bytes;
       totals over the whole run, the series only cover its span) on the scale ``reference``;
-    - rate: :func:`volume_similarity` of the mean rates over each run's span (the series' sum
-      over ``seconds_a``, ``seconds_b``) on the scale ``reference_rate``: what the storage is
-      asked for per second, so that the same bytes moved twice as fast score 0.5 here;
-    - burstiness: :func:`burstiness_similarity` (how concentrated in time).
+    - burstiness: :func:`burstiness_similarity` (how concentrated in time);
+    - rate, the factor: :func:`volume_similarity` of the mean rates over each run's span (the
+      series' sum over ``seconds_a``, ``seconds_b``) on the scale ``reference_rate``: what the
+      storage is asked for per second. The same activity at half the rate is half as alike:
+      the same bytes moved twice as fast score 0.5.
 
-    Without the spans' lengths (0) the rate term is left out (the mean of three). Returns the
+    Without the spans' lengths (0) there is no rate factor (the mean of three). Returns the
     score and the terms (``timing``, ``timing_w1``, ``volume``, ``rate``, ``rate_real``,
     ``rate_emulated`` (bytes per second), ``burstiness``, ``half_bytes_time_real``,
     ``half_bytes_time_emulated``).
@@ -227,7 +229,7 @@ def activity_similarity(
     rate_b = float(np.sum(b)) / seconds_b
     rate = volume_similarity(rate_a, rate_b, reference_rate)
     terms.update(rate=rate, rate_real=rate_a, rate_emulated=rate_b)
-    return (timing + volume + rate + burstiness) / 4.0, terms
+    return (timing + volume + burstiness) / 3.0 * rate, terms
 
 
 def relative_wasserstein_similarity(

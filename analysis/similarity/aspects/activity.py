@@ -2,8 +2,8 @@
 
 Each run's bytes per bin over its own span (:attr:`RunProfile.series`) are compared with
 :func:`~analysis.similarity.measures.activity_similarity`: the mean of 1 - W1 on normalised time,
-min/max of the total bytes, min/max of the mean rates over the spans and 1 - 2 W1 of the bins
-sorted busiest first.
+min/max of the total bytes and 1 - 2 W1 of the bins sorted busiest first, times min/max of the
+mean rates over the spans.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from analysis.similarity.aspects.base import (
 from analysis.similarity.measures import activity_similarity
 from analysis.similarity.profile import RunProfile
 
-ACTIVITY = "W1 time + volume + rate + burstiness"
+ACTIVITY = "(W1 time + volume + burstiness) x rate"
 
 #: The device's traffic is judged against what the application asked for in its direction.
 REFERENCES: Mapping[str, str] = {"block_read": "read", "block_write": "write"}
