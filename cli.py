@@ -1332,7 +1332,8 @@ def stalls(
     type=click.Choice(["original", "sleep"]),
     default="original",
     show_default=True,
-    help="original: real training here; sleep: compute from the profiles of --profiles.",
+    help="original: real training here; sleep: compute emulated from this host's measured "
+    "profiles (or --profiles).",
 )
 @click.option(
     "--epochs", type=int, default=3, show_default=True, help="At least 2 (the first is warm-up)."
@@ -1353,7 +1354,8 @@ def stalls(
     "--profiles",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="sleep: folder of cpu-<workload>-x<B>.json profiles (default: the shipped ones).",
+    help="sleep: folder of cpu-<workload>-x<B>.json profiles (default: measure this host "
+    "once, cached).",
 )
 @click.option(
     "--warm-cache", is_flag=True, help="Leave the page cache as it is (default: drop it first)."

@@ -51,7 +51,8 @@ options)::
     cpus = 0                      # optional: each container's CPU limit (0: none)
     timeout_s = 1800              # optional: a run still going after this fails
     options = {image_size = 64}   # the workload's --set options (not array_size, learning_*)
-    profiles = "experiments/hfta-profiles"   # sleep only: cpu-<workload>-x<B>.json per B
+    profiles = "experiments/hfta-profiles"   # sleep only, optional: cpu-<workload>-x<B>.json
+                                  # per B (default: this host's CPU, measured once, cached)
 
 A serial or fused job computes with a torch thread per core of the host, as a job alone does.
 B concurrent jobs that each did so would run B times as many threads as cores, and torch's
@@ -61,8 +62,8 @@ other (docs/hfta.md measures it): with ``share_cores`` each concurrent job compu
 host, and the operating system shares the cores among them.
 
 Every key but ``kind`` and ``dataset`` has the default shown (``learning_rates``: 0.1 halved
-from model to model; ``memory_limit``, ``cpus``, ``timeout_s``: none; ``profiles``: the shipped
-folder); unknown keys are refused when the file is loaded.
+from model to model; ``memory_limit``, ``cpus``, ``timeout_s``: none; ``profiles``: none, each array's
+compute measured on this host by :func:`check_profile`); unknown keys are refused when the file is loaded.
 
 **Runs and the page cache.** The runs go in this order: the serial jobs 0 .. max(B) - 1, then
 for each B > 1 the concurrent and the fused run. With ``cold_cache`` the page cache is dropped
@@ -132,7 +133,8 @@ KIND = "hfta"
 RESULTS_NAME = "hfta.json"
 FIGURE_NAME = "hfta.html"
 STATE_NAME = "hfta-state.json"
-#: The shipped profiles of the sleep variant (experiments/hfta-profiles/README.md).
+#: Sleep profiles of a 2-thread AMD EPYC (experiments/hfta-profiles/README.md), for
+#: ``profiles = "experiments/hfta-profiles"``; by default the study measures this host.
 PROFILES_DIR = Path(__file__).resolve().parent / "hfta-profiles"
 #: Where the containers of a concurrent emulated run see their shared accelerator's lock.
 SHARED_MOUNT = "/twintrace/shared"
