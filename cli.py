@@ -1012,6 +1012,13 @@ def list_profiles(accelerator: str | None, workload: str | None, as_json: bool) 
             "\n".join(f"{span}: {', '.join(models)}" for span, models in spans.items()),
         )
     Console(width=max(120, Console().width)).print(table)
+    if not any(r["source_id"] == "host" for r in data["coverage"]):
+        err_console.print(
+            "cpu (this host's CPU): nothing measured here yet; `./cli.py trace --variant sleep "
+            "--accelerator cpu ...` measures it once, or `./cli.py profile measure --workload W "
+            "--data D --batch-sizes B --db`.",
+            highlight=False,
+        )
     err_console.print(
         "Where sources overlap, a lookup takes one with a row at the batch size, else the "
         f"first of {', '.join(data['default_order'])} (docs/profiles.md).",

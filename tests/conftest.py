@@ -5,6 +5,7 @@ so CI can never pass by skipping the real thing."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +30,22 @@ def require_tracing() -> None:
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def host_profiles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This host's CPU measurements (workloads/hostprofiles.py) go to a folder of the test
+    session: a test never finds, nor leaves, measurements in the user's cache."""
+    from workloads.hostprofiles import ENV
+
+    folder = tmp_path_factory.mktemp("host-profiles")
+    before = os.environ.get(ENV)
+    os.environ[ENV] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = before
 
 
 @pytest.fixture(scope="session")

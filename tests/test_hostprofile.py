@@ -25,7 +25,7 @@ from workloads.hostprofiles import (
 )
 from workloads.hostrecord import REFERENCE_TOLERANCE, HostRecord, foreign_warning, this_host
 from workloads.profile import Linear, Normal, SleepProfile, TablePoint, load_profile
-from workloads.profiledb import lookup, sleep_profile_for
+from workloads.profiledb import default_database, lookup, sleep_profile_for
 
 EPYC = HostRecord("AMD EPYC", 2, 2, "2.13.0+cpu", reference_s=0.030)
 
@@ -136,6 +136,10 @@ def test_this_hosts_cpu_comes_from_the_host_cache(host_cache: Path) -> None:
     # two ranks: each computes with its share of the cores, as measured for that share
     two = host_cpu_profile("dlrm", 64, accelerators=2, threads=here.threads)
     assert [p.g for p in two.table] == [2]
+    # `./cli.py profiles` lists this host's measurements as accelerator cpu, source host
+    (row,) = default_database().describe_coverage("cpu", "dlrm")["coverage"]
+    assert (row["accelerator"], row["source_id"], row["batch_min"]) == ("cpu", "host", 64)
+    assert row["accelerator_name"].startswith("this host: ")
     # a file of another host in this host's folder is not taken
     other = dataclasses.replace(here, cpu_model="Another CPU")
     stray = profile_on(other, batch=128)

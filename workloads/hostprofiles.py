@@ -191,3 +191,39 @@ def foreign_fix(workload: str, batch: int) -> str:
         f"emulate this host's CPU with --accelerator {HOST_CPU} (measured here once), or "
         f"`{measure_command(workload, batch)}`"
     )
+
+
+def host_coverage(model: str | None = None) -> list[dict[str, Any]]:
+    """This host's cached measurements (jobs of one rank) as rows of the profile database's
+    coverage (:meth:`workloads.profiledb.ProfileDatabase.coverage`), source ``host``."""
+    host = current_host(rank_threads(1))
+    rows = []
+    for path in sorted((host_profiles_dir() / host.key()).glob("*.json")):
+        profile = load_profile(path)
+        if model not in (None, profile.workload) or profile.host is None:
+            continue
+        if HostRecord.from_dict(profile.host).identity() != host.identity():
+            continue
+        sizes = sorted({p.b for p in profile.table if p.g == 1})
+        if not sizes:
+            continue
+        options = (profile.measured or {}).get("options") or {}
+        rows.append(
+            {
+                "accelerator": HOST_CPU,
+                "accelerator_name": f"this host: {host.describe()}",
+                "capacity_bytes": None,
+                "memory": False,
+                "model": profile.workload,
+                "source_id": "host",
+                "kind": "table",
+                "batch_min": sizes[0],
+                "batch_max": sizes[-1],
+                "batch_sizes": len(sizes),
+                "measured_max": None,
+                "default": True,
+                "cite": f"profile measure on this host ({path})",
+                "options": dict(options),
+            }
+        )
+    return rows

@@ -53,7 +53,13 @@ from typing import Any
 import numpy as np
 
 from core.errors import UserError
-from workloads.hostprofiles import HOST_CPU, host_cpu_profile, measure_command
+from workloads.hostprofiles import (
+    HOST_CPU,
+    host_coverage,
+    host_cpu_profile,
+    host_profiles_dir,
+    measure_command,
+)
 from workloads.profile import (
     PROFILES_DIR,
     Collective,
@@ -504,17 +510,31 @@ class ProfileDatabase:
     def describe_coverage(
         self, accelerator: str | None = None, model: str | None = None
     ) -> dict[str, Any]:
-        """:meth:`coverage` with the accelerators and sources it names and the default order
-        (what ``./cli.py profiles --json`` prints)."""
+        """:meth:`coverage`, and this host's own ``cpu`` measurements (source ``host``), with
+        the accelerators and sources they name and the default order (what ``./cli.py
+        profiles --json`` prints)."""
         rows = self.coverage(accelerator, model)
+        if accelerator is None or self.accelerator(accelerator).key == HOST_CPU:
+            rows += host_coverage(model.strip().lower() if model is not None else None)
         accs = {r["accelerator"] for r in rows}
-        sources = {r["source_id"] for r in rows}
+        sources = [dataclasses.asdict(s) for s in self.sources.values()]
+        sources.append(
+            {
+                "id": "host",
+                "title": "this host",
+                "kind": "host",
+                "text": "measured on this host by profile measure, cached by the host's "
+                f"record in {host_profiles_dir()} (workloads/hostprofiles.py)",
+                "cite": "profile measure on this host",
+            }
+        )
+        used = {r["source_id"] for r in rows}
         return {
             "default_order": list(self.default_order),
             "accelerators": [
                 dataclasses.asdict(a) for a in self.accelerators.values() if a.key in accs
             ],
-            "sources": [dataclasses.asdict(s) for s in self.sources.values() if s.id in sources],
+            "sources": [s for s in sources if s["id"] in used],
             "coverage": rows,
         }
 
