@@ -29,7 +29,9 @@ Per pair (:func:`pair_figures`):
   between runs, and the instrumentation's own cost).
 
 Per workload, the noise floor (:func:`noise`): the spread (max - min over median) of the real
-runs' median step and epoch time, every ``instrumented`` and ``original`` run of the
+runs' median step and epoch time (and ``overall_noise``: the lowest ``compare`` overall of an
+``original`` run against an ``instrumented`` one, the real job against its own rerun, which
+the analyzer's rate factor lowers when the host's speed drifts between runs), every ``instrumented`` and ``original`` run of the
 measurement: the same model computing on the same data, run again minutes apart. The profile
 comes from some of those runs and the error is measured against others, so an error within
 the spread cannot be told from the machine's own variation (on the 2-core build machines a
@@ -281,12 +283,19 @@ def measure_workload(
     source = float(np.median(np.concatenate([step_times(r) for r in instrumented])))
     for pair in pairs:
         pair["fit_step_error"] = pair["emulated_step_s"] / source - 1
+    originals = real[len(instrumented) :]
     return {
         "workload": workload,
         "profile": str(profile_path),
         "fit_warnings": warnings,
         "pairs": pairs,
         **noise(real),
+        # The real job against its own other runs: what a perfect emulation would score.
+        "overall_noise": min(
+            compare_runs(original, other).overall
+            for original in originals
+            for other in instrumented
+        ),
     }
 
 
@@ -317,7 +326,7 @@ def summarize(result: Mapping[str, Any]) -> str:
         f"cost {median_range('cost')}  own step {median_range('own_step_error', True)}  "
         f"against the fitted runs {median_range('fit_step_error', True)}  "
         f"noise of the real runs: step {result['step_noise']:.1%}, "
-        f"epoch {result['epoch_noise']:.1%}  "
+        f"epoch {result['epoch_noise']:.1%}, overall {result['overall_noise']:.3f}  "
         f"sleep {median['requested_s']:.4f} s -> {median['busy_s']:.4f} s "
         f"(late {median['late_ms']:.2f} ms)  lowest {lowest}"
     )

@@ -57,7 +57,7 @@ def bert_fidelity(images, tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_bert_emulation_is_within_twice_the_goals(bert_fidelity: dict) -> None:
     (pair,) = bert_fidelity["pairs"]
     keys = (*GOALS, "own_step_error", "fit_step_error", "lowest", "late_ms")
-    noise = ("step_noise", "epoch_noise", "real_steps_s", "real_epochs_s")
+    noise = ("step_noise", "epoch_noise", "real_steps_s", "real_epochs_s", "overall_noise")
     print(json.dumps({**{k: pair[k] for k in keys}, **{k: bert_fidelity[k] for k in noise}}))
     for emulated, real, goal in (
         (pair["emulated_step_s"], bert_fidelity["real_steps_s"], GOALS["step_error"]),
@@ -66,7 +66,10 @@ def test_bert_emulation_is_within_twice_the_goals(bert_fidelity: dict) -> None:
         assert min(real) * (1 - 2 * goal) <= emulated <= max(real) * (1 + 2 * goal)
     assert abs(pair["own_step_error"]) <= 2 * GOALS["step_error"]
     assert abs(pair["fit_step_error"]) <= 2 * GOALS["step_error"]
-    assert pair["overall"] >= 1 - 2 * (1 - GOALS["overall"])
+    # As alike as twice the goal allows, or as the real job's own runs are (less 0.05): the
+    # analyzer sees the rate, and the host's speed drifts by up to 25 % between runs.
+    floor = min(1 - 2 * (1 - GOALS["overall"]), bert_fidelity["overall_noise"] - 0.05)
+    assert pair["overall"] >= floor
     assert pair["cost"] <= 2 * GOALS["cost"]
     assert 0 <= pair["late_ms"] < 5
     assert pair["busy_s"] == pytest.approx(pair["requested_s"], rel=0.02)
