@@ -66,9 +66,11 @@ def test_bert_emulation_is_within_twice_the_goals(bert_fidelity: dict) -> None:
         assert min(real) * (1 - 2 * goal) <= emulated <= max(real) * (1 + 2 * goal)
     assert abs(pair["own_step_error"]) <= 2 * GOALS["step_error"]
     assert abs(pair["fit_step_error"]) <= 2 * GOALS["step_error"]
-    # As alike as twice the goal allows, or as the real job's own runs are (less 0.05): the
-    # analyzer sees the rate, and the host's speed drifts by up to 25 % between runs.
-    floor = min(1 - 2 * (1 - GOALS["overall"]), bert_fidelity["overall_noise"] - 0.05)
+    # Within 0.05 of twice the goal, or of the real job against its own rerun where that is
+    # lower: the analyzer sees rates (the host drifts by up to 25 % between runs) and its
+    # harmonic overall weighs the cache-dependent block lane of a 1 MB dataset. An emulation
+    # of another CPU, or at twice the rate, scores 0.77-0.78 (docs/similarity.md).
+    floor = min(1 - 2 * (1 - GOALS["overall"]), bert_fidelity["overall_noise"]) - 0.05
     assert pair["overall"] >= floor
     assert pair["cost"] <= 2 * GOALS["cost"]
     assert 0 <= pair["late_ms"] < 5
