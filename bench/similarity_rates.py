@@ -25,7 +25,6 @@ Run as root (bpftrace, drop_caches) with the images built, on an otherwise idle 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import warnings
 from pathlib import Path
@@ -45,7 +44,6 @@ from tracing.host import drop_caches  # noqa: E402
 from tracing.request import workload_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
 from workloads.hostprofiles import ForeignProfileWarning  # noqa: E402
-from workloads.profile import Linear, Normal, SleepProfile  # noqa: E402
 from workloads.profiledb import sleep_profile_for  # noqa: E402
 
 #: The activity aspects' channels: (prefix of their terms in the evidence, channel label).
@@ -79,31 +77,6 @@ def before(comparison: Comparison) -> tuple[float, dict[str, float]]:
     weights = {a.name: a.weight for a in comparison.aspects}
     total = sum(weights[n] for n in scores)
     return sum(weights[n] * s for n, s in scores.items()) / total, scores
-
-
-def halved(profile: SleepProfile) -> SleepProfile:
-    def half(normal: Normal) -> Normal:
-        return Normal(
-            Linear(*(v / 2 for v in dataclasses.astuple(normal.mean))),
-            Linear(*(v / 2 for v in dataclasses.astuple(normal.std))),
-        )
-
-    return dataclasses.replace(
-        profile,
-        compute=half(profile.compute),
-        h2d=half(profile.h2d),
-        first_step_s=profile.first_step_s / 2,
-        table=tuple(
-            dataclasses.replace(
-                p,
-                mean=p.mean / 2,
-                std=p.std / 2,
-                quantiles=None if p.quantiles is None else tuple(q / 2 for q in p.quantiles),
-            )
-            for p in profile.table
-        ),
-        source=f"{profile.source}; every time halved (bench/similarity_rates.py)",
-    )
 
 
 def main() -> None:
@@ -151,7 +124,7 @@ def main() -> None:
     fitted_path = profiles / "fitted.json"
     fitted.save(fitted_path)
     fast_path = profiles / "halved.json"
-    halved(fitted).save(fast_path)
+    fitted.scaled(0.5, "the same job at twice the rate").save(fast_path)
     foreign_path = profiles / "epyc-2t.json"
     sleep_profile_for("unet3d", "epyc-2t", 2).save(foreign_path)
     original = traced("original")

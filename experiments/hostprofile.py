@@ -17,7 +17,6 @@ from typing import Any
 
 from experiments.measure import MeasureSettings, measure
 from workloads.hostprofiles import (
-    HOST_CPU,
     current_host,
     find_host_profile,
     measure_batches,
@@ -25,6 +24,7 @@ from workloads.hostprofiles import (
     rank_threads,
     save_host_profile,
 )
+from workloads.profiledb import is_host_cpu
 
 #: Seconds of timed steps per batch size (after two warm-up steps): enough for the step's
 #: mean to 2-3 % on the zoo's default configurations, short enough for the first run of a day.
@@ -32,15 +32,6 @@ MAX_SECONDS = 25.0
 
 #: At least this many timed steps per batch size (stratified draws need a spread).
 MIN_STEPS = 8
-
-
-def is_host_cpu(accelerator: str | None) -> bool:
-    """Whether ``accelerator`` names this host's CPU in the profile database."""
-    if accelerator is None:
-        return False
-    from workloads.profiledb import default_database
-
-    return default_database().accelerator(accelerator).key == HOST_CPU
 
 
 def ensure_host_profile(

@@ -343,7 +343,7 @@ def emulation(
     ``[settings]``'s; None where neither sets one."""
     own = workloads.get(workload, {})
     values = []
-    for key in EMULATION_KEYS[:2]:
+    for key in ("accelerator", "profile_model"):
         value = own.get(key, settings.get(key))
         if value is not None and not isinstance(value, str):
             raise UserError(f"{key} of {workload} must be a string, got {value!r}")
@@ -408,9 +408,8 @@ def _emulated(
     """A sleep (or DLIO) run's spec with its emulated accelerator, checked against the
     profile database (so a typo fails before any run starts): a DLIO run's computation time
     comes from the same profile as the sleep run's."""
-    from experiments.hostprofile import is_host_cpu
-    from workloads.hostprofiles import HOST_CPU
-    from workloads.profiledb import sleep_profile_for
+    from workloads.hostprofiles import check_host_model
+    from workloads.profiledb import is_host_cpu, sleep_profile_for
 
     accelerator, model = emulation(spec.workload, settings, workloads)
     if fitted(spec.workload, settings, workloads):
@@ -419,15 +418,9 @@ def _emulated(
                 f'{path}: {spec.workload}: profile = "{FIT}" and accelerator/profile_model both '
                 "choose the sleep profile: give one"
             )
-        return (
-            dataclasses.replace(spec, emulated="fitted")
-            if spec.variant
-            in (
-                "sleep",
-                "dlio",
-            )
-            else spec
-        )
+        if spec.variant not in ("sleep", "dlio"):
+            return spec
+        return dataclasses.replace(spec, emulated="fitted")
     if spec.variant not in ("sleep", "dlio") or (accelerator is None and model is None):
         return spec
     if accelerator is None:
@@ -435,8 +428,7 @@ def _emulated(
     try:
         if is_host_cpu(accelerator):
             # This host's CPU: measured when the run comes (it needs the dataset), once.
-            if model is not None and model != spec.workload:
-                raise UserError(f"{HOST_CPU} is measured on the workload's own model, not {model}")
+            check_host_model(spec.workload, model)
         else:
             sleep_profile_for(spec.workload, accelerator, spec.batch_size, spec.accelerators, model)
     except UserError as exc:
@@ -624,7 +616,7 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
 
 def fit_profile(spec: RunSpec, state: Mapping[str, Any], home: Path, log: Log) -> Path:
     """The profile of a fitted sleep or DLIO run: fitted to its configuration's instrumented
-    run (:func:`fit_source`), kept in ``home/profiles/<that run's key>.json``."""
+    run (:func:`fit_source`), kept in ``home/profiles/<that run's directory name>.json``."""
     from analysis.profiles import fit_runs
     from core.rundir import load_run
 

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import astuple, replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from tests.browser import dom, subplot_count
 from tracing.host import drop_caches
 from tracing.request import workload_request
 from tracing.runner import trace
-from workloads.profile import Linear, Normal, default_profile
+from workloads.profile import default_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
@@ -71,28 +70,6 @@ def traced(
     ).check()
 
 
-def twice_as_fast(workload: str, out: Path) -> Path:
-    """The workload's shipped profile with every compute and copy time halved: its emulated
-    job asks the storage for the same bytes at twice the rate."""
-    profile = default_profile(workload)
-
-    def half(normal: Normal) -> Normal:
-        return Normal(
-            Linear(*(v / 2 for v in astuple(normal.mean))),
-            Linear(*(v / 2 for v in astuple(normal.std))),
-        )
-
-    fast = replace(
-        profile,
-        compute=half(profile.compute),
-        h2d=half(profile.h2d),
-        table=tuple(replace(p, mean=p.mean / 2, std=p.std / 2) for p in profile.table),
-        source=f"{profile.source}, every time halved (a test)",
-    )
-    fast.save(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def sleep_runs(
     images, runs_dir: Path, unet3d_data: Path, tmp_path_factory: pytest.TempPathFactory
@@ -101,7 +78,8 @@ def sleep_runs(
 
     dlrm = tmp_path_factory.mktemp("dlrm")
     generate_dlrm(dlrm, 6_000_000, seed=2)
-    fast = twice_as_fast("unet3d", tmp_path_factory.mktemp("profiles") / "fast.json")
+    fast = tmp_path_factory.mktemp("profiles") / "fast.json"
+    default_profile("unet3d").scaled(0.5, "the same job at twice the rate").save(fast)
     return {
         "a": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=2),
         "b": traced(runs_dir, unet3d_data, "unet3d", "sleep", batch_size=2, workers=2),

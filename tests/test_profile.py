@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +10,14 @@ import numpy as np
 import pytest
 
 from core.errors import UserError
-from workloads.profile import Linear, Normal, SleepProfile, default_profile, load_profile
+from workloads.profile import (
+    Linear,
+    Normal,
+    SleepProfile,
+    TablePoint,
+    default_profile,
+    load_profile,
+)
 
 
 def test_default_unet3d_profile_is_the_published_v100_fit() -> None:
@@ -223,3 +231,22 @@ def test_a_fit_to_stalled_steps_says_so() -> None:
     stalled[[5, 30]] = [4.6, 1.2]
     (warning,) = [w for w in fit_points([PointSamples(1, 2, stalled)]).warnings if "stalled" in w]
     assert warning.startswith("g=1 b=2: 2 of 38 compute times exceed 3x the median (4.600 s")
+
+
+def test_a_scaled_profile_has_every_time_scaled() -> None:
+    """scaled(0.5): the same job on an accelerator twice as fast, every time halved."""
+    base = default_profile("unet3d")
+    point = TablePoint(g=1, b=2, mean=0.8, std=0.04, n=30, h2d=0.01, forward=0.3,
+                       backward=0.45, optimizer=0.04, quantiles=(0.7, 0.8, 0.9))  # fmt: skip
+    profile = dataclasses.replace(base, table=(point,), first_step_s=0.2, model_transfer_s=0.1)
+    half = profile.scaled(0.5, "a test")
+    assert half.compute_params(1, 2) == pytest.approx((0.4, 0.02))
+    assert half.compute.params(4, 3) == pytest.approx(
+        tuple(v / 2 for v in base.compute.params(4, 3))
+    )
+    (p,) = half.table
+    assert (p.h2d, p.forward, p.backward, p.optimizer) == pytest.approx((0.005, 0.15, 0.225, 0.02))
+    assert p.quantiles == pytest.approx((0.35, 0.4, 0.45)) and p.n == 30
+    assert (half.first_step_s, half.model_transfer_s) == pytest.approx((0.1, 0.05))
+    assert half.source.endswith("every time x 0.5: a test")
+    assert SleepProfile.from_dict(json.loads(json.dumps(half.to_dict()))) == half

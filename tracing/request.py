@@ -272,7 +272,7 @@ def workload_request(
     if profile is not None:
         if variant != "sleep":
             raise UserError("--profile is only used by the sleep variant")
-        load_profile(profile)
+        emulated = load_profile(profile)  # checked now; the warning below reads it
     elif emulated is not None:
         profile = write_profile(emulated, Path(runs_root))
     if profile is not None:
@@ -283,9 +283,8 @@ def workload_request(
         from workloads.hostprofiles import foreign_fix, rank_threads, warn_if_foreign
         from workloads.profile import default_profile
 
-        used = emulated or (load_profile(profile) if profile is not None else None)
         warn_if_foreign(
-            used or default_profile(workload),
+            emulated or default_profile(workload),
             rank_threads(config.accelerators, config.threads),
             foreign_fix(workload, config.batch_size),
         )

@@ -6,11 +6,10 @@ made once by ``./cli.py profile measure --db`` (or by ``trace``, an experiment o
 first time they need it: ``experiments/hostprofile.py``) and cached by the host's record.
 
 The cache is a folder per host identity (:meth:`HostRecord.key`) under
-:func:`host_profiles_dir`, a file per measurement: ``<model>-<options digest>-b<batch sizes>.json``, a profile of
-``profile measure`` (``trace`` measures the run's batch and half of it: the line between them
-gives a last, shorter batch of an epoch). A lookup takes a file of the model and options with
-a row at the batch. Host
-side only, like the profile database.
+:func:`host_profiles_dir`, a file per measurement, ``<model>-<options digest>-b<batch
+sizes>.json``: a profile of ``profile measure`` (``trace`` measures the run's batch and half of
+it: the line between them gives a last, shorter batch of an epoch). A lookup takes a file of
+the model and options with a row at the batch. Host side only, like the profile database.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,30 +82,34 @@ def measure_batches(batch: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, int(batch) // 2), int(batch)}))
 
 
+def _cached(host: HostRecord, pattern: str = "*.json") -> Iterator[tuple[Path, SleepProfile]]:
+    """The cached profiles of ``host``'s identity (files named by ``pattern``), with their
+    files; a file of another identity in the folder is not one of them."""
+    for path in sorted((host_profiles_dir() / host.key()).glob(pattern)):
+        profile = load_profile(path)
+        if profile.host is not None and (
+            HostRecord.from_dict(profile.host).identity() == host.identity()
+        ):
+            yield path, profile
+
+
+def _find(
+    model: str, batch: int, options: Mapping[str, Any] | None, host: HostRecord
+) -> tuple[Path, SleepProfile] | None:
+    pattern = f"{model}-{options_digest(options) or 'default'}-b*.json"
+    for path, profile in _cached(host, pattern):
+        if any(p.g == 1 and p.b == int(batch) for p in profile.table):
+            return path, profile
+    return None
+
+
 def find_host_profile(
     model: str, batch: int, options: Mapping[str, Any] | None, host: HostRecord
 ) -> Path | None:
     """The cached profile file of ``model`` with ``options`` on this host with a measured row
     at ``batch``, None when there is none (files of another host identity are not taken)."""
-    folder = host_profiles_dir() / host.key()
-    pattern = f"{model}-{options_digest(options) or 'default'}-b*.json"
-    for path in sorted(folder.glob(pattern)):
-        profile = load_profile(path)
-        if profile.host is None:
-            continue
-        if HostRecord.from_dict(profile.host).identity() != host.identity():
-            continue
-        if any(p.g == 1 and p.b == int(batch) for p in profile.table):
-            return path
-    return None
-
-
-def load_host_profile(
-    model: str, batch: int, options: Mapping[str, Any] | None, host: HostRecord
-) -> SleepProfile | None:
-    """:func:`find_host_profile`'s profile, loaded."""
-    path = find_host_profile(model, batch, options, host)
-    return None if path is None else load_profile(path)
+    found = _find(model, batch, options, host)
+    return None if found is None else found[0]
 
 
 def save_host_profile(profile: SleepProfile, options: Mapping[str, Any] | None) -> Path:
@@ -131,6 +134,15 @@ def measure_command(workload: str, batch: int, data: str = "DIR") -> str:
     )
 
 
+def check_host_model(workload: str, model: str | None) -> None:
+    """This host's CPU is measured on the workload's own model: another is a UserError."""
+    if model is not None and model.strip().lower() != workload:
+        raise UserError(
+            f"the host's CPU is measured on the workload's own model: --profile-model {model} "
+            f"cannot be emulated on {HOST_CPU} (measure it by training {model} for real)"
+        )
+
+
 def host_cpu_profile(
     workload: str,
     batch: int,
@@ -143,19 +155,16 @@ def host_cpu_profile(
     ``accelerators`` ranks: the cached measurement, its table's points moved to the run's
     rank count (each rank computes with its share of the cores, as measured). A UserError
     with the command that measures it when there is none yet."""
-    if model is not None and model.strip().lower() != workload:
-        raise UserError(
-            f"the host's CPU is measured on the workload's own model: --profile-model {model} "
-            f"cannot be emulated on {HOST_CPU} (measure it by training {model} for real)"
-        )
+    check_host_model(workload, model)
     host = current_host(rank_threads(accelerators, threads))
-    profile = load_host_profile(workload, batch, options, host)
-    if profile is None:
+    found = _find(workload, batch, options, host)
+    if found is None:
         raise UserError(
             f"{HOST_CPU} is this host's CPU, measured here, and {workload} at batch {batch} "
             f"has not been measured on it ({host.describe()}): run "
             f"`{measure_command(workload, batch)}`, or trace with --data (it measures once)"
         )
+    _, profile = found
     if accelerators > 1:
         table = tuple(dataclasses.replace(p, g=int(accelerators)) for p in profile.table)
         profile = dataclasses.replace(profile, table=table)
@@ -198,11 +207,8 @@ def host_coverage(model: str | None = None) -> list[dict[str, Any]]:
     coverage (:meth:`workloads.profiledb.ProfileDatabase.coverage`), source ``host``."""
     host = current_host(rank_threads(1))
     rows = []
-    for path in sorted((host_profiles_dir() / host.key()).glob("*.json")):
-        profile = load_profile(path)
-        if model not in (None, profile.workload) or profile.host is None:
-            continue
-        if HostRecord.from_dict(profile.host).identity() != host.identity():
+    for path, profile in _cached(host, f"{model or '*'}-*.json"):
+        if model not in (None, profile.workload):
             continue
         sizes = sorted({p.b for p in profile.table if p.g == 1})
         if not sizes:

@@ -13,7 +13,7 @@ profile's ``host``):
 - ``accelerator``: ``cpu``, or the GPU's name;
 - ``reference_s``: a short reference measurement of the host's speed, taken with the profile
   (:func:`reference_seconds`: a fixed convolution and matrix product, forward and backward, at
-  the job's threads; the median of a few repetitions), and ``reference``, its name.
+  the job's threads; the shortest of seven repetitions), and ``reference``, its name.
 
 A record's *identity* (:meth:`HostRecord.identity`: model, CPUs, threads, torch, accelerator)
 keys the host's own measurements (``experiments/hostprofile.py``); :func:`foreign_warning`

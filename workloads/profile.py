@@ -148,6 +148,14 @@ class Normal:
     def is_zero(self) -> bool:
         return self == Normal()
 
+    def scaled(self, factor: float) -> Normal:
+        """Every time multiplied by ``factor``."""
+
+        def times(line: Linear) -> Linear:
+            return Linear(line.g * factor, line.b * factor, line.const * factor)
+
+        return Normal(times(self.mean), times(self.std))
+
 
 #: The optional parts of a table point measured phase by phase (``profile measure``).
 POINT_PARTS = ("h2d", "forward", "backward", "optimizer", "peak_bytes", "persistent_bytes")
@@ -370,6 +378,38 @@ class SleepProfile:
     def sample_eval(self, rng: Draws, accelerators: int, batch: int) -> float:
         """Seconds of emulated computation for one evaluation batch."""
         return self.eval.sample(rng, accelerators, batch)
+
+    def scaled(self, factor: float, why: str) -> SleepProfile:
+        """This profile with every time multiplied by ``factor`` (compute, copy, evaluation,
+        the table points with their parts and quantiles, the first step, the model transfer):
+        an accelerator ``1 / factor`` times as fast. ``why`` is added to the source."""
+
+        def times(value: float | None) -> float | None:
+            return None if value is None else value * factor
+
+        table = tuple(
+            dataclasses.replace(
+                p,
+                mean=p.mean * factor,
+                std=p.std * factor,
+                h2d=times(p.h2d),
+                forward=times(p.forward),
+                backward=times(p.backward),
+                optimizer=times(p.optimizer),
+                quantiles=None if p.quantiles is None else tuple(q * factor for q in p.quantiles),
+            )
+            for p in self.table
+        )
+        return dataclasses.replace(
+            self,
+            compute=self.compute.scaled(factor),
+            h2d=self.h2d.scaled(factor),
+            eval=self.eval.scaled(factor),
+            table=table,
+            first_step_s=self.first_step_s * factor,
+            model_transfer_s=self.model_transfer_s * factor,
+            source=f"{self.source}; every time x {factor:g}: {why}",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

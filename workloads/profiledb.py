@@ -1003,10 +1003,15 @@ def sleep_profile_for(
     that measures it when there is none yet)."""
     model = (model or workload).strip().lower()
     check_workload_model(workload, model)
-    if default_database().accelerator(accelerator).key == HOST_CPU and source is None:
+    if is_host_cpu(accelerator) and source is None:
         return host_cpu_profile(workload, batch, accelerators, model, options, threads)
     entry = lookup(accelerator, model, batch, accelerators=accelerators, source=source)
     return entry.to_sleep_profile(workload, accelerators, batch)
+
+
+def is_host_cpu(accelerator: str | None) -> bool:
+    """Whether ``accelerator`` names this host's CPU (``cpu``) in the shipped database."""
+    return accelerator is not None and default_database().accelerator(accelerator).key == HOST_CPU
 
 
 def _norm(text: str) -> str:
