@@ -1242,6 +1242,12 @@ def _fractions(text: str | None, what: str) -> list[float]:
 @click.option("--set", "sets", multiple=True, help="Workload option KEY=VALUE (repeatable).")
 @click.option("--cpus", type=float, default=None, help="CPU limit of the container.")
 @click.option(
+    "--read-rate",
+    default=None,
+    help="Cap the dataset disk's reads at this many bytes per second, e.g. 50MB: a slower "
+    "storage device, emulated (the container's blkio throttle).",
+)
+@click.option(
     "--cache-fractions",
     default=None,
     help="Also sweep the cached fraction, e.g. 0.25,0.5,0.75 (memory limits, verified).",
@@ -1268,6 +1274,7 @@ def stalls(
     max_steps: int,
     sets: tuple[str, ...],
     cpus: float | None,
+    read_rate: str | None,
     cache_fractions: str | None,
     cores: str | None,
     out_dir: Path | None,
@@ -1298,6 +1305,7 @@ def stalls(
         max_steps=max_steps,
         options=_parse_sets(sets),
         cpus=cpus,
+        read_bps=parse_size(read_rate) if read_rate else None,
     )
     if out_dir is None:
         out_dir = (

@@ -64,6 +64,7 @@ from analysis.stalls import (
 from analysis.tables import interval_rows, kind_mask
 from core.errors import UserError
 from core.rundir import READ_KINDS, Run, load_run, utc_now, write_json
+from core.units import parse_size
 from tracing.container import DATA_MOUNT
 from tracing.host import drop_caches, resident_fraction, warm_files
 from tracing.request import Limits, RunOptions, workload_request
@@ -93,6 +94,9 @@ class StallSettings:
     seed: int = 0
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     cpus: float | None = None
+    # The dataset's disk read at most this many bytes per second (a slower device, emulated:
+    # the cold run's fetch stall grows; cached runs read no disk).
+    read_bps: int | None = None
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -165,7 +169,9 @@ def traced_run(
         options={k: str(v) for k, v in s.options.items()},
         accelerator=s.accelerator,
         profile_model=s.profile_model,
-        run=RunOptions(limits=Limits(memory_bytes, cpus if cpus is not None else s.cpus)),
+        run=RunOptions(
+            limits=Limits(memory_bytes, cpus if cpus is not None else s.cpus, s.read_bps)
+        ),
     )
     if prepare is not None:
         prepare()
@@ -440,7 +446,8 @@ def check_study(study: Any) -> None:
     ``accelerator``; default: the workload's own), ``accelerators`` (1), ``batch_size``,
     ``workers``, ``max_steps`` (0), ``seed``, ``options`` (the workload's ``--set`` options),
     ``cache_fractions`` (a list in [0, 1]; the sweep runs for the first model only) and
-    ``cores`` (cores per accelerator; the sweep runs for every model).
+    ``cores`` (cores per accelerator; the sweep runs for every model) and ``read_rate`` (the
+    dataset disk's reads capped at so many bytes per second, e.g. ``"50MB"``).
     """
     from experiments.orchestrate import check_table
 
@@ -461,6 +468,7 @@ def check_study(study: Any) -> None:
             "options",
             "cache_fractions",
             "cores",
+            "read_rate",
         ),
     )
     for key in ("dataset", "workload"):
@@ -478,6 +486,21 @@ def check_study(study: Any) -> None:
     for c in spec.get("cores", []):
         if not isinstance(c, int | float) or c <= 0:
             raise UserError(f"{study.path}: cores must be positive numbers, got {c!r}")
+    if "read_rate" in spec:
+        _read_bps(spec["read_rate"], f"{study.path}: read_rate")
+
+
+def _read_bps(text: Any, where: str) -> int | None:
+    """A study's ``read_rate`` (bytes per second, as a size: ``"50MB"``) in bytes."""
+    if text is None:
+        return None
+    try:
+        value = parse_size(text)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    if value < 1:
+        raise UserError(f"{where}: must be positive, got {text!r}")
+    return value
 
 
 def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
@@ -499,6 +522,7 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
             max_steps=spec.get("max_steps", 0),
             seed=spec.get("seed", 0),
             options=spec.get("options", {}),
+            read_bps=_read_bps(spec.get("read_rate"), f"{study.path}: read_rate"),
         )
         name = model or spec["workload"]
         results[name] = measure_stalls(

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from tests.test_workloads_unet3d import (
     run_variant,
     sleep_profile,
 )
-from workloads.training import PinnedStaging, available_cpus, locked_bytes
+from workloads.training import PinnedStaging, StagedBatches, available_cpus, locked_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +51,74 @@ def test_staging_copies_the_batch_into_locked_memory() -> None:
     finally:
         staging.close()
     assert locked_bytes() == before
+
+
+def test_staging_slots_take_batches_in_turn() -> None:
+    staging = PinnedStaging(slots=2)
+    try:
+        staging.stage(torch.full((4,), 1, dtype=torch.uint8))
+        staging.stage(torch.full((4,), 2, dtype=torch.uint8))
+        assert staging.size == 8
+        held = np.frombuffer(staging.buffer, dtype=np.uint8)
+        assert held.tolist() == [1] * 4 + [2] * 4  # the batch in use is not overwritten
+        del held
+        staging.stage(torch.full((4,), 3, dtype=torch.uint8))
+        held = np.frombuffer(staging.buffer, dtype=np.uint8)
+        assert held.tolist() == [3] * 4 + [2] * 4
+        del held
+    finally:
+        staging.close()
+
+
+def test_staged_batches_are_copied_by_a_thread_ahead_of_the_step() -> None:
+    """The pin-memory thread, emulated: the batches in order, each staged before it is handed
+    on, the next one staged while the step holds this one; errors reach the consumer."""
+    staged: list[int] = []
+
+    class Recording(PinnedStaging):
+        def stage(self, batch: torch.Tensor) -> int:
+            staged.append(int(batch[0]))
+            return super().stage(batch)
+
+    closed = []
+
+    def source():
+        try:
+            for i in range(5):
+                yield torch.full((1024,), i, dtype=torch.int64)
+        finally:
+            closed.append(True)
+
+    staging = Recording(slots=2)
+    batches = StagedBatches(source(), staging)
+    first = next(batches)
+    assert int(first[0]) == 0
+    deadline = time.monotonic() + 10
+    while len(staged) < 2 and time.monotonic() < deadline:  # the next one, while we hold this
+        time.sleep(0.01)
+    assert staged[:2] == [0, 1]
+    assert [int(b[0]) for b in batches] == [1, 2, 3, 4]
+    assert next(batches, None) is None and staged == [0, 1, 2, 3, 4]
+    batches.close()
+    assert closed == [True]
+    staging.close()
+
+    def failing():
+        yield torch.zeros(4)
+        raise UserError("shard 3 is corrupt")
+
+    batches = StagedBatches(failing(), PinnedStaging())
+    next(batches)
+    with pytest.raises(UserError, match="shard 3 is corrupt"):
+        next(batches)
+    batches.close()
+
+    # Closed early (max_steps): the thread stops and the source is closed.
+    closed.clear()
+    batches = StagedBatches(source(), PinnedStaging())
+    next(batches)
+    batches.close()
+    assert closed == [True] and not batches._thread.is_alive()
 
 
 def test_a_memlock_limit_below_the_batch_locks_what_it_can_and_says_so() -> None:

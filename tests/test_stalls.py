@@ -204,6 +204,26 @@ def test_resident_fraction_of_a_known_resident_set(tmp_path: Path) -> None:
     assert resident_fraction([empty]) == 0.0
 
 
+def test_a_read_throttle_names_the_datasets_whole_disk(tmp_path: Path) -> None:
+    from tracing.host import block_device
+    from tracing.request import Limits, read_throttle
+
+    dev = os.stat(tmp_path).st_dev
+    disk = block_device(tmp_path)
+    # The named device is a whole disk (no partition) holding tmp_path's filesystem.
+    name = disk.removeprefix("/dev/")
+    assert Path(f"/sys/class/block/{name}").exists()
+    assert not Path(f"/sys/class/block/{name}/partition").exists()
+    mine = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve()
+    assert mine.name == name or mine.parent.name == name
+    assert read_throttle(tmp_path, None) == ()
+    assert read_throttle(tmp_path, 5_000_000) == ((disk, 5_000_000),)
+    with pytest.raises(UserError, match="on no block device"):
+        block_device(Path("/dev/shm"))
+    with pytest.raises(UserError, match="read rate limit must be positive"):
+        Limits(read_bps=0)
+
+
 def test_cli_rejects_bad_input(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
@@ -223,6 +243,10 @@ def test_cli_rejects_bad_input(tmp_path: Path) -> None:
         ["stalls", "--workload", "resnet18", "--data", str(tmp_path), "--cache-fractions", "x"],
     )
     assert result.exit_code != 0 and "--cache-fractions" in result.output
+    result = runner.invoke(
+        cli, ["stalls", "--workload", "resnet18", "--data", str(tmp_path), "--read-rate", "fast"]
+    )
+    assert result.exit_code != 0 and "fast" in result.output
 
 
 def test_study_file_is_validated(tmp_path: Path) -> None:
@@ -235,6 +259,9 @@ def test_study_file_is_validated(tmp_path: Path) -> None:
         '[study]\nkind = "stalls"\ndataset = "x"\nworkload = "resnet18"\n': "not a [[datasets]]",
         '[study]\nkind = "stalls"\ndataset = "img"\nworkload = "resnet18"\ncores = [0]\n': (
             "cores must be positive"
+        ),
+        '[study]\nkind = "stalls"\ndataset = "img"\nworkload = "resnet18"\nread_rate = "x"\n': (
+            "read_rate"
         ),
         '[study]\nkind = "stalls"\ndataset = "img"\nworkload = "resnet18"\nbogus = 1\n': (
             "unknown key 'bogus'"
@@ -270,10 +297,16 @@ def tiny_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+#: The test dataset's disk read at 40 MB/s: the cold epoch's 12 MB cost about 0.3 s more than
+#: the cached one's, well above the host's noise between two epochs (tens of ms); unthrottled,
+#: this host's disk (1.9 GB/s) read them in about 6 ms, a stall smaller than that noise.
+READ_BPS = 40_000_000
+
+
 def test_reduced_stalls_run(images: dict[str, str], tiny_images: Path, tmp_path: Path) -> None:
     """Cold cache: a fetch stall; fully cached: none. Every run traced; results written."""
     from experiments.stalls import StallSettings, measure_stalls, traced_run
-    from tracing.host import warm_files
+    from tracing.host import block_device, warm_files
 
     settings = StallSettings(
         workload="alexnet",
@@ -282,6 +315,7 @@ def test_reduced_stalls_run(images: dict[str, str], tiny_images: Path, tmp_path:
         batch_size=16,
         workers=1,
         options={"image_size": 32},
+        read_bps=READ_BPS,
     )
     out = tmp_path / "stalls"
     result = measure_stalls(settings, out, log=lambda line: None)
@@ -296,7 +330,11 @@ def test_reduced_stalls_run(images: dict[str, str], tiny_images: Path, tmp_path:
     assert runs["cached"]["dataset_bytes"] > 0
     assert result["cache_check"]["fully_cached"], result["warnings"]
     assert runs["cold"]["block_read_bytes"] >= 0.9 * runs["cold"]["dataset_bytes"]
-    assert result["epoch"]["fetch_stall_s"] > 0
+    # The throttle was on the dataset's disk, and the cold epoch paid for it.
+    manifest = json.loads(Path(saved["runs_used"][2]["path"], "manifest.json").read_text())
+    throttle = manifest["containers"][0]["device_read_bps"]
+    assert throttle == [[block_device(tiny_images), READ_BPS]]
+    assert result["epoch"]["fetch_stall_s"] > 0.1
     # Fully cached, the "cold" run's place taken by a second cached run: no fetch stall.
     warm_files(sorted(p for p in tiny_images.rglob("*") if p.is_file()))
     again = epoch_figures(traced_run(settings, out / "runs"))
@@ -304,5 +342,4 @@ def test_reduced_stalls_run(images: dict[str, str], tiny_images: Path, tmp_path:
     cached = EpochFigures(**{k: v for k, v in runs["cached"].items() if k != "throughput"})
     synthetic = EpochFigures(**{k: v for k, v in runs["synthetic"].items() if k != "throughput"})
     warm = differential({"synthetic": synthetic, "cached": cached, "cold": again})
-    assert warm["epoch"]["fetch_stall_s"] < 0.5 * result["epoch"]["fetch_stall_s"]
-    assert warm["epoch"]["fetch_stall_s"] < 0.1 * again.epoch_s
+    assert warm["epoch"]["fetch_stall_s"] < 0.25 * result["epoch"]["fetch_stall_s"]

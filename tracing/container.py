@@ -163,6 +163,7 @@ def start_held(
     network: str | None,
     memory_bytes: int | None = None,
     cpus: float | None = None,
+    device_read_bps: Sequence[tuple[str, int]] = (),
     environment: dict[str, str] | None = None,
     shm_bytes: int = 1 << 30,
     working_dir: str | None = None,
@@ -182,6 +183,8 @@ def start_held(
         kwargs["memswap_limit"] = int(memory_bytes)  # no swap: bounds memory and page cache
     if cpus:
         kwargs["nano_cpus"] = int(cpus * 1e9)
+    if device_read_bps:
+        kwargs["device_read_bps"] = [{"Path": p, "Rate": int(r)} for p, r in device_read_bps]
     if working_dir:
         kwargs["working_dir"] = working_dir
     if gpus:

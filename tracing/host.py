@@ -281,6 +281,22 @@ def host_metadata(docker_version: str | None = None) -> dict[str, Any]:
     }
 
 
+def block_device(path: Path) -> str:
+    """The whole disk that holds ``path`` (``/dev/vda`` for a file on ``/dev/vda1``): what a
+    container's read throttle names. A path on no block device (tmpfs, overlay) is an error."""
+    dev = os.stat(path).st_dev
+    sys_dir = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if not sys_dir.exists():
+        raise UserError(
+            f"{path} is on no block device (a memory or overlay filesystem): a read rate limit "
+            "throttles a disk; put the dataset on one"
+        )
+    disk = sys_dir.resolve()
+    if (disk / "partition").exists():
+        disk = disk.parent  # a partition's throttle is set on its disk
+    return f"/dev/{disk.name}"
+
+
 def drop_caches() -> None:
     """Write dirty pages back, then drop the page cache (root): the next run reads cold."""
     subprocess.run(["sync"], check=True)

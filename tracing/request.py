@@ -28,6 +28,7 @@ from core.atomic import atomic_write_text
 from core.errors import UserError
 from core.units import parse_size
 from tracing.container import DATA_MOUNT, BindMount, gpu_request
+from tracing.host import block_device
 from workloads.config import (
     DEFAULT_MASTER_PORT,
     MASTER_ADDR_ENV,
@@ -66,6 +67,9 @@ class ContainerSpec:
     environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
     memory_bytes: int | None = None
     cpus: float | None = None
+    # Reads from these disks capped at so many bytes per second (docker's --device-read-bps,
+    # the blkio throttle): a slower storage device, emulated.
+    device_read_bps: tuple[tuple[str, int], ...] = ()
     shm_bytes: int = 1 << 30  # loader workers share tensors through /dev/shm
     working_dir: str | None = None
     out: bool = True
@@ -113,11 +117,24 @@ class Limits:
 
     memory_bytes: int | None = None
     cpus: float | None = None
+    # The dataset's disk read at most this many bytes per second (a slower device, emulated).
+    read_bps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.read_bps is not None and self.read_bps < 1:
+            raise UserError(f"the read rate limit must be positive, got {self.read_bps} B/s")
 
     @classmethod
     def parse(cls, memory: str | int | None, cpus: float | None) -> Limits:
         """``memory`` as the user wrote it (``2GiB``, ``500MB``, ``2g``, bytes), or None."""
         return cls(parse_size(memory) if memory not in (None, "") else None, cpus)
+
+
+def read_throttle(data_dir: Path, read_bps: int | None) -> tuple[tuple[str, int], ...]:
+    """The read throttle of a container that reads ``data_dir``: its disk at ``read_bps``."""
+    if read_bps is None:
+        return ()
+    return ((block_device(Path(data_dir)), int(read_bps)),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +312,7 @@ def workload_request(
         "mounts": (*(() if remote else (BindMount(data_dir, DATA_MOUNT, True),)), *extra),
         "memory_bytes": run.limits.memory_bytes,
         "cpus": run.limits.cpus,
+        "device_read_bps": read_throttle(data_dir, run.limits.read_bps),
         "gpus": run.gpus,
     }
     if rank_containers:

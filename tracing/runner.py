@@ -170,6 +170,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                 "environment": dict(spec.environment),
                 "memory_limit_bytes": spec.memory_bytes,
                 "cpus": spec.cpus,
+                "device_read_bps": [list(d) for d in spec.device_read_bps],
                 "gpus": spec.gpus,
                 "daemon": spec.daemon,
                 "mounts": [
@@ -285,6 +286,7 @@ def _start_all(
             network=network,
             memory_bytes=spec.memory_bytes,
             cpus=spec.cpus,
+            device_read_bps=spec.device_read_bps,
             environment=dict(spec.environment),
             shm_bytes=spec.shm_bytes,
             working_dir=spec.working_dir,

@@ -41,9 +41,11 @@ import dataclasses
 import fcntl
 import mmap
 import os
+import queue
 import resource
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -363,6 +365,13 @@ class ModelCompute:
             torch.cuda.synchronize(self.device)
         return time.monotonic_ns()
 
+    def feed(self, batches: Iterator[Any], loader: DataLoader[Any]) -> Iterator[Any]:
+        """The loader's batches as they come (a CUDA loader pins them itself)."""
+        return batches
+
+    def stage_once(self, batch: Any) -> None:
+        """Nothing: the real loader pinned the synthetic batch when it made it."""
+
     def train_step(self, batch: Any, marks: Marks) -> None:
         """One optimisation step on a loader batch."""
         self.net.train()
@@ -428,9 +437,10 @@ class SleepCompute:
 
     Per training step, in the order and under the names of a real (instrumented) step:
 
-    - ``load_batch_gpu``: the batch is copied into page-locked host memory
-      (:class:`PinnedStaging`), as a real loader's pinned staging buffers hold it, and the step
-      waits out the rest of the profile's host-to-device time;
+    - the batches reach the step through :meth:`feed`: a thread copies each into page-locked
+      host memory (:class:`StagedBatches`) as it arrives from the loader, as a GPU job's
+      DataLoader pins them in its pin-memory thread, off the step's path;
+    - ``load_batch_gpu``: the step waits the profile's host-to-device time;
     - before the first step, ``framework_warmup``: one step of the real model on the meta
       device (no memory, no compute), so that the emulated run loads the framework code, and
       reads the library files, that a real job loads in its first step; ``model_transfer``:
@@ -465,7 +475,7 @@ class SleepCompute:
         self.rng = emulation_rng(seed, rank)
         self.model = model
         self.distributed = distributed
-        self.staging = PinnedStaging()
+        self.staging = PinnedStaging()  # resized by feed() to the loader's batches in flight
         self._shared = shared_accelerator()
         self._meta = self._meta_model()
         self._eval_batches = 0
@@ -540,8 +550,26 @@ class SleepCompute:
             time.sleep(self.profile.model_transfer_s)
             marks.append(("model_transfer", t0, time.monotonic_ns()))
 
+    def feed(self, batches: Iterator[Any], loader: DataLoader[Any]) -> Iterator[Any]:
+        """``loader``'s batches, each staged in page-locked memory before the step takes it,
+        where a GPU job's DataLoader pins it: with workers, by a thread that runs as far ahead
+        as the loader's batches in flight (``prefetch_factor`` x workers;
+        :class:`StagedBatches`); without, in the step's own thread as it takes the batch."""
+        workers = loader.num_workers
+        ahead = (loader.prefetch_factor or 2) * workers if workers else 0
+        if self.staging.slots != ahead + 1:
+            self.staging.close()
+            self.staging = PinnedStaging(slots=ahead + 1)  # the step's batch, those ahead
+        if not ahead:
+            return _staged_inline(batches, self.staging)
+        return StagedBatches(batches, self.staging, depth=ahead)
+
+    def stage_once(self, batch: Any) -> None:
+        """Stage the one batch of a synthetic run (pinned once, as the real loader pins it)."""
+        self.staging.stage(batch)
+
     def train_step(self, batch: Any, marks: Marks) -> None:
-        """Stage the batch and wait the host-to-device time, then the compute time."""
+        """Wait the host-to-device time, then the compute time (the batch is staged)."""
         b = self._batch(batch)
         first, self._first = self._first, False
         if first:
@@ -549,7 +577,6 @@ class SleepCompute:
             self._first_step(b, marks)
         t0 = time.monotonic_ns()
         h2d, compute = draw_step(self.profile, self.rng, self.accelerators, b, first)
-        self.staging.stage(batch)
         _sleep_until(t0 + int(h2d * 1e9))
         t1 = time.monotonic_ns()
         marks.append(("load_batch_gpu", t0, t1))
@@ -702,18 +729,22 @@ class PinnedStaging:
     """Page-locked host memory holding a batch, as pinned-memory staging buffers hold it
     before a real host-to-device copy (torch cannot pin without an accelerator backend).
 
-    The buffer grows to the largest batch seen and stays locked (``mlock``), so the host's
-    memory pressure is real; each step copies the batch's tensors into it. Where
+    The buffer holds ``slots`` batches, grows to ``slots`` times the largest batch seen and
+    stays locked (``mlock``), so the host's memory pressure is real; each :meth:`stage` copies
+    the batch's tensors into the next slot (a loader's pinned batches are several: the one
+    the step copies to the device and the next one). Where
     RLIMIT_MEMLOCK is lower than a batch (docker's default is 8 MiB, and a daemon without
     CAP_SYS_RESOURCE cannot grant more), as much as the limit allows is locked and the rest is
     resident but unlocked: one warning on stderr says so, and how to raise the limit, and
     :attr:`locked` / :attr:`size` record it.
     """
 
-    def __init__(self, warn: Callable[[str], None] | None = None) -> None:
+    def __init__(self, warn: Callable[[str], None] | None = None, slots: int = 1) -> None:
         self.buffer: mmap.mmap | None = None
         self.size = 0  # bytes of the buffer
         self.locked = 0  # bytes of it locked in memory
+        self.slots = slots
+        self._next = 0  # the slot the next batch goes to
         self.warn = warn or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._warned = False
 
@@ -734,16 +765,19 @@ class PinnedStaging:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         if nbytes == 0:
             return 0
-        if nbytes > self.size:
-            self._grow(nbytes)
+        if nbytes * self.slots > self.size:
+            self._grow(nbytes * self.slots)
         assert self.buffer is not None
-        view = np.frombuffer(self.buffer, dtype=np.uint8)
-        offset = 0
+        slot = self.size // self.slots
+        # torch's copy, as a real pin_memory's (parallel for large tensors), where numpy's
+        # copies on one thread at a fraction of the speed.
+        view = torch.frombuffer(self.buffer, dtype=torch.uint8)
+        offset, self._next = self._next * slot, (self._next + 1) % self.slots
         for t in tensors:
-            data = t.reshape(-1).view(torch.uint8).numpy()
-            view[offset : offset + data.size] = data
-            offset += data.size
-        del view  # the mmap cannot be closed while a numpy view of it exists
+            data = t.reshape(-1).view(torch.uint8)
+            view[offset : offset + data.numel()].copy_(data)
+            offset += data.numel()
+        del view  # the mmap cannot be closed while a view of it exists
         return nbytes
 
     def _grow(self, nbytes: int) -> None:
@@ -789,6 +823,82 @@ def locked_bytes() -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+def _staged_inline(batches: Iterator[Any], staging: PinnedStaging) -> Iterator[Any]:
+    """``batches``, each staged as it is taken: a loader without workers pins in the thread
+    that iterates it, on the step's path."""
+    try:
+        for batch in batches:
+            staging.stage(batch)
+            yield batch
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+class StagedBatches:
+    """A GPU job's pin-memory thread, emulated: a thread takes the loader's batches as they
+    come, copies each into page-locked memory (``staging``) and hands it on through a queue
+    of ``depth``; the step takes staged batches only, so the copy is off its path, as a real
+    DataLoader with ``pin_memory`` pins the next batch while the accelerator computes.
+
+    A loader's error reaches the consumer at the batch where it happened. :meth:`close` stops
+    the thread (after the batch it is waiting for, if any) and closes the source.
+    """
+
+    def __init__(self, source: Iterator[Any], staging: PinnedStaging, depth: int = 1) -> None:
+        self._source = source
+        self._staging = staging
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name="twintrace-pin", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for batch in self._source:
+                self._staging.stage(batch)
+                if not self._put(("batch", batch)):
+                    return
+            self._put(("end", None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(("error", exc))
+
+    def _put(self, item: tuple[str, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> StagedBatches:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        kind, value = self._queue.get()
+        if kind == "batch":
+            return value
+        self._done = True
+        self._thread.join()
+        if kind == "error":
+            raise value
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stop the thread and close the source (its workers are shut down now)."""
+        self._done = True
+        self._stop.set()
+        self._thread.join()
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
 
 
 class _Loop:
@@ -841,26 +951,31 @@ class _Loop:
         self.train.set_epoch(epoch)
         if self.synthetic is not None:
             batch, count = self.synthetic
+            self.compute.stage_once(batch)
             batches: Iterator[Any] = _repeat(batch, count)
         else:
-            batches = batches_of(self.train.loader)
+            batches = self.compute.feed(batches_of(self.train.loader), self.train.loader)
         steps = samples = 0
-        while not self.config.max_steps or steps < self.config.max_steps:
-            t0 = time.monotonic_ns()
-            batch = next(batches, None)
-            if batch is None:
-                break
-            t1 = time.monotonic_ns()
-            marks: Marks = [("load_batch_mem", t0, t1)]
-            size = self.task.trained_samples(batch)
-            self.compute.train_step(batch, marks)
-            marks.append(("all_compute", t1, time.monotonic_ns()))
-            for key, start, end in marks:
-                self.em.duration(key, start, end, epoch=epoch, step=steps)
-            self.em.step_end(epoch=epoch, step=steps, samples=size)
-            steps += 1
-            samples += size
-        batches.close()  # shuts the workers down now when max_steps ended the epoch early
+        try:
+            while not self.config.max_steps or steps < self.config.max_steps:
+                t0 = time.monotonic_ns()
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                t1 = time.monotonic_ns()
+                marks: Marks = [("load_batch_mem", t0, t1)]
+                size = self.task.trained_samples(batch)
+                self.compute.train_step(batch, marks)
+                marks.append(("all_compute", t1, time.monotonic_ns()))
+                for key, start, end in marks:
+                    self.em.duration(key, start, end, epoch=epoch, step=steps)
+                self.em.step_end(epoch=epoch, step=steps, samples=size)
+                steps += 1
+                samples += size
+        finally:
+            # Shuts the workers (and a staging thread) down now when max_steps ended the
+            # epoch early, or a step failed.
+            getattr(batches, "close", lambda: None)()
         return steps, samples
 
     def _evaluate(self, epoch: int) -> None:
