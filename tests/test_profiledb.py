@@ -83,6 +83,7 @@ def test_the_database_covers_the_sources() -> None:
     )
     assert db.models("h100") == ["resnet50", "unet3d"]
     assert db.models("epyc-2t") == ["alexnet", "bert", "dlrm", "resnet18", "resnet50", "unet3d"]
+    assert db.models("h100-80gb") == db.models("epyc-2t")  # measured on an H100 (docs/gpus.md)
     assert db.models("cpu") == []  # this host's CPU: measured here, not a table
     assert {"bert", "dlrm", "unet3d", "vgg16", "resnet18"} <= set(db.models("v100"))
     # The card memory is the vendor's, in GiB; M40 is its 12 GB variant (docs/profiles.md).
@@ -97,9 +98,10 @@ def test_the_database_covers_the_sources() -> None:
         "h100": None,
         "cpu": None,
         "epyc-2t": None,
+        "h100-80gb": 85017493504,  # what CUDA reported as the card's total memory
     }
     for acc in db.accelerators.values():
-        assert acc.capacity_source.startswith(("vendor specification", "not "))
+        assert acc.capacity_source.startswith(("vendor specification", "not ", "measured by"))
     for source in db.sources.values():
         assert source.text and source.cite
 
@@ -427,8 +429,9 @@ def test_cli_profiles_json() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     cover = {(r["accelerator"], r["model"], r["source_id"]): r for r in data["coverage"]}
-    # GPEmu's pairs, MLPerf Storage's three that GPEmu lacks, the three fits, the CPU's six.
-    assert len({(a, m) for a, m, _ in cover}) == 6 * 36 + 3 + 3 + 6
+    # GPEmu's pairs, MLPerf Storage's three that GPEmu lacks, the three fits, the CPU's six,
+    # the H100's six.
+    assert len({(a, m) for a, m, _ in cover}) == 6 * 36 + 3 + 3 + 6 + 6
     assert cover[("a100", "resnet50", "gpemu")]["default"]
     assert not cover[("a100", "resnet50", "mlperf-storage")]["default"]
     assert cover[("v100", "resnet18", "gpemu")]["batch_min"] == 1
@@ -444,7 +447,7 @@ def test_cli_profiles_filters() -> None:
     assert {r["model"] for r in json.loads(result.output)["coverage"]} == {"unet3d", "resnet50"}
     result = runner.invoke(cli_module.cli, ["profiles", "--json", "--workload", "unet3d"])
     accelerators = {r["accelerator"] for r in json.loads(result.output)["coverage"]}
-    assert accelerators == {"a100", "h100", "v100", "epyc-2t"}
+    assert accelerators == {"a100", "h100", "v100", "epyc-2t", "h100-80gb"}
     result = runner.invoke(cli_module.cli, ["profiles", "--accelerator", "tpu"])
     assert result.exit_code == 1 and "unknown accelerator 'tpu'" in result.output
     result = runner.invoke(cli_module.cli, ["profiles", "--accelerator", "k80"])
