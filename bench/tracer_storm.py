@@ -12,11 +12,13 @@ complete whatever it costs: exactly ``calls + 1`` preads of the file, one warm-u
 
 Goals (issue "Tracing at any event rate"): >= 0.7 at 4 KiB, >= 0.9 at 64 KiB.
 
-With ``--floor``, each round also runs the job untraced while bpftrace holds two programs on
-``sys_enter_pread64``/``sys_exit_pread64`` that do nothing but the minimum a latency needs (the
-entry time kept per thread, read and deleted at exit), scoped to every task (``cgroup`` filter
-off): the cost of merely hooking a system call on this kernel, below which no tracepoint-based
-tracer that measures latency can go. Printed as untraced/floor.
+With ``--floor``, each round also runs the job untraced while bpftrace holds bare probes that
+do nothing but the minimum (:data:`FLOORS`): on ``sys_enter_pread64``/``sys_exit_pread64``
+the entry time kept per thread, read and deleted at exit (what a latency needs), or a count at
+exit alone (what counts and bytes need), on syscall tracepoints and on raw tracepoints, with
+the host's bpftrace 0.17 and twintrace/tracer's 0.23, scoped to every task (``cgroup``
+filter off): the cost of merely hooking a system call on this kernel, below which no tracer
+of that kind can go. Printed as untraced/floor, one line per floor.
 
     python bench/tracer_storm.py --sizes 4KiB,64KiB --rounds 3 --calls 200000
 
@@ -103,38 +105,85 @@ def traced_preads(run_dir: Path) -> tuple[int, int]:
     return int(pc.sum(rows["count"]).as_py() or 0), int(pc.sum(rows["bytes"]).as_py() or 0)
 
 
-#: The floor's probes: the least a tracer that measures each call's latency does.
-FLOOR_SCRIPT = """
-BEGIN { system("touch %s", str($1)); }
-tracepoint:syscalls:sys_enter_pread64 { @s[tid] = nsecs; }
-tracepoint:syscalls:sys_exit_pread64 /@s[tid]/ { $l = nsecs - @s[tid]; delete(@s[tid]); }
-END { clear(@s); }
-"""
+#: The floors' probes, each the least a tracer of that kind does: (label, where bpftrace runs,
+#: script). "host" is the host's bpftrace (Debian 12: 0.17); "image" is twintrace/tracer's
+#: (Debian 13: 0.23) in its container (tracing/agent.py). Enter+exit keeps each call's entry
+#: time per thread and reads it at exit, what a latency needs; exit-only counts calls, what
+#: counts and bytes need. Syscall tracepoints fire for pread64 only; raw tracepoints fire for
+#: every system call of every task (and the program must tell them apart).
+FLOORS: tuple[tuple[str, str, str], ...] = (
+    (
+        "tracepoint enter+exit, bpftrace 0.17",
+        "host",
+        "tracepoint:syscalls:sys_enter_pread64 { @s[tid] = nsecs; }\n"
+        "tracepoint:syscalls:sys_exit_pread64 /@s[tid]/ { $l = nsecs - @s[tid]; delete(@s[tid]); }",
+    ),
+    (
+        "tracepoint enter+exit, bpftrace 0.23",
+        "image",
+        "tracepoint:syscalls:sys_enter_pread64 { @s[tid] = nsecs; }\n"
+        "tracepoint:syscalls:sys_exit_pread64 /@s[tid]/ { $l = nsecs - @s[tid]; delete(@s[tid]); }",
+    ),
+    (
+        "raw tracepoint enter+exit, bpftrace 0.23",
+        "image",
+        "rawtracepoint:sys_enter { @s[tid] = nsecs; }\n"
+        "rawtracepoint:sys_exit /@s[tid]/ { $l = nsecs - @s[tid]; delete(@s[tid]); }",
+    ),
+    (
+        "tracepoint exit only, bpftrace 0.23",
+        "image",
+        "tracepoint:syscalls:sys_exit_pread64 { @n = count(); }",
+    ),
+    (
+        "raw tracepoint exit only, bpftrace 0.23",
+        "image",
+        "rawtracepoint:sys_exit { @n = count(); }",
+    ),
+)
+_READY = 'BEGIN { system("touch %s", str($1)); }\n'
+_END = "\nEND { clear(@s); }\n"
 
 
-def run_floor(size: int, calls: int, runs: Path) -> float:
-    """The job's loop time, untraced, while the floor's bare probes are attached."""
-    ready = runs / "floor.ready"
+def run_floor(size: int, calls: int, runs: Path, where: str, script: str) -> float:
+    """The job's loop time, untraced, while one floor's bare probes are attached."""
+    from tracing.agent import start_tracer
+    from tracing.container import client
+
     runs.mkdir(parents=True, exist_ok=True)
+    ready = runs / "floor.ready"
     ready.unlink(missing_ok=True)
+    text = _READY + script + (_END if "@s[" in script else "\n")
     # BEGIN runs once every probe is attached; it creates the file (--unsafe: for system()).
-    proc = subprocess.Popen(
-        ["bpftrace", "--unsafe", "-e", FLOOR_SCRIPT, str(ready)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    argv = ["bpftrace", "--unsafe", "-e", text, ready.name]
+    proc = tracer = None
+    if where == "host":
+        proc = subprocess.Popen(
+            argv, cwd=runs, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    else:
+        tracer = start_tracer(client(), argv, runs, f"twintrace-floor-{time.monotonic_ns()}")
     try:
         deadline = time.monotonic() + 60
         while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("bpftrace did not attach the floor's probes (run as root)")
+            if proc is not None:
+                ended = proc.poll() is not None
+            else:
+                tracer.reload()
+                ended = tracer.status != "running"
+            if ended or time.monotonic() > deadline:
+                logs = tracer.logs().decode(errors="replace")[-500:] if tracer else ""
+                raise SystemExit(f"bpftrace did not attach the floor's probes (run as root) {logs}")
             time.sleep(0.1)
         seconds, run_dir = run_job(size, calls, runs, False)
         shutil.rmtree(run_dir)
         return seconds
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        if tracer is not None:
+            tracer.remove(force=True)
 
 
 def main() -> None:
@@ -148,7 +197,8 @@ def main() -> None:
     try:
         for size_text in args.sizes.split(","):
             size = parse_size(size_text)
-            ratios, floors = [], []
+            ratios: list[float] = []
+            floors: dict[str, list[float]] = {label: [] for label, _, _ in FLOORS}
             for i in range(args.rounds):
                 times = {}
                 for traced in (True, False) if i % 2 == 0 else (False, True):
@@ -159,8 +209,12 @@ def main() -> None:
                 ratios.append(times[False] / times[True])
                 floor = ""
                 if args.floor:
-                    floors.append(times[False] / run_floor(size, args.calls, work / "runs"))
-                    floor = f", untraced/floor {floors[-1]:.3f}"
+                    for label, where, script in FLOORS:
+                        seconds = run_floor(size, args.calls, work / "runs", where, script)
+                        floors[label].append(times[False] / seconds)
+                    floor = "; untraced/floor " + ", ".join(
+                        f"{values[-1]:.3f}" for values in floors.values()
+                    )
                 expected = (args.calls + 1, (args.calls + 1) * size)
                 complete = "complete" if (calls, nbytes) == expected else "INCOMPLETE"
                 print(
@@ -173,11 +227,12 @@ def main() -> None:
                 f"{size_text}: untraced/traced = {statistics.median(ratios):.3f} "
                 f"(median of {args.rounds}; spread {min(ratios):.3f} .. {max(ratios):.3f})"
             )
-            if floors:
-                print(
-                    f"{size_text}: untraced/floor = {statistics.median(floors):.3f} "
-                    f"(spread {min(floors):.3f} .. {max(floors):.3f}): bare pread64 probes"
-                )
+            for label, values in floors.items():
+                if values:
+                    print(
+                        f"{size_text}: untraced/floor = {statistics.median(values):.3f} "
+                        f"(spread {min(values):.3f} .. {max(values):.3f}): {label}"
+                    )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -12,6 +12,10 @@ Images and their inputs:
   parts of the chosen build. The base image carries the labels ``org.twintrace.torch``
   (``cpu`` or ``cuda``) and ``org.twintrace.torch.version`` (what ``torch.__version__`` says,
   read from the wheel), and its build checks them against the torch it installed;
+- ``twintrace/tracer:latest``: the tracer's image, a Debian trixie root made by debootstrap
+  with bpftrace (0.23: raw tracepoints) and Python, labelled ``org.twintrace.bpftrace`` with
+  the bpftrace version its packages installed; ``docker run --rm twintrace/tracer:latest``
+  prints it (``bpftrace --version``);
 - ``twintrace/dlio:latest`` (``images/dlio/Dockerfile``): the DLIO benchmark pinned in
   ``images/requirements-dlio.txt``, on twintrace/base, from its own wheelhouse part
   (``.cache/wheelhouse/dlio/``); it runs the ``dlio`` variant of every workload;
@@ -35,6 +39,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -43,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import docker
@@ -51,6 +56,7 @@ import docker.errors
 from docker.utils.build import exclude_paths
 
 from core.errors import UserError
+from tracing.agent import TRACER_IMAGE
 from workloads.config import BASE_TAG, VARIANTS, image_tag
 from workloads.dlio import DLIO_IMAGE, DLIO_VARIANT, DLIO_VERSION
 
@@ -58,6 +64,11 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
 BASE_CONTEXT = CACHE / "base-context"
 OS_TAG = "twintrace/os:bookworm"
+#: The tracer's image (TRACER_IMAGE): a Debian root with a bpftrace that has raw tracepoints.
+TRACER_SUITE = "trixie"
+TRACER_PACKAGES = ("bpftrace", "python3")
+TRACER_RECIPE = 1  # bumped when the image's recipe changes (rebuilds it)
+BPFTRACE_LABEL = "org.twintrace.bpftrace"
 REGISTRY_BASE = "python:3.11-slim"
 HASH_LABEL = "twintrace.inputs-hash"
 # The Dockerfile of every workload image, relative to the repository root (the build context).
@@ -405,40 +416,92 @@ def prepare_wheelhouse(log: Log, torch_build: str = "cpu") -> Path:
 
 def bootstrap_os_image(cli: docker.DockerClient, log: Log) -> str:
     """Make twintrace/os:bookworm with debootstrap + docker import (no registry needed)."""
+    log("bootstrapping a Debian bookworm root with debootstrap (about a minute)")
+    return bootstrap_image(cli, OS_TAG, "bookworm", ("python3", "python3-venv", "ca-certificates"))
+
+
+def bootstrap_image(
+    cli: docker.DockerClient,
+    tag: str,
+    suite: str,
+    packages: Sequence[str],
+    labels: Callable[[Path], Mapping[str, str]] | None = None,
+    command: Sequence[str] = (),
+) -> str:
+    """Import a minimal Debian ``suite`` root with ``packages`` (debootstrap) as image ``tag``;
+    ``labels`` reads the image's labels from the root before it is imported; ``command`` is
+    its CMD. Returns the image id."""
     if shutil.which("debootstrap") is None:
         raise UserError(
             "debootstrap is not installed: run `make setup` as root (apt-get install debootstrap)"
         )
-    log("bootstrapping a Debian bookworm root with debootstrap (about a minute)")
     with tempfile.TemporaryDirectory(
         prefix="twintrace-rootfs-", dir=CACHE if CACHE.exists() else None
     ) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        cmd = [
-            "debootstrap",
-            "--variant=minbase",
-            "--include=python3,python3-venv,ca-certificates",
-            "bookworm",
-            str(rootfs),
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}"]
+        done = subprocess.run([*cmd, suite, str(rootfs)], capture_output=True, text=True)
         if done.returncode != 0:
             raise UserError(
-                "debootstrap failed: "
+                f"debootstrap of {suite} failed: "
                 + " ".join(
                     done.stdout.strip().splitlines()[-3:] + done.stderr.strip().splitlines()[-3:]
                 )
             )
-        log("importing the root filesystem as " + OS_TAG)
+        changes = [f"LABEL {k}={v}" for k, v in (labels(rootfs) if labels else {}).items()]
+        if command:
+            changes.append(f"CMD {json.dumps(list(command))}")
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         try:
             cli.api.import_image_from_stream(
-                tar.stdout, repository=OS_TAG.split(":")[0], tag=OS_TAG.split(":")[1]
+                tar.stdout, repository=tag.split(":")[0], tag=tag.split(":")[1], changes=changes
             )
         finally:
             tar.stdout.close()
             tar.wait()
-    return cli.images.get(OS_TAG).id
+    return cli.images.get(tag).id
+
+
+def dpkg_version(rootfs: Path, package: str) -> str | None:
+    """The version of ``package`` installed in ``rootfs`` (its dpkg status), or None."""
+    status = rootfs / "var" / "lib" / "dpkg" / "status"
+    for stanza in status.read_text(errors="replace").split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " "
+        )
+        if fields.get("Package") == package and "installed" in fields.get("Status", ""):
+            return fields.get("Version")
+    return None
+
+
+def build_tracer(cli: docker.DockerClient, log: Log) -> BuildResult:
+    """Build twintrace/tracer (module doc) unless its inputs hash is already its label."""
+    inputs = hashlib.sha256(
+        json.dumps([TRACER_SUITE, TRACER_PACKAGES, TRACER_RECIPE]).encode()
+    ).hexdigest()[:16]
+    current, image_id = _existing_hash(cli, TRACER_IMAGE)
+    if current == inputs and image_id:
+        return BuildResult(TRACER_IMAGE, image_id, False)
+    log(f"building {TRACER_IMAGE}: a Debian {TRACER_SUITE} root with bpftrace (about a minute)")
+
+    def labels(rootfs: Path) -> dict[str, str]:
+        version = dpkg_version(rootfs, "bpftrace")
+        if version is None:
+            raise UserError(f"the {TRACER_SUITE} root has no bpftrace package installed")
+        return {HASH_LABEL: inputs, BPFTRACE_LABEL: version.split("-")[0]}
+
+    image_id = bootstrap_image(
+        cli, TRACER_IMAGE, TRACER_SUITE, TRACER_PACKAGES, labels, ("bpftrace", "--version")
+    )
+    return BuildResult(TRACER_IMAGE, image_id, True)
+
+
+def tracer_bpftrace(cli: docker.DockerClient) -> str | None:
+    """The bpftrace version twintrace/tracer carries (its label), or None without the image."""
+    try:
+        return (cli.images.get(TRACER_IMAGE).labels or {}).get(BPFTRACE_LABEL)
+    except docker.errors.ImageNotFound:
+        return None
 
 
 def resolve_base_os(
@@ -673,4 +736,5 @@ def build(
                 )
     if DLIO_VARIANT in chosen_variants:  # one image runs DLIO for every workload
         results.append(build_dlio(cli, base.image_id, log))
+    results.append(build_tracer(cli, log))
     return results

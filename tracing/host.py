@@ -146,6 +146,47 @@ def _base_image() -> Check:
     return Check("base image", True, f"{BASE_TAG} present")
 
 
+def _tracer() -> Check:
+    """twintrace/tracer: its bpftrace, run with the tracer's privileges (tracing/agent.py),
+    attaches a raw tracepoint on this kernel."""
+    import tempfile
+
+    from tracing.agent import TRACER_IMAGE, start_tracer
+    from tracing.container import client
+
+    try:
+        cli = client()
+        labels = cli.images.get(TRACER_IMAGE).labels or {}
+    except UserError:
+        return Check("tracer image", False, "docker daemon down", "start the daemon first")
+    except Exception:
+        return Check("tracer image", False, f"{TRACER_IMAGE} not built", "run `./cli.py build`")
+    version = labels.get("org.twintrace.bpftrace", "?")
+    with tempfile.TemporaryDirectory(prefix="twintrace-doctor-") as out:
+        tracer = start_tracer(
+            cli,
+            ["bpftrace", "-e", "rawtracepoint:sys_exit { exit(); }"],
+            Path(out),
+            f"twintrace-doctor-{os.getpid()}",
+        )
+        try:
+            code = tracer.wait(timeout=60)["StatusCode"]
+            said = tracer.logs(tail=3).decode(errors="replace").strip()
+        finally:
+            tracer.remove(force=True)
+    if code != 0:
+        return Check(
+            "tracer image",
+            False,
+            f"bpftrace {version} in {TRACER_IMAGE} could not attach rawtracepoint:sys_exit "
+            f"(exit {code}): {' '.join(said.split())[-200:]}",
+            "see docs/tracer-peers.md: the tracer needs --pid host, SYS_ADMIN and tracefs",
+        )
+    return Check(
+        "tracer image", True, f"bpftrace {version} in {TRACER_IMAGE}: raw tracepoints attach"
+    )
+
+
 def _compose() -> Check:
     """docker-compose, for `./cli.py trace --compose` (topologies) and compose users."""
     exe = shutil.which("docker-compose")
@@ -222,6 +263,7 @@ def doctor(runs_root: Path = Path("runs"), gpus: bool = False) -> list[Check]:
         _cgroups,
         _docker,
         _base_image,
+        _tracer,
         _compose,
         _traffic_control,
         _disk(runs_root),

@@ -1,0 +1,95 @@
+"""The tracer's container (tracing/agent.py): bpftrace 0.23 from twintrace/tracer, with
+``--pid host``, SYS_ADMIN alone and read-only kernel mounts, counts another container's system
+calls exactly, by its cgroup, on tracepoints and on raw tracepoints."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_tracing
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker]
+
+#: The target's preads: this many, of this unusual size (nothing else in the container reads so).
+PREADS = 1234
+SIZE = 4321
+JOB = f"""
+import os
+fd = os.open("/etc/os-release", os.O_RDONLY)
+for _ in range({PREADS}):
+    os.pread(fd, {SIZE}, 0)
+"""
+
+
+def test_the_tracer_image_carries_bpftrace_023(images: dict[str, str]) -> None:
+    from images.build import BPFTRACE_LABEL
+    from tracing.agent import TRACER_IMAGE
+    from tracing.container import client
+
+    assert TRACER_IMAGE in images
+    cli = client()
+    printed = cli.containers.run(TRACER_IMAGE, remove=True).decode().strip()  # its CMD
+    version = re.fullmatch(r"bpftrace v(\d+\.\d+\.\d+)", printed)
+    assert version, printed
+    assert version.group(1).startswith("0.23.")
+    assert cli.images.get(TRACER_IMAGE).labels[BPFTRACE_LABEL] == version.group(1)
+
+
+def test_the_tracer_container_counts_another_containers_calls(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    require_tracing()
+    from tracing import container as ctr
+    from tracing.agent import AGENT_LABEL, CAPABILITIES, start_tracer
+    from tracing.cgroups import cgroups_of
+    from workloads.config import BASE_TAG
+
+    cli = ctr.client()
+    run_id = f"agent-test-{uuid.uuid4().hex[:8]}"
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    target = ctr.start_held(
+        cli, BASE_TAG, ["python3", "-c", JOB], barrier, [], run_id, "main", network=None
+    )
+    tracer = None
+    try:
+        cgroup = cgroups_of(ctr.main_pid(target)).v2_id
+        script = (
+            f"tracepoint:syscalls:sys_enter_pread64 /cgroup == {cgroup} && args.count == {SIZE}/ "
+            "{ @preads = count(); @bytes = sum(args.count); }\n"
+            f"rawtracepoint:sys_exit /cgroup == {cgroup}/ {{ @exits = count(); }}\n"
+            'BEGIN { printf("ATTACHED\\n"); }\n'
+        )
+        (out / "count.bt").write_text(script)
+        tracer = start_tracer(cli, ["bpftrace", "count.bt"], out, f"{run_id}-tracer")
+        attrs = tracer.attrs["HostConfig"]
+        assert attrs["CapAdd"] == list(CAPABILITIES) and not attrs["Privileged"]
+        assert tracer.labels[AGENT_LABEL] == "1"
+        deadline = time.monotonic() + 60
+        while b"ATTACHED" not in tracer.logs():
+            tracer.reload()
+            assert tracer.status == "running", tracer.logs().decode(errors="replace")
+            assert time.monotonic() < deadline, "the tracer did not attach within 60 s"
+            time.sleep(0.1)
+        ctr.release(barrier)
+        assert target.wait(timeout=120)["StatusCode"] == 0
+        tracer.kill(signal=signal.SIGINT)  # bpftrace prints its maps as it exits
+        assert tracer.wait(timeout=60)["StatusCode"] == 0
+        printed = tracer.logs().decode()
+        counts = {k: int(v) for k, v in re.findall(r"@(\w+): (\d+)", printed)}
+        assert counts["preads"] == PREADS and counts["bytes"] == PREADS * SIZE, printed
+        # Every system call of the container passes sys_exit: at least the preads.
+        assert counts["exits"] > PREADS, printed
+    finally:
+        for c in (tracer, target):
+            if c is not None:
+                c.remove(force=True)
+    assert not cli.containers.list(all=True, filters={"label": AGENT_LABEL})
