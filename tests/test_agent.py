@@ -27,6 +27,19 @@ for _ in range({PREADS}):
 """
 
 
+def test_which_tracer_is_named_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from core.errors import UserError
+    from tracing.agent import TRACER_ENV, tracer_in_image
+
+    monkeypatch.delenv(TRACER_ENV, raising=False)
+    assert not tracer_in_image()
+    monkeypatch.setenv(TRACER_ENV, "image")
+    assert tracer_in_image()
+    monkeypatch.setenv(TRACER_ENV, "gadget")
+    with pytest.raises(UserError, match="TWINTRACE_TRACER='gadget': give host or image"):
+        tracer_in_image()
+
+
 def test_the_tracer_image_carries_bpftrace_023(images: dict[str, str]) -> None:
     from images.build import BPFTRACE_LABEL
     from tracing.agent import TRACER_IMAGE

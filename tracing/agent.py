@@ -19,10 +19,16 @@ What the container is allowed, and why (each checked on these machines, ``tests/
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import docker
+import docker.errors
+
+from core.errors import UserError
+from tracing.procs import ChildFailed
 
 #: The tracer's image (built by ``./cli.py build``).
 TRACER_IMAGE = "twintrace/tracer:latest"
@@ -32,15 +38,31 @@ READ_ONLY: tuple[str, ...] = ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs
 AGENT_LABEL = "org.twintrace.tracer"
 
 
+#: Which bpftrace traces the runs: the host's (``host``, the default) or twintrace/tracer's in
+#: its container (``image``), by the environment variable of this name.
+TRACER_ENV = "TWINTRACE_TRACER"
+
+
+def tracer_in_image() -> bool:
+    """Whether runs are traced by the tracer's container (:data:`TRACER_ENV`)."""
+    where = os.environ.get(TRACER_ENV, "host")
+    if where not in ("host", "image"):
+        raise UserError(f"{TRACER_ENV}={where!r}: give host or image")
+    return where == "image"
+
+
 def start_tracer(
     cli: docker.DockerClient,
     command: Sequence[str],
     out: Path,
     name: str,
     environment: dict[str, str] | None = None,
+    workdir: Path | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> docker.models.containers.Container:
     """Start ``command`` (a bpftrace command line) in a tracer container named ``name``, with
-    ``out`` its only writable folder and working directory; returns the running container."""
+    ``out`` its only writable folder and its working directory ``workdir`` (default ``out``);
+    returns the running container."""
     out = Path(out).resolve()
     volumes = {path: {"bind": path, "mode": "ro"} for path in READ_ONLY if Path(path).exists()}
     volumes[str(out)] = {"bind": str(out), "mode": "rw"}
@@ -52,8 +74,104 @@ def start_tracer(
         pid_mode="host",
         cap_add=list(CAPABILITIES),
         volumes=volumes,
-        working_dir=str(out),
+        working_dir=str(Path(workdir).resolve() if workdir else out),
         environment=environment or {},
-        labels={AGENT_LABEL: "1"},
+        labels={AGENT_LABEL: "1", **(labels or {})},
         network_mode="none",
     )
+
+
+class ContainerChild:
+    """A bpftrace in a tracer container, with :class:`tracing.procs.ChildProcess`'s interface
+    (its pid is the host's: the container shares the host's PID namespace); its output is
+    written to ``stdout_path`` and ``stderr_path`` when it stops."""
+
+    def __init__(
+        self,
+        cli: docker.DockerClient,
+        argv: Sequence[str],
+        stdout_path: Path,
+        stderr_path: Path,
+        out: Path,
+        name: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.stdout_path = Path(stdout_path)
+        self.stderr_path = Path(stderr_path)
+        self.returncode: int | None = None
+        self.container = start_tracer(
+            cli, argv, out, f"{out.name}-{name.split()[-1].replace('.', '-')}", env, cwd, labels
+        )
+        self.container.reload()
+        self._pid = int(self.container.attrs["State"]["Pid"] or 0)
+        self._saved = False
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def poll(self) -> int | None:
+        """The exit code if bpftrace has ended, else None."""
+        if self.returncode is None:
+            try:
+                self.container.reload()
+            except docker.errors.NotFound:
+                self.returncode = -1
+                return self.returncode
+            state = self.container.attrs["State"]
+            if state.get("Status") in ("exited", "dead"):
+                self.returncode = int(state.get("ExitCode", -1))
+                self._save()
+        return self.returncode
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        """Wait until ``ready()`` is true; fail if bpftrace exits first or time runs out."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.poll() is not None:
+                raise ChildFailed(
+                    self, f"{self.name} exited with code {self.returncode} before {what}"
+                )
+            if time.monotonic() > deadline:
+                raise ChildFailed(self, f"{self.name} did not get {what} within {timeout:.0f} s")
+            time.sleep(0.02)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGINT (bpftrace prints its maps), wait up to ``timeout`` seconds, then kill; the
+        container is removed. Returns the exit code."""
+        if self.poll() is None:
+            try:
+                self.container.kill(signal="SIGINT")
+                self.returncode = int(self.container.wait(timeout=timeout)["StatusCode"])
+            except docker.errors.APIError:
+                pass
+            except Exception:  # the wait timed out
+                self.container.kill()
+                self.returncode = int(self.container.wait(timeout=30)["StatusCode"])
+        self._save()
+        try:
+            self.container.remove(force=True)
+        except docker.errors.APIError:
+            pass
+        return self.returncode if self.returncode is not None else -1
+
+    def _save(self) -> None:
+        if self._saved:
+            return
+        try:
+            self.stdout_path.write_bytes(self.container.logs(stdout=True, stderr=False))
+            self.stderr_path.write_bytes(self.container.logs(stdout=False, stderr=True))
+            self._saved = True
+        except docker.errors.APIError:
+            pass
+
+    def stderr_tail(self, lines: int = 10) -> str:
+        """The last lines of bpftrace's stderr, for error messages."""
+        try:
+            text = self.container.logs(stdout=False, stderr=True).decode(errors="replace")
+        except docker.errors.APIError:
+            text = self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+        return "\n".join(text.strip().splitlines()[-lines:])

@@ -12,11 +12,14 @@ record.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 from core.errors import UserError
+from tracing.agent import ContainerChild, tracer_in_image
+from tracing.container import OWNER_LABEL, RUN_LABEL, client
 from tracing.procs import ChildProcess
 
 BPF_DIR = Path(__file__).parent / "bpf"
@@ -56,10 +59,12 @@ def render(name: str, cgroup_ids: Sequence[int]) -> str:
     return text.replace(CGROUP_FILTER, predicate)
 
 
-def command(name: str, out: Path, script: Path, ready_file: Path) -> list[str]:
+def command(
+    name: str, out: Path, script: Path, ready_file: Path, in_image: bool = False
+) -> list[str]:
     """The bpftrace argument list for one rendered script; run it with ``ready_file``'s
-    directory as cwd."""
-    exe = shutil.which("bpftrace")
+    directory as cwd (``in_image``: in the tracer's container, whose bpftrace is on its PATH)."""
+    exe = "bpftrace" if in_image else shutil.which("bpftrace")
     if exe is None:
         raise UserError(
             "bpftrace is not installed: run `make setup` (apt-get install bpftrace) as root"
@@ -98,22 +103,40 @@ class Tracer:
         self.ctl_dir = ctl_dir
         self.cgroup_ids = tuple(cgroup_ids)
         self.scripts = scripts
-        self.children: dict[str, ChildProcess] = {}
+        self.children: dict[str, ChildProcess | ContainerChild] = {}
 
     def start(self, timeout: float = 60.0) -> None:
         """Start every script and wait until all probes of all of them are attached."""
+        in_image = tracer_in_image()
         env = {
-            "BPFTRACE_STRLEN": str(STRLEN),
+            # bpftrace 0.23 (the tracer's image) renamed STRLEN and warns at the old name.
+            "BPFTRACE_MAX_STRLEN" if in_image else "BPFTRACE_STRLEN": str(STRLEN),
             "BPFTRACE_PERF_RB_PAGES": str(PERF_RB_PAGES),
             "BPFTRACE_MAP_KEYS_MAX": str(MAP_KEYS_MAX),
         }
+        cli = client() if in_image else None
+        # The tracer's container writes into the run directory only (raw/ and ctl/ are in it).
+        out = Path(os.path.commonpath([self.raw_dir.resolve(), self.ctl_dir.resolve()]))
         ready = {}
         for name in self.scripts:
             ready[name] = self.ctl_dir / f"{name}.ready"
             ready[name].unlink(missing_ok=True)
             script = self.raw_dir / f"{name}.bt"
             script.write_text(render(name, self.cgroup_ids))
-            argv = command(name, self.raw_dir / f"{name}.txt", script, ready[name])
+            argv = command(name, self.raw_dir / f"{name}.txt", script, ready[name], in_image)
+            if cli is not None:
+                self.children[name] = ContainerChild(
+                    cli,
+                    argv,
+                    self.raw_dir / f"{name}.stdout",
+                    self.raw_dir / f"{name}.stderr",
+                    out,
+                    f"bpftrace {name}.bt",
+                    env=env,
+                    cwd=self.ctl_dir,
+                    labels={RUN_LABEL: out.name, OWNER_LABEL: str(os.getpid())},
+                )
+                continue
             self.children[name] = ChildProcess(
                 argv,
                 self.raw_dir / f"{name}.stdout",

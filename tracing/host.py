@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import UserError
+from tracing.agent import tracer_in_image
 from tracing.bpftrace import BPF_DIR
 from workloads.hostrecord import cpu_model
 
@@ -49,6 +50,14 @@ def _is_root() -> Check:
 
 
 def _bpftrace() -> Check:
+    if tracer_in_image():  # the tracer's container brings its own (the "tracer image" row)
+        version = _tracer_bpftrace()
+        return Check(
+            "bpftrace",
+            version is not None,
+            f"{version} in the tracer's image" if version else "the tracer's image is not built",
+            "run `./cli.py build`",
+        )
     exe = shutil.which("bpftrace")
     if exe is None:
         return Check(
@@ -318,9 +327,25 @@ def host_metadata(docker_version: str | None = None) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "docker_version": docker_version,
-        "bpftrace_version": _first_line(["bpftrace", "--version"]),
+        "bpftrace_version": _tracer_bpftrace(),
+        "tracer": "image" if tracer_in_image() else "host",
         "python_version": platform.python_version(),
     }
+
+
+def _tracer_bpftrace() -> str | None:
+    """The version line of the bpftrace that traces the runs (the host's, or the tracer
+    image's label)."""
+    if not tracer_in_image():
+        return _first_line(["bpftrace", "--version"])
+    from tracing.agent import TRACER_IMAGE
+    from tracing.container import client
+
+    try:
+        version = (client().images.get(TRACER_IMAGE).labels or {}).get("org.twintrace.bpftrace")
+    except Exception:  # no daemon or no image: the run itself says so
+        return None
+    return f"bpftrace v{version}" if version else None
 
 
 def block_device(path: Path) -> str:
