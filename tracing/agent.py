@@ -20,15 +20,14 @@ What the container is allowed, and why (each checked on these machines, ``tests/
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import docker
 import docker.errors
 
 from core.errors import UserError
-from tracing.procs import ChildFailed
+from tracing.procs import WaitsUntil
 
 #: The tracer's image (built by ``./cli.py build``).
 TRACER_IMAGE = "twintrace/tracer:latest"
@@ -81,7 +80,7 @@ def start_tracer(
     )
 
 
-class ContainerChild:
+class ContainerChild(WaitsUntil):
     """A bpftrace in a tracer container, with :class:`tracing.procs.ChildProcess`'s interface
     (its pid is the host's: the container shares the host's PID namespace); its output is
     written to ``stdout_path`` and ``stderr_path`` when it stops."""
@@ -126,18 +125,6 @@ class ContainerChild:
                 self.returncode = int(state.get("ExitCode", -1))
                 self._save()
         return self.returncode
-
-    def wait_until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
-        """Wait until ``ready()`` is true; fail if bpftrace exits first or time runs out."""
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if self.poll() is not None:
-                raise ChildFailed(
-                    self, f"{self.name} exited with code {self.returncode} before {what}"
-                )
-            if time.monotonic() > deadline:
-                raise ChildFailed(self, f"{self.name} did not get {what} within {timeout:.0f} s")
-            time.sleep(0.02)
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGINT (bpftrace prints its maps), wait up to ``timeout`` seconds, then kill; the
