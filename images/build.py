@@ -56,8 +56,7 @@ import docker.errors
 from docker.utils.build import exclude_paths
 
 from core.errors import UserError
-from tracing.agent import TRACER_IMAGE
-from workloads.config import BASE_TAG, VARIANTS, image_tag
+from workloads.config import BASE_TAG, TRACER_IMAGE, VARIANTS, image_tag
 from workloads.dlio import DLIO_IMAGE, DLIO_VARIANT, DLIO_VERSION
 
 REPO = Path(__file__).resolve().parent.parent

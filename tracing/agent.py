@@ -28,9 +28,8 @@ import docker.errors
 
 from core.errors import UserError
 from tracing.procs import WaitsUntil
+from workloads.config import TRACER_IMAGE
 
-#: The tracer's image (built by ``./cli.py build``).
-TRACER_IMAGE = "twintrace/tracer:latest"
 CAPABILITIES: tuple[str, ...] = ("SYS_ADMIN",)
 READ_ONLY: tuple[str, ...] = ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/cgroup")
 #: The label that marks the tracer containers of twintrace (found and removed after a crash).

@@ -28,6 +28,8 @@ DEFAULT_MASTER_PORT = 29500
 
 #: The image every workload image is built on (Python, torch and the readers' packages).
 BASE_TAG = "twintrace/base:latest"
+#: The tracer's image: bpftrace and Python, run beside the traced containers (tracing/agent.py).
+TRACER_IMAGE = "twintrace/tracer:latest"
 
 
 def image_tag(workload: str, variant: str) -> str:
