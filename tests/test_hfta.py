@@ -455,8 +455,9 @@ def test_a_tiny_study_reads_the_dataset_once_per_fused_array_and_b_times_otherwi
             assert run["cached_before_bytes"] == 0
             if extents is not None:
                 assert 0.9 * dataset <= run["storage_bytes"] <= extents.bytes, key
-    # The second serial job found the dataset in the page cache the first one left.
-    assert runs["serial-j1"]["cached_before_bytes"] == dataset
+    # The second serial job found the dataset in the page cache the first one left (nearly
+    # all of it: the kernel may evict a few pages between the runs; a CI run saw 6 of 241 go).
+    assert 0.95 * dataset <= runs["serial-j1"]["cached_before_bytes"] <= dataset
     if extents is not None:
         assert runs["serial-j1"]["storage_bytes"] < 0.1 * dataset
     rows = {(r["array_size"], r["mode"]): r for r in result["rows"]}
