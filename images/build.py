@@ -56,7 +56,7 @@ import docker.errors
 from docker.utils.build import exclude_paths
 
 from core.errors import UserError
-from workloads.config import BASE_TAG, TRACER_IMAGE, VARIANTS, image_tag
+from workloads.config import BASE_TAG, BPFTRACE_LABEL, TRACER_IMAGE, VARIANTS, image_tag
 from workloads.dlio import DLIO_IMAGE, DLIO_VARIANT, DLIO_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,7 +67,6 @@ OS_TAG = "twintrace/os:bookworm"
 TRACER_SUITE = "trixie"
 TRACER_PACKAGES = ("bpftrace", "python3")
 TRACER_RECIPE = 1  # bumped when the image's recipe changes (rebuilds it)
-BPFTRACE_LABEL = "org.twintrace.bpftrace"
 REGISTRY_BASE = "python:3.11-slim"
 HASH_LABEL = "twintrace.inputs-hash"
 # The Dockerfile of every workload image, relative to the repository root (the build context).
@@ -493,14 +492,6 @@ def build_tracer(cli: docker.DockerClient, log: Log) -> BuildResult:
         cli, TRACER_IMAGE, TRACER_SUITE, TRACER_PACKAGES, labels, ("bpftrace", "--version")
     )
     return BuildResult(TRACER_IMAGE, image_id, True)
-
-
-def tracer_bpftrace(cli: docker.DockerClient) -> str | None:
-    """The bpftrace version twintrace/tracer carries (its label), or None without the image."""
-    try:
-        return (cli.images.get(TRACER_IMAGE).labels or {}).get(BPFTRACE_LABEL)
-    except docker.errors.ImageNotFound:
-        return None
 
 
 def resolve_base_os(

@@ -18,8 +18,8 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 def _missing_prerequisites() -> list[str]:
     from tracing.host import doctor
 
-    wanted = {"root", "bpftrace", "tracefs", "tracepoints", "cgroup v2", "docker daemon"}
-    return [f"{c.name}: {c.detail} ({c.fix})" for c in doctor() if c.name in wanted and not c.ok]
+    # root, bpftrace, tracefs, tracepoints, cgroup v2, docker daemon
+    return [f"{c.name}: {c.detail} ({c.fix})" for c in doctor(only_tracing=True) if not c.ok]
 
 
 def require_tracing() -> None:

@@ -4,12 +4,14 @@ calls exactly, by its cgroup, on tracepoints and on raw tracepoints."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import time
 import uuid
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from tests.conftest import require_tracing
@@ -41,9 +43,8 @@ def test_which_tracer_is_named_by_the_environment(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_tracer_image_carries_bpftrace_023(images: dict[str, str]) -> None:
-    from images.build import BPFTRACE_LABEL
-    from tracing.agent import TRACER_IMAGE
     from tracing.container import client
+    from workloads.config import BPFTRACE_LABEL, TRACER_IMAGE
 
     assert TRACER_IMAGE in images
     cli = client()
@@ -59,8 +60,9 @@ def test_the_tracer_container_counts_another_containers_calls(
 ) -> None:
     require_tracing()
     from tracing import container as ctr
-    from tracing.agent import AGENT_LABEL, CAPABILITIES, start_tracer
+    from tracing.agent import CAPABILITIES, start_tracer
     from tracing.cgroups import cgroups_of
+    from tracing.container import AGENT_LABEL
     from workloads.config import BASE_TAG
 
     cli = ctr.client()
@@ -106,3 +108,33 @@ def test_the_tracer_container_counts_another_containers_calls(
             if c is not None:
                 c.remove(force=True)
     assert not cli.containers.list(all=True, filters={"label": AGENT_LABEL})
+
+
+def test_a_tracer_container_whose_owner_is_gone_is_removed(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    """A tracer left by a process killed with -9 (its owner pid gone) is an orphan that the
+    next run removes, as run containers are."""
+    import subprocess
+
+    from tracing.agent import start_tracer
+    from tracing.container import AGENT_LABEL, OWNER_LABEL, client, remove_orphans
+
+    cli = client()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    name = f"agent-orphan-{uuid.uuid4().hex[:8]}"
+    tracer = start_tracer(
+        cli, ["sleep", "600"], tmp_path, name, labels={OWNER_LABEL: str(gone.pid)}
+    )
+    mine = start_tracer(cli, ["sleep", "600"], tmp_path, f"{name}-mine")  # owner: this process
+    try:
+        assert tracer.labels[AGENT_LABEL] == "1"
+        removed = remove_orphans(cli)
+        assert tracer.short_id in removed
+        names = {c.name for c in cli.containers.list(all=True, filters={"label": AGENT_LABEL})}
+        assert name not in names and f"{name}-mine" in names
+    finally:
+        for c in (tracer, mine):
+            with contextlib.suppress(docker.errors.NotFound):
+                c.remove(force=True)

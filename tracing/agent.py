@@ -27,13 +27,12 @@ import docker
 import docker.errors
 
 from core.errors import UserError
+from tracing.container import AGENT_LABEL, OWNER_LABEL
 from tracing.procs import WaitsUntil
 from workloads.config import TRACER_IMAGE
 
 CAPABILITIES: tuple[str, ...] = ("SYS_ADMIN",)
 READ_ONLY: tuple[str, ...] = ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/cgroup")
-#: The label that marks the tracer containers of twintrace (found and removed after a crash).
-AGENT_LABEL = "org.twintrace.tracer"
 
 
 #: Which bpftrace traces the runs: the host's (``host``, the default) or twintrace/tracer's in
@@ -74,7 +73,8 @@ def start_tracer(
         volumes=volumes,
         working_dir=str(Path(workdir).resolve() if workdir else out),
         environment=environment or {},
-        labels={AGENT_LABEL: "1", **(labels or {})},
+        # The owner's pid: a container whose owner is gone is removed by remove_orphans.
+        labels={AGENT_LABEL: "1", OWNER_LABEL: str(os.getpid()), **(labels or {})},
         network_mode="none",
     )
 

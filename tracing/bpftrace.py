@@ -19,7 +19,7 @@ from pathlib import Path
 
 from core.errors import UserError
 from tracing.agent import ContainerChild, tracer_in_image
-from tracing.container import OWNER_LABEL, RUN_LABEL, client
+from tracing.container import RUN_LABEL, client
 from tracing.procs import ChildProcess
 
 BPF_DIR = Path(__file__).parent / "bpf"
@@ -134,7 +134,7 @@ class Tracer:
                     f"bpftrace {name}.bt",
                     env=env,
                     cwd=self.ctl_dir,
-                    labels={RUN_LABEL: out.name, OWNER_LABEL: str(os.getpid())},
+                    labels={RUN_LABEL: out.name},
                 )
                 continue
             self.children[name] = ChildProcess(

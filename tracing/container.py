@@ -39,6 +39,8 @@ RELEASE_FIFO = "release"
 RUN_LABEL = "twintrace.run"
 ROLE_LABEL = "twintrace.role"
 OWNER_LABEL = "twintrace.owner-pid"
+#: A tracer container (tracing/agent.py), with or without a run.
+AGENT_LABEL = "org.twintrace.tracer"
 BARRIER_SCRIPT = f'read line < {BARRIER_MOUNT}/{RELEASE_FIFO} && exec "$@"'
 #: docker's default network, for a container that must reach another host.
 DEFAULT_BRIDGE = "bridge"
@@ -375,11 +377,17 @@ def _stderr_sink(data: bytes) -> None:
 
 
 def remove_orphans(cli: docker.DockerClient) -> list[str]:
-    """Remove twintrace containers whose tracer process is gone (e.g. it was killed with -9).
+    """Remove twintrace containers (run containers and tracer containers) whose tracing process
+    is gone (e.g. it was killed with -9).
 
-    Returns the run ids of the removed containers."""
+    Returns the run ids of the removed containers (a tracer container of no run: its id)."""
     removed = []
-    for ctr in cli.containers.list(all=True, filters={"label": RUN_LABEL}):
+    found = {
+        c.id: c
+        for label in (RUN_LABEL, AGENT_LABEL)
+        for c in cli.containers.list(all=True, filters={"label": label})
+    }
+    for ctr in found.values():
         owner = (ctr.labels or {}).get(OWNER_LABEL, "")
         if owner.isdigit() and Path(f"/proc/{owner}").exists():
             continue

@@ -22,6 +22,7 @@ import numpy as np
 from core.errors import UserError
 from tracing.agent import tracer_in_image
 from tracing.bpftrace import BPF_DIR
+from workloads.config import BPFTRACE_LABEL, TRACER_IMAGE
 from workloads.hostrecord import cpu_model
 
 TRACEFS = Path("/sys/kernel/tracing")
@@ -160,7 +161,7 @@ def _tracer() -> Check:
     attaches a raw tracepoint on this kernel."""
     import tempfile
 
-    from tracing.agent import TRACER_IMAGE, start_tracer
+    from tracing.agent import start_tracer
     from tracing.container import client
 
     try:
@@ -170,7 +171,7 @@ def _tracer() -> Check:
         return Check("tracer image", False, "docker daemon down", "start the daemon first")
     except Exception:
         return Check("tracer image", False, f"{TRACER_IMAGE} not built", "run `./cli.py build`")
-    version = labels.get("org.twintrace.bpftrace", "?")
+    version = labels.get(BPFTRACE_LABEL, "?")
     with tempfile.TemporaryDirectory(prefix="twintrace-doctor-") as out:
         tracer = start_tracer(
             cli,
@@ -262,21 +263,36 @@ def _nvidia_runtime() -> Check:
     )
 
 
-def doctor(runs_root: Path = Path("runs"), gpus: bool = False) -> list[Check]:
-    """Run every check (``gpus``: also the GPU runtime's); never raises for a failed check."""
+#: What a traced run needs of this host (the rest of doctor's checks are images and tools).
+TRACING_CHECKS: tuple[Callable[[], Check], ...] = (
+    _is_root,
+    _bpftrace,
+    _tracefs,
+    _tracepoints,
+    _cgroups,
+    _docker,
+)
+
+
+def doctor(
+    runs_root: Path = Path("runs"), gpus: bool = False, only_tracing: bool = False
+) -> list[Check]:
+    """Run every check (``gpus``: also the GPU runtime's; ``only_tracing``: only
+    :data:`TRACING_CHECKS`, none that starts a container); never raises for a failed check."""
     checks = [
-        _is_root,
-        _bpftrace,
-        _tracefs,
-        _tracepoints,
-        _cgroups,
-        _docker,
-        _base_image,
-        _tracer,
-        _compose,
-        _traffic_control,
-        _disk(runs_root),
-        *([_nvidia_runtime] if gpus else []),
+        *TRACING_CHECKS,
+        *(
+            ()
+            if only_tracing
+            else (
+                _base_image,
+                _tracer,
+                _compose,
+                _traffic_control,
+                _disk(runs_root),
+                *([_nvidia_runtime] if gpus else []),
+            )
+        ),
     ]
     results = []
     for check in checks:
@@ -338,11 +354,10 @@ def _tracer_bpftrace() -> str | None:
     image's label)."""
     if not tracer_in_image():
         return _first_line(["bpftrace", "--version"])
-    from tracing.agent import TRACER_IMAGE
     from tracing.container import client
 
     try:
-        version = (client().images.get(TRACER_IMAGE).labels or {}).get("org.twintrace.bpftrace")
+        version = (client().images.get(TRACER_IMAGE).labels or {}).get(BPFTRACE_LABEL)
     except Exception:  # no daemon or no image: the run itself says so
         return None
     return f"bpftrace v{version}" if version else None

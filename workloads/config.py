@@ -30,6 +30,8 @@ DEFAULT_MASTER_PORT = 29500
 BASE_TAG = "twintrace/base:latest"
 #: The tracer's image: bpftrace and Python, run beside the traced containers (tracing/agent.py).
 TRACER_IMAGE = "twintrace/tracer:latest"
+#: Its label: the version of the bpftrace it carries.
+BPFTRACE_LABEL = "org.twintrace.bpftrace"
 
 
 def image_tag(workload: str, variant: str) -> str:

@@ -365,9 +365,9 @@ class ModelCompute:
             torch.cuda.synchronize(self.device)
         return time.monotonic_ns()
 
-    def feed(self, batches: Iterator[Any], loader: DataLoader[Any]) -> Iterator[Any]:
+    def feed(self, loader: DataLoader[Any]) -> Iterator[Any]:
         """The loader's batches as they come (a CUDA loader pins them itself)."""
-        return batches
+        return batches_of(loader)
 
     def stage_once(self, batch: Any) -> None:
         """Nothing: the real loader pinned the synthetic batch when it made it."""
@@ -550,7 +550,7 @@ class SleepCompute:
             time.sleep(self.profile.model_transfer_s)
             marks.append(("model_transfer", t0, time.monotonic_ns()))
 
-    def feed(self, batches: Iterator[Any], loader: DataLoader[Any]) -> Iterator[Any]:
+    def feed(self, loader: DataLoader[Any]) -> Iterator[Any]:
         """``loader``'s batches, each staged in page-locked memory before the step takes it,
         where a GPU job's DataLoader pins it: with workers, by a thread that runs as far ahead
         as the loader's batches in flight (``prefetch_factor`` x workers;
@@ -561,8 +561,8 @@ class SleepCompute:
             self.staging.close()
             self.staging = PinnedStaging(slots=ahead + 1)  # the step's batch, those ahead
         if not ahead:
-            return _staged_inline(batches, self.staging)
-        return StagedBatches(batches, self.staging, depth=ahead)
+            return _staged_inline(batches_of(loader), self.staging)
+        return StagedBatches(batches_of(loader), self.staging, depth=ahead)
 
     def stage_once(self, batch: Any) -> None:
         """Stage the one batch of a synthetic run (pinned once, as the real loader pins it)."""
@@ -924,6 +924,7 @@ class _Loop:
         self.synthetic: tuple[Any, int] | None = None
         if plan.config.synthetic:
             self.synthetic = synthetic_batches(self.train.loader, plan.config)
+            self.compute.stage_once(self.synthetic[0])
         self.eval = None
         if plan.config.eval_every > 0:
             self.eval = plan.task.eval_loader(plan.config, rank, device, em)
@@ -951,10 +952,9 @@ class _Loop:
         self.train.set_epoch(epoch)
         if self.synthetic is not None:
             batch, count = self.synthetic
-            self.compute.stage_once(batch)
             batches: Iterator[Any] = _repeat(batch, count)
         else:
-            batches = self.compute.feed(batches_of(self.train.loader), self.train.loader)
+            batches = self.compute.feed(self.train.loader)
         steps = samples = 0
         try:
             while not self.config.max_steps or steps < self.config.max_steps:
