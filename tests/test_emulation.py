@@ -250,7 +250,11 @@ def test_the_all_reduce_model_and_its_time_after_the_meeting(
     frame = run_variant(tmp_path, data_dir, "sleep", profile=str(profile), accelerators=2)
     reduce = keys(frame, "all_reduce")
     assert len(reduce) == 4
-    assert ((reduce.duration_ns / 1e9 - 0.02).abs() < 0.003).all()
+    # A sleep is never short; it may overshoot when the two ranks and their loaders share two CPUs
+    # (a CI run saw one of four at 24.5 ms): every one at least the model's 20 ms, the median at it.
+    seconds = reduce.duration_ns / 1e9
+    assert (seconds >= 0.0199).all()
+    assert seconds.median() == pytest.approx(0.02, abs=0.003)
     waits = keys(frame, "sync_wait").set_index(["rank", "step"]).sort_index()
     after = reduce.set_index(["rank", "step"]).sort_index()
     assert (after.ts_ns >= waits.end_ns).all()  # the modelled time follows the meeting
