@@ -29,17 +29,41 @@ for _ in range({PREADS}):
 """
 
 
-def test_which_tracer_is_named_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from core.errors import UserError
-    from tracing.agent import TRACER_ENV, tracer_in_image
+def test_a_host_without_bpftrace_traces_through_the_tracer_image(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    """`./cli.py trace` with no bpftrace on the host's PATH (nor any other program but what the
+    interpreter's folder holds): the run is traced from twintrace/tracer's container, exactly."""
+    import json
+    import os
+    import subprocess
+    import sys
 
-    monkeypatch.delenv(TRACER_ENV, raising=False)
-    assert not tracer_in_image()
-    monkeypatch.setenv(TRACER_ENV, "image")
-    assert tracer_in_image()
-    monkeypatch.setenv(TRACER_ENV, "gadget")
-    with pytest.raises(UserError, match="TWINTRACE_TRACER='gadget': give host or image"):
-        tracer_in_image()
+    import pandas as pd
+
+    from tests.conftest import REPO
+
+    require_tracing()
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    runs = tmp_path / "runs"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "cli.py"), "trace", "--out", str(runs)]
+        + ["--image", "twintrace/base:latest", "--", "python3", "-c", JOB],
+        env={**os.environ, "PATH": str(bare)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_dir,) = runs.iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["lost_events"] == 0
+    assert manifest["host"]["bpftrace_version"].startswith("bpftrace v0.23.")
+    assert manifest["host"]["tracer"].startswith("twintrace/tracer:latest sha256:")
+    events = pd.read_parquet(run_dir / "events.parquet")
+    preads = events[(events["kind"] == "pread64") & (events["path"] == "/etc/os-release")]
+    assert preads["count"].sum() == PREADS
 
 
 def test_the_tracer_image_carries_bpftrace_023(images: dict[str, str]) -> None:

@@ -26,26 +26,12 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from core.errors import UserError
 from tracing.container import AGENT_LABEL, OWNER_LABEL
 from tracing.procs import WaitsUntil
 from workloads.config import TRACER_IMAGE
 
 CAPABILITIES: tuple[str, ...] = ("SYS_ADMIN",)
 READ_ONLY: tuple[str, ...] = ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/cgroup")
-
-
-#: Which bpftrace traces the runs: the host's (``host``, the default) or twintrace/tracer's in
-#: its container (``image``), by the environment variable of this name.
-TRACER_ENV = "TWINTRACE_TRACER"
-
-
-def tracer_in_image() -> bool:
-    """Whether runs are traced by the tracer's container (:data:`TRACER_ENV`)."""
-    where = os.environ.get(TRACER_ENV, "host")
-    if where not in ("host", "image"):
-        raise UserError(f"{TRACER_ENV}={where!r}: give host or image")
-    return where == "image"
 
 
 def start_tracer(

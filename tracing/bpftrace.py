@@ -13,18 +13,16 @@ record.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 from core.errors import UserError
-from tracing.agent import ContainerChild, tracer_in_image
+from tracing.agent import ContainerChild
 from tracing.container import RUN_LABEL, client
-from tracing.procs import ChildProcess
 
 BPF_DIR = Path(__file__).parent / "bpf"
 SCRIPTS: tuple[str, ...] = ("syscalls", "block", "cache", "proc")
-# Long enough for dataset paths; 200 is the largest bpftrace 0.17 accepts on the BPF stack.
+# Long enough for dataset paths, and small enough for the scripts' BPF stacks.
 STRLEN = 200
 # Perf ring buffer pages per CPU (default 64): a deeper buffer rides out bursts of small reads
 # without losing events while bpftrace's user-space side catches up.
@@ -59,24 +57,18 @@ def render(name: str, cgroup_ids: Sequence[int]) -> str:
     return text.replace(CGROUP_FILTER, predicate)
 
 
-def command(
-    name: str, out: Path, script: Path, ready_file: Path, in_image: bool = False
-) -> list[str]:
-    """The bpftrace argument list for one rendered script; run it with ``ready_file``'s
-    directory as cwd (``in_image``: in the tracer's container, whose bpftrace is on its PATH)."""
-    exe = "bpftrace" if in_image else shutil.which("bpftrace")
-    if exe is None:
-        raise UserError(
-            "bpftrace is not installed: run `make setup` (apt-get install bpftrace) as root"
-        )
+def command(out: Path, script: Path, ready_file: Path) -> list[str]:
+    """The bpftrace argument list for one rendered script, run in the tracer's container (whose
+    bpftrace is on its PATH) with ``ready_file``'s directory as its working directory."""
     # --unsafe: only for BEGIN's system("touch READY_FILE"), the readiness signal. The file is
     # named relative to bpftrace's working directory: a long literal path would not fit, with
     # the 200-byte strings, in BEGIN's 512-byte BPF stack.
     # -k: bpftrace reports a failed helper call (an update to a full map, which would lose
     # that update silently) as a warning line in the output; the ingest counts it as lost. The
-    # scripts delete only keys they have seen, so no other warning comes from them.
+    # scripts look up and delete only keys they know exist (has_key), so no other warning
+    # comes from them.
     return [
-        exe,
+        "bpftrace",
         "--unsafe",
         "-k",
         "-B",
@@ -103,18 +95,16 @@ class Tracer:
         self.ctl_dir = ctl_dir
         self.cgroup_ids = tuple(cgroup_ids)
         self.scripts = scripts
-        self.children: dict[str, ChildProcess | ContainerChild] = {}
+        self.children: dict[str, ContainerChild] = {}
 
     def start(self, timeout: float = 60.0) -> None:
         """Start every script and wait until all probes of all of them are attached."""
-        in_image = tracer_in_image()
         env = {
-            # bpftrace 0.23 (the tracer's image) renamed STRLEN and warns at the old name.
-            "BPFTRACE_MAX_STRLEN" if in_image else "BPFTRACE_STRLEN": str(STRLEN),
+            "BPFTRACE_MAX_STRLEN": str(STRLEN),
             "BPFTRACE_PERF_RB_PAGES": str(PERF_RB_PAGES),
-            "BPFTRACE_MAP_KEYS_MAX": str(MAP_KEYS_MAX),
+            "BPFTRACE_MAX_MAP_KEYS": str(MAP_KEYS_MAX),
         }
-        cli = client() if in_image else None
+        cli = client()
         # The tracer's container writes into the run directory only (raw/ and ctl/ are in it).
         out = Path(os.path.commonpath([self.raw_dir.resolve(), self.ctl_dir.resolve()]))
         ready = {}
@@ -123,30 +113,24 @@ class Tracer:
             ready[name].unlink(missing_ok=True)
             script = self.raw_dir / f"{name}.bt"
             script.write_text(render(name, self.cgroup_ids))
-            argv = command(name, self.raw_dir / f"{name}.txt", script, ready[name], in_image)
-            if cli is not None:
-                self.children[name] = ContainerChild(
-                    cli,
-                    argv,
-                    self.raw_dir / f"{name}.stdout",
-                    self.raw_dir / f"{name}.stderr",
-                    out,
-                    f"bpftrace {name}.bt",
-                    env=env,
-                    cwd=self.ctl_dir,
-                    labels={RUN_LABEL: out.name},
-                )
-                continue
-            self.children[name] = ChildProcess(
-                argv,
+            self.children[name] = ContainerChild(
+                cli,
+                command(self.raw_dir / f"{name}.txt", script, ready[name]),
                 self.raw_dir / f"{name}.stdout",
                 self.raw_dir / f"{name}.stderr",
+                out,
+                f"bpftrace {name}.bt",
                 env=env,
-                name=f"bpftrace {name}.bt",
                 cwd=self.ctl_dir,
+                labels={RUN_LABEL: out.name},
             )
         for name, child in self.children.items():
             child.wait_until(ready[name].exists, timeout, "its probes attached")
+        # bpftrace 0.23 attaches the hooks it finds and only warns of one it does not.
+        for name, child in self.children.items():
+            missing = [line for line in child.stderr_tail(50).splitlines() if "not found" in line]
+            if missing:
+                raise UserError(f"bpftrace {name}.bt: {missing[0]}: see `./cli.py doctor`")
 
     def missed_probes(self) -> dict[str, int]:
         """Probe hits the kernel skipped, by script: a tracepoint that fires while another

@@ -1,19 +1,19 @@
 #!/bin/sh
 # Host set-up for twintrace on Debian/Ubuntu, as root: installs the Docker engine, docker-compose
-# (Debian's 1.29, for docker-compose.yml), bpftrace, debootstrap and Python's venv module from the
-# OS packages when missing, starts dockerd when it is not running, and mounts tracefs when it is
+# (Debian's 1.29, for docker-compose.yml), debootstrap and Python's venv module from the OS
+# packages when missing (no bpftrace: runs are traced from the twintrace/tracer image, which
+# `./cli.py build` makes with its own), starts dockerd when it is not running, and mounts tracefs when it is
 # empty. Safe to run again (does nothing then).
 set -eu
 
 fail() { echo "twintrace setup: $*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || fail "must run as root (tracing needs it): rerun with sudo, e.g. \`sudo make setup\`"
-[ -f /etc/debian_version ] || fail "not a Debian/Ubuntu system: install the Docker engine, docker-compose, bpftrace >= 0.17, debootstrap and python3-venv with your package manager, start dockerd, mount tracefs, then run \`make setup\` again"
+[ -f /etc/debian_version ] || fail "not a Debian/Ubuntu system: install the Docker engine, docker-compose, debootstrap and python3-venv with your package manager, start dockerd, mount tracefs, then run \`make setup\` again"
 
 need=""
 command -v dockerd >/dev/null 2>&1 || need="$need docker.io"
 command -v docker-compose >/dev/null 2>&1 || need="$need docker-compose"
-command -v bpftrace >/dev/null 2>&1 || need="$need bpftrace"
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
 # tc and ip (--net-bandwidth caps a run's network), nsenter (finds a container's veth)
 command -v tc >/dev/null 2>&1 || need="$need iproute2"
@@ -47,4 +47,4 @@ if ! docker info >/dev/null 2>&1; then
     sleep 1
   done
 fi
-echo "twintrace setup: host ready (docker $(docker version --format '{{.Server.Version}}'), docker-compose $(docker-compose version --short), $(bpftrace --version))"
+echo "twintrace setup: host ready (docker $(docker version --format '{{.Server.Version}}'), docker-compose $(docker-compose version --short))"
