@@ -162,3 +162,23 @@ def test_a_tracer_container_whose_owner_is_gone_is_removed(
         for c in (tracer, mine):
             with contextlib.suppress(docker.errors.NotFound):
                 c.remove(force=True)
+
+
+def test_the_hooks_doctor_checks_are_the_scripts_hooks() -> None:
+    from tracing.host import needed_hooks
+
+    hooks = needed_hooks()
+    assert {"rawtracepoint:sys_enter", "rawtracepoint:sys_exit"} <= set(hooks)
+    assert {"tracepoint:block:block_rq_issue", "tracepoint:sched:sched_process_exit"} <= set(hooks)
+    assert "tracepoint:filemap:mm_filemap_add_to_page_cache" in hooks
+    # Hooks named only in the scripts' comments are not hooks.
+    assert not [h for h in hooks if h.startswith("tracepoint:syscalls:")]
+
+
+def test_doctor_attaches_every_hook_from_the_tracer_container(images: dict[str, str]) -> None:
+    require_tracing()
+    from tracing.host import _tracer, needed_hooks
+
+    check = _tracer()
+    assert check.ok, check
+    assert f"all {len(needed_hooks())} hooks attach" in check.detail

@@ -17,6 +17,7 @@ import pytest
 
 from core.rundir import load_run
 from tests.conftest import REPO, bpftrace_running, traced_events
+from tracing.bpftrace import SCRIPTS
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.request import ContainerSpec, RunRequest, workload_request
 from tracing.runner import trace
@@ -198,7 +199,8 @@ def test_ctrl_c_stops_every_container_of_a_compose_topology(
                 if manifest.get("start_ns"):
                     run_dir = dirs[0]
                     assert bpftrace_running()
-                    assert len(_left_behind(run_dir.name)) == 3  # two containers, one network
+                    # two containers, one network, the tracer's container per script
+                    assert len(_left_behind(run_dir.name)) == 3 + len(SCRIPTS)
                     break
             time.sleep(0.2)
         assert run_dir is not None, "the trace never started"
@@ -208,6 +210,7 @@ def test_ctrl_c_stops_every_container_of_a_compose_topology(
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()  # reaped: its containers' owner is gone, for the next run to remove
     assert proc.returncode == 130, stderr.decode()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
