@@ -91,11 +91,13 @@ def test_a_traced_dlio_run(
     if settings.get("max_steps"):
         expected = min(expected, settings["max_steps"])
     assert summary["steps"] == expected
-    # AU: ours from DLIO's steps, DLIO's own, within 1 percentage point
+    # AU: ours from DLIO's steps, DLIO's own, within 1.5 percentage points: DLIO times its
+    # epoch with its own clock reads around the steps, and over BERT's three measured steps of
+    # ~40 ms a millisecond between the two is 0.8 points (one CI run saw 1.006).
     from analysis.breakdown import accelerator_utilisation
 
     ours = 100 * accelerator_utilisation(run)
-    assert abs(ours - summary["dlio"]["au_percent"]) < 1.0, (ours, summary["dlio"])
+    assert abs(ours - summary["dlio"]["au_percent"]) < 1.5, (ours, summary["dlio"])
 
     # reads: every data file of the mirror DLIO's steps covered, read through
     events = traced_events(outcome.run_dir)
