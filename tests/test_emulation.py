@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -31,6 +32,15 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("emulation") / "data")
+
+
+def slept(seconds: pd.Series, expected: float, tolerance: float = 0.004) -> None:
+    """Emulated sleeps are never short, only late: a process can be descheduled past its
+    deadline on 2 loaded CPUs (CI runs saw a 20 ms sleep take 24.5 ms and a 50 ms step 54.3).
+    Every one at least ``expected`` (less half a millisecond of clock reading), their median
+    within ``tolerance`` of it."""
+    assert (seconds >= expected - 0.0005).all(), seconds.tolist()
+    assert abs(float(seconds.median()) - expected) < tolerance, seconds.tolist()
 
 
 def test_staging_copies_the_batch_into_locked_memory() -> None:
@@ -185,9 +195,9 @@ def test_compute_is_split_into_the_phases_of_a_real_step(tmp_path: Path, data_di
     ):
         part = keys(frame, key).set_index("step")
         assert len(part) == 3
-        assert ((part.duration_ns / 1e9 - 0.05 * share).abs() < 0.004).all(), key
+        slept(part.duration_ns / 1e9, 0.05 * share)
         assert (part.ts_ns >= busy.ts_ns).all() and (part.end_ns <= busy.end_ns).all()
-    assert ((busy.duration_ns / 1e9 - 0.05).abs() < 0.004).all()  # the phases add up
+    slept(busy.duration_ns / 1e9, 0.05)  # the phases add up
     transfer = keys(frame, "model_transfer")
     assert len(transfer) == 1 and transfer.duration_ns.iloc[0] >= 30_000_000
     assert (keys(frame, "load_batch_gpu").duration_ns >= 10_000_000).all()
@@ -201,8 +211,8 @@ def test_the_first_step_carries_the_profiles_warm_up_once(tmp_path: Path, data_d
     frame = run_variant(tmp_path, data_dir, "sleep", profile=str(profile))
     busy = keys(frame, "accelerator_busy").set_index("step").duration_ns / 1e9
     assert len(busy) == 3
-    assert abs(busy.loc[0] - (0.05 + 0.08)) < 0.004
-    assert ((busy.loc[1:] - 0.05).abs() < 0.004).all()
+    assert 0.05 + 0.08 - 0.0005 <= busy.loc[0] < 0.05 + 0.08 + 0.01
+    slept(busy.loc[1:], 0.05)
 
 
 def test_ranks_wait_for_the_slowest_at_every_step(tmp_path: Path, data_dir: Path) -> None:
@@ -252,9 +262,7 @@ def test_the_all_reduce_model_and_its_time_after_the_meeting(
     assert len(reduce) == 4
     # A sleep is never short; it may overshoot when the two ranks and their loaders share two CPUs
     # (a CI run saw one of four at 24.5 ms): every one at least the model's 20 ms, the median at it.
-    seconds = reduce.duration_ns / 1e9
-    assert (seconds >= 0.0199).all()
-    assert seconds.median() == pytest.approx(0.02, abs=0.003)
+    slept(reduce.duration_ns / 1e9, 0.02, tolerance=0.003)
     waits = keys(frame, "sync_wait").set_index(["rank", "step"]).sort_index()
     after = reduce.set_index(["rank", "step"]).sort_index()
     assert (after.ts_ns >= waits.end_ns).all()  # the modelled time follows the meeting
