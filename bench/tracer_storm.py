@@ -193,13 +193,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--floor", action="store_true", help="also measure the probes' floor")
     args = parser.parse_args()
+    # The host's bpftrace row only where the host has one (twintrace needs none).
+    measured = [f for f in FLOORS if f[1] == "image" or shutil.which("bpftrace")]
     work = Path(tempfile.mkdtemp(prefix="twintrace-storm-"))
     try:
         for size_text in args.sizes.split(","):
             size = parse_size(size_text)
             ratios: list[float] = []
-            # The host's bpftrace row only where the host has one (twintrace needs none).
-            measured = [f for f in FLOORS if f[1] == "image" or shutil.which("bpftrace")]
             floors: dict[str, list[float]] = {label: [] for label, _, _ in measured}
             for i in range(args.rounds):
                 times = {}

@@ -18,7 +18,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 def _missing_prerequisites() -> list[str]:
     from tracing.host import doctor
 
-    # root, bpftrace, tracefs, tracepoints, cgroup v2, docker daemon
+    # root, bpftrace (the tracer's image), tracefs, cgroup v2, docker daemon
     return [f"{c.name}: {c.detail} ({c.fix})" for c in doctor(only_tracing=True) if not c.ok]
 
 

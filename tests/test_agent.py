@@ -182,3 +182,15 @@ def test_doctor_attaches_every_hook_from_the_tracer_container(images: dict[str, 
     check = _tracer()
     assert check.ok, check
     assert f"all {len(needed_hooks())} hooks attach" in check.detail
+
+
+def test_a_hook_bpftrace_did_not_find_is_named() -> None:
+    from tracing.bpftrace import hooks_not_found
+
+    said = (
+        "stdin:1:1-32: WARNING: tracepoint not found: syscalls:sys_enter_X\n"
+        "tracepoint:syscalls:sys_enter_X, tracepoint:syscalls:sys_enter_read { }\n"
+        "Attaching 3 probes...\n"
+    )
+    assert hooks_not_found(said) == [said.splitlines()[0]]
+    assert hooks_not_found("Attaching 6 probes...\nREADY 1\n") == []

@@ -81,6 +81,13 @@ def command(out: Path, script: Path, ready_file: Path) -> list[str]:
     ]
 
 
+def hooks_not_found(said: str) -> list[str]:
+    """The lines of bpftrace's output that name a hook it did not find: bpftrace 0.23
+    attaches the hooks it finds and only warns of one it does not ("WARNING: tracepoint not
+    found: syscalls:sys_enter_x")."""
+    return [line for line in said.splitlines() if "not found:" in line]
+
+
 class Tracer:
     """The bpftrace processes of one run, writing into ``raw_dir``."""
 
@@ -126,9 +133,8 @@ class Tracer:
             )
         for name, child in self.children.items():
             child.wait_until(ready[name].exists, timeout, "its probes attached")
-        # bpftrace 0.23 attaches the hooks it finds and only warns of one it does not.
         for name, child in self.children.items():
-            missing = [line for line in child.stderr_tail(50).splitlines() if "not found" in line]
+            missing = hooks_not_found(child.stderr_tail(50))
             if missing:
                 raise UserError(f"bpftrace {name}.bt: {missing[0]}: see `./cli.py doctor`")
 

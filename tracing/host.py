@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import UserError
-from tracing.bpftrace import BPF_DIR
+from tracing.bpftrace import BPF_DIR, hooks_not_found
 from workloads.config import BPFTRACE_LABEL, TRACER_IMAGE
 from workloads.hostrecord import cpu_model
 
@@ -92,14 +92,6 @@ def _tracefs() -> Check:
     )
 
 
-def needed_tracepoints() -> list[str]:
-    """Every tracepoint the bpftrace scripts attach to, as category:name."""
-    found: set[str] = set()
-    for script in BPF_DIR.glob("*.bt"):
-        found.update(re.findall(r"^tracepoint:(\w+:\w+)", script.read_text(), flags=re.M))
-    return sorted(found)
-
-
 def _cgroups() -> Check:
     from tracing.cgroups import unified_root
 
@@ -165,8 +157,7 @@ def _tracer() -> Check:
             said = tracer.logs().decode(errors="replace")
         finally:
             tracer.remove(force=True)
-    # bpftrace 0.23 attaches what it finds and warns of a hook it does not find.
-    missing = [line for line in said.splitlines() if "not found" in line]
+    missing = hooks_not_found(said)
     if code != 0 or missing:
         said = "\n".join(missing) or said
         return Check(
@@ -312,14 +303,6 @@ def require_tracing_prerequisites() -> None:
         result = check()
         if not result.ok:
             raise UserError(f"{result.name}: {result.detail}: {result.fix}")
-
-
-def _first_line(argv: list[str]) -> str | None:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        return (out.stdout or out.stderr).strip().splitlines()[0] if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, IndexError):
-        return None
 
 
 def host_metadata(docker_version: str | None = None) -> dict[str, Any]:
