@@ -107,7 +107,7 @@ def traced_preads(run_dir: Path) -> tuple[int, int]:
 
 #: The floors' probes, each the least a tracer of that kind does: (label, where bpftrace runs,
 #: script). "host" is the host's bpftrace (Debian 12: 0.17); "image" is twintrace/tracer's
-#: (Debian 13: 0.23) in its container (tracing/agent.py). Enter+exit keeps each call's entry
+#: (Debian 13: 0.23) in its container (tracing/tracer_container.py). Enter+exit keeps each call's entry
 #: time per thread and reads it at exit, what a latency needs; exit-only counts calls, what
 #: counts and bytes need. Syscall tracepoints fire for pread64 only; raw tracepoints fire for
 #: every system call of every task (and the program must tell them apart).
@@ -147,7 +147,7 @@ _END = "\nEND { clear(@s); }\n"
 
 def run_floor(size: int, calls: int, runs: Path, where: str, script: str) -> float:
     """The job's loop time, untraced, while one floor's bare probes are attached."""
-    from tracing.agent import start_tracer
+    from tracing.tracer_container import start_tracer
     from tracing.container import client
 
     runs.mkdir(parents=True, exist_ok=True)

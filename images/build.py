@@ -12,10 +12,12 @@ Images and their inputs:
   parts of the chosen build. The base image carries the labels ``org.twintrace.torch``
   (``cpu`` or ``cuda``) and ``org.twintrace.torch.version`` (what ``torch.__version__`` says,
   read from the wheel), and its build checks them against the torch it installed;
-- ``twintrace/tracer:latest``: the tracer's image, a Debian trixie root made by debootstrap
-  with bpftrace (0.23: raw tracepoints) and Python, labelled ``org.twintrace.bpftrace`` with
-  the bpftrace version its packages installed; ``docker run --rm twintrace/tracer:latest``
-  prints it (``bpftrace --version``);
+- ``twintrace/tracer:latest``: the tracer's image, the tracing code (``core/``, ``tracing/``)
+  in /opt/twintrace on ``twintrace/tracer-root:latest``, a Debian trixie root made by
+  debootstrap with bpftrace (0.23: raw tracepoints), Python and grpcio (the agent:
+  tracing/agent.py), labelled ``org.twintrace.bpftrace`` with the bpftrace version its
+  packages installed; ``docker run --rm twintrace/tracer:latest`` prints it
+  (``bpftrace --version``). Editing the tracing code rebuilds only the code layer (seconds);
 - ``twintrace/dlio:latest`` (``images/dlio/Dockerfile``): the DLIO benchmark pinned in
   ``images/requirements-dlio.txt``, on twintrace/base, from its own wheelhouse part
   (``.cache/wheelhouse/dlio/``); it runs the ``dlio`` variant of every workload;
@@ -65,7 +67,9 @@ BASE_CONTEXT = CACHE / "base-context"
 OS_TAG = "twintrace/os:bookworm"
 #: The tracer's image (TRACER_IMAGE): a Debian root with a bpftrace that has raw tracepoints.
 TRACER_SUITE = "trixie"
-TRACER_PACKAGES = ("bpftrace", "python3")
+# libre2-11: provides the virtual package python3-grpcio depends on, which debootstrap does not
+# resolve by itself.
+TRACER_PACKAGES = ("bpftrace", "python3", "python3-grpcio", "libre2-11")
 TRACER_RECIPE = 1  # bumped when the image's recipe changes (rebuilds it)
 REGISTRY_BASE = "python:3.11-slim"
 HASH_LABEL = "twintrace.inputs-hash"
@@ -472,25 +476,70 @@ def dpkg_version(rootfs: Path, package: str) -> str | None:
     return None
 
 
+#: The tracer image's Debian root, under its code layer (build_tracer).
+TRACER_ROOT = "twintrace/tracer-root:latest"
+#: The tracing code the tracer's agent runs (tracing/agent.py), copied to /opt/twintrace: the
+#: same trees its digest covers (tracing.agent.SOURCE_GLOBS; images import no tracing module).
+TRACER_SOURCES = ("core/*.py", "tracing/*.py", "tracing/bpf/*.bt")
+
+
+def tracer_sources(root: Path = REPO) -> list[Path]:
+    return sorted(path for pattern in TRACER_SOURCES for path in root.glob(pattern))
+
+
+def _pynvml() -> Path | None:
+    """nvidia-ml-py's one module (pure Python, pinned in requirements.lock), for the agent's
+    GPU samples: Debian has no package of it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pynvml")
+    return Path(spec.origin) if spec and spec.origin else None
+
+
 def build_tracer(cli: docker.DockerClient, log: Log) -> BuildResult:
-    """Build twintrace/tracer (module doc) unless its inputs hash is already its label."""
-    inputs = hashlib.sha256(
+    """Build twintrace/tracer (module doc) unless its inputs hash is already its label: a
+    Debian root (rebuilt only when its suite or packages change) and the tracing code on it."""
+    root_inputs = hashlib.sha256(
         json.dumps([TRACER_SUITE, TRACER_PACKAGES, TRACER_RECIPE]).encode()
     ).hexdigest()[:16]
+    current, root_id = _existing_hash(cli, TRACER_ROOT)
+    if current != root_inputs or not root_id:
+        log(f"building {TRACER_ROOT}: a Debian {TRACER_SUITE} root with bpftrace (about a minute)")
+
+        def labels(rootfs: Path) -> dict[str, str]:
+            version = dpkg_version(rootfs, "bpftrace")
+            if version is None:
+                raise UserError(f"the {TRACER_SUITE} root has no bpftrace package installed")
+            return {HASH_LABEL: root_inputs, BPFTRACE_LABEL: version.split("-")[0]}
+
+        root_id = bootstrap_image(
+            cli, TRACER_ROOT, TRACER_SUITE, TRACER_PACKAGES, labels, ("bpftrace", "--version")
+        )
+    sources = tracer_sources()
+    nvml = _pynvml()
+    inputs = _hash_files(sources, [root_id, nvml.read_text() if nvml else ""])
     current, image_id = _existing_hash(cli, TRACER_IMAGE)
     if current == inputs and image_id:
         return BuildResult(TRACER_IMAGE, image_id, False)
-    log(f"building {TRACER_IMAGE}: a Debian {TRACER_SUITE} root with bpftrace (about a minute)")
-
-    def labels(rootfs: Path) -> dict[str, str]:
-        version = dpkg_version(rootfs, "bpftrace")
-        if version is None:
-            raise UserError(f"the {TRACER_SUITE} root has no bpftrace package installed")
-        return {HASH_LABEL: inputs, BPFTRACE_LABEL: version.split("-")[0]}
-
-    image_id = bootstrap_image(
-        cli, TRACER_IMAGE, TRACER_SUITE, TRACER_PACKAGES, labels, ("bpftrace", "--version")
-    )
+    log(f"building {TRACER_IMAGE}: the tracing code on {TRACER_ROOT}")
+    with tempfile.TemporaryDirectory(prefix="twintrace-tracer-") as tmp:
+        context = Path(tmp)
+        for path in sources:
+            target = context / "twintrace" / path.relative_to(REPO)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+        if nvml is not None:
+            shutil.copyfile(nvml, context / "twintrace" / "pynvml.py")
+        (context / "Dockerfile").write_text(
+            f"FROM {TRACER_ROOT}\n"
+            "COPY twintrace /opt/twintrace\n"
+            "ENV PYTHONPATH=/opt/twintrace PYTHONDONTWRITEBYTECODE=1\n"
+            "WORKDIR /opt/twintrace\n"
+            f"LABEL {HASH_LABEL}={inputs}\n"
+            # fails the build should the agent not import (grpcio, the code)
+            "RUN python3 -c 'import tracing.agent'\n"
+        )
+        image_id = _stream_build(cli, log, path=str(context), tag=TRACER_IMAGE)
     return BuildResult(TRACER_IMAGE, image_id, True)
 
 

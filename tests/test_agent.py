@@ -1,4 +1,4 @@
-"""The tracer's container (tracing/agent.py): bpftrace 0.23 from twintrace/tracer, with
+"""The tracer's container (tracing/tracer_container.py): bpftrace 0.23 from twintrace/tracer, with
 ``--pid host``, SYS_ADMIN alone and read-only kernel mounts, counts another container's system
 calls exactly, by its cgroup, on tracepoints and on raw tracepoints."""
 
@@ -84,9 +84,9 @@ def test_the_tracer_container_counts_another_containers_calls(
 ) -> None:
     require_tracing()
     from tracing import container as ctr
-    from tracing.agent import CAPABILITIES, start_tracer
     from tracing.cgroups import cgroups_of
     from tracing.container import AGENT_LABEL
+    from tracing.tracer_container import CAPABILITIES, start_tracer
     from workloads.config import BASE_TAG
 
     cli = ctr.client()
@@ -141,8 +141,8 @@ def test_a_tracer_container_whose_owner_is_gone_is_removed(
     next run removes, as run containers are."""
     import subprocess
 
-    from tracing.agent import start_tracer
     from tracing.container import AGENT_LABEL, OWNER_LABEL, client, remove_orphans
+    from tracing.tracer_container import start_tracer
 
     cli = client()
     gone = subprocess.Popen(["true"])
@@ -194,3 +194,104 @@ def test_a_hook_bpftrace_did_not_find_is_named() -> None:
     )
     assert hooks_not_found(said) == [said.splitlines()[0]]
     assert hooks_not_found("Attaching 6 probes...\nREADY 1\n") == []
+
+
+def _agent_containers(run_id: str) -> list:
+    from tracing.container import AGENT_LABEL, RUN_LABEL, client
+
+    return [
+        c
+        for c in client().containers.list(all=True, filters={"label": AGENT_LABEL})
+        if (c.labels or {}).get(RUN_LABEL) == run_id
+    ]
+
+
+def test_a_run_whose_agent_dies_fails_and_leaves_nothing(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    """The agent's container killed while the workload runs: the run fails saying the agent
+    stopped answering; no container, no agent, no bpftrace is left; the manifest says failed."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, bpftrace_running
+    from tracing.container import RUN_LABEL, client
+
+    require_tracing()
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), "trace", "--out", str(runs), "--image"]
+        + ["twintrace/base:latest", "--", "python3", "-c", "import time; time.sleep(120)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        run_dir = None
+        while run_dir is None:
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
+            for found in runs.glob("*/manifest.json") if runs.exists() else []:
+                if json.loads(found.read_text()).get("start_ns"):
+                    run_dir = found.parent  # released: the agent traces the workload
+            time.sleep(0.2)
+        (agent,) = _agent_containers(run_dir.name)
+        assert bpftrace_running()
+        agent.kill()
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr
+    assert "the tracer agent at 127.0.0.1:" in stderr and "stopped answering" in stderr, stderr
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "stopped answering" in manifest["error"]
+    assert not client().containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"})
+    assert bpftrace_running() == []
+
+
+def test_an_agent_whose_coordinator_is_gone_stops_its_tracer_and_exits(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    """A coordinator killed with -9 calls no more: after its lease the agent stops bpftrace and
+    the samplers, keeps what they wrote, and its container goes."""
+    from tests.conftest import bpftrace_running
+    from tracing import container as ctr
+    from tracing.tracer_container import start_agent
+    from workloads.config import BASE_TAG
+
+    require_tracing()
+    cli = ctr.client()
+    run = tmp_path / f"lease-{uuid.uuid4().hex[:8]}"
+    for sub in ("raw", "ctl/main"):
+        (run / sub).mkdir(parents=True)
+    target = ctr.start_held(
+        cli, BASE_TAG, ["python3", "-c", JOB], run / "ctl" / "main", [], run.name, "main",
+        network=None,
+    )  # fmt: skip
+    try:
+        agent = start_agent(cli, run, lease_s=2.0)
+        reply = agent.client.call(
+            "Attach",
+            {
+                "run_id": run.name,
+                "run_dir": str(run),
+                "containers": [{"role": "main", "container_id": target.id, "barrier": "ctl/main"}],
+            },
+        )
+        assert reply["containers"]["main"]["main_pid"] == ctr.main_pid(target)
+        assert sorted(reply["tracer_pids"]) == ["block", "cache", "proc", "syscalls"]
+        assert set(reply["tracer_pids"].values()) <= set(bpftrace_running())
+        agent.client.close()  # the coordinator is gone: no call from here on
+        deadline = time.monotonic() + 60
+        while _agent_containers(run.name) or bpftrace_running():
+            assert time.monotonic() < deadline, "the agent outlived its lease by a minute"
+            time.sleep(0.5)
+        said = (run / "raw" / "agent.log").read_text()
+        assert "lease expired" in said and "exited" in said, said
+        assert (run / "raw" / "syscalls.txt").stat().st_size > 0
+        assert (run / "raw" / "samples.csv").read_text().startswith("ts_ns,metric")
+    finally:
+        target.remove(force=True)

@@ -1,149 +1,524 @@
-"""The tracer's container: bpftrace from ``twintrace/tracer`` (images/build.py), run beside the
-traced containers with the least it needs, so that a host needs nothing but a Docker engine.
+"""The tracer agent: the process that owns one host's side of a traced run, and its protocol.
 
-What the container is allowed, and why (each checked on these machines, ``tests/test_agent.py``):
+It runs in the ``twintrace/tracer`` image (tracing/tracer_container.py starts it, with the
+privileges listed there), one per host and run, and is driven over gRPC by the run's
+coordinator (``./cli.py trace``: tracing/runner.py) through :class:`AgentClient`; a run over
+several hosts drives one agent per host through the same client. The agent needs no Docker
+socket: the coordinator names the run's containers by id, and the agent finds their processes
+and cgroups in ``/proc`` (it shares the host's PID and cgroup namespaces).
 
-- ``--pid host``: bpftrace's ``pid``/``tid`` builtins and its user-space side see the host's
-  processes (the traced containers' tasks), as the host's bpftrace does;
-- capability ``SYS_ADMIN`` only: ``bpf()`` and ``perf_event_open()`` for tracepoints and raw
-  tracepoints (Docker 20.10 rejects the narrower names ``CAP_BPF`` and ``CAP_PERFMON``;
-  ``--privileged`` asks for every capability and fails where the host's bounding set lacks
-  one, as ``CAP_SYS_RESOURCE`` here). Docker's default seccomp profile allows ``bpf()`` and
-  ``perf_event_open()`` to a container with ``SYS_ADMIN``;
-- read-only: ``/sys/kernel/tracing`` (tracepoint formats and ids), ``/sys/kernel/btf`` (the
-  kernel's types, for typed arguments), ``/sys/fs/cgroup`` (``cgroupid()`` and the samplers'
-  counters);
-- one writable mount: the folder the tracer writes its output into (``out``), at the same path
-  inside, so that paths in its output are the host's.
+The protocol (docs/agent.md): service ``twintrace.agent.v1.Agent``, every request and reply one
+JSON object (UTF-8) as the gRPC message, so that any gRPC client can speak it without generated
+code. A run goes Hello -> Attach -> Release -> Status* -> Stop -> Fetch* -> Shutdown:
+
+- ``Hello {}`` -> ``{protocol, sources, bpftrace, pid, state}``: ``sources`` is the digest of
+  the tracing code in the image, checked by the client against its own (:func:`sources_digest`).
+- ``Attach {run_id, run_dir, containers: [{role, container_id, barrier}], scripts,
+  sample_interval, network}`` -> ``{containers: {role: {main_pid, cgroup_id}}, tracer_pids}``:
+  finds each container's first process (held at its barrier), starts the samplers and the
+  bpftrace scripts over the containers' cgroups and answers once every probe is attached.
+- ``Release {}`` -> ``{released_ns}``: lets every container go (its barrier FIFO); the time is
+  the host's CLOCK_MONOTONIC, the clock of every event.
+- ``Status {}`` -> ``{state, failed}``: ``failed`` says why a bpftrace script or the sampler
+  ended early (null while all run).
+- ``Stop {}`` -> ``{exit_codes, missed_probes, sampler_error, files: [{path, size}]}``: stops
+  the scripts (they print their last period) and the samplers; ``files`` are the outputs,
+  relative to the run directory.
+- ``Fetch {path}`` -> a stream of byte chunks: one output file, for a coordinator on another
+  host (one that sees the file itself, at its size, reads it there).
+- ``Shutdown {}`` -> ``{}``: the agent stops what still runs and exits.
+
+A call that cannot be carried out answers ``FAILED_PRECONDITION`` (out of order) or
+``INVALID_ARGUMENT`` with one line saying why. Every call renews the agent's lease: an agent
+that hears nothing for ``lease_s`` seconds (its coordinator was killed, or lost its network)
+stops its scripts and samplers, keeps what they wrote, and exits.
+
+Docker-free (it runs inside the tracer's image): standard library, grpcio and the tracing code.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
+import logging
 import os
-from collections.abc import Mapping, Sequence
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from pathlib import Path
+from typing import Any
 
-import docker
-import docker.errors
+# Before grpc loads: its fork handlers wait for the server's threads to be idle before a fork,
+# and the agent forks bpftrace (subprocess with preexec_fn) from within a call: they would wait
+# forever. The agent's children never use gRPC.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+import grpc  # noqa: E402
 
-from tracing.container import AGENT_LABEL, OWNER_LABEL
-from tracing.procs import WaitsUntil
-from workloads.config import TRACER_IMAGE
+from core.errors import UserError
+from tracing import bpftrace
+from tracing.barrier import release
+from tracing.cgroups import cgroups_of
+from tracing.samplers import Sampler
 
-CAPABILITIES: tuple[str, ...] = ("SYS_ADMIN",)
-READ_ONLY: tuple[str, ...] = ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/cgroup")
+SERVICE = "twintrace.agent.v1.Agent"
+PROTOCOL = 1
+#: The port the agent listens on inside its container (published on the host's loopback).
+PORT = 7443
+#: Seconds without a call after which the agent gives its run up.
+LEASE_S = 15.0
+#: Bytes per Fetch chunk (gRPC's default message limit is 4 MiB).
+CHUNK = 1 << 20
+#: What the image's tracing code is: these trees, relative to the project's root.
+SOURCE_GLOBS = ("core/*.py", "tracing/*.py", "tracing/bpf/*.bt")
 
-
-def start_tracer(
-    cli: docker.DockerClient,
-    command: Sequence[str],
-    out: Path,
-    name: str,
-    environment: dict[str, str] | None = None,
-    workdir: Path | None = None,
-    labels: Mapping[str, str] | None = None,
-) -> docker.models.containers.Container:
-    """Start ``command`` (a bpftrace command line) in a tracer container named ``name``, with
-    ``out`` its only writable folder and its working directory ``workdir`` (default ``out``);
-    returns the running container."""
-    out = Path(out).resolve()
-    volumes = {path: {"bind": path, "mode": "ro"} for path in READ_ONLY if Path(path).exists()}
-    volumes[str(out)] = {"bind": str(out), "mode": "rw"}
-    return cli.containers.run(
-        TRACER_IMAGE,
-        list(command),
-        name=name,
-        detach=True,
-        pid_mode="host",
-        cap_add=list(CAPABILITIES),
-        volumes=volumes,
-        working_dir=str(Path(workdir).resolve() if workdir else out),
-        environment=environment or {},
-        # The owner's pid: a container whose owner is gone is removed by remove_orphans.
-        labels={AGENT_LABEL: "1", OWNER_LABEL: str(os.getpid()), **(labels or {})},
-        network_mode="none",
-    )
+log = logging.getLogger("twintrace.agent")
 
 
-class ContainerChild(WaitsUntil):
-    """A bpftrace in a tracer container, with :class:`tracing.procs.ChildProcess`'s interface
-    (its pid is the host's: the container shares the host's PID namespace); its output is
-    written to ``stdout_path`` and ``stderr_path`` when it stops."""
+def sources_digest(root: Path) -> str:
+    """A digest of the tracing code under ``root`` (:data:`SOURCE_GLOBS`): the client compares
+    the image's with its checkout's, so a run never mixes two versions of the code."""
+    digest = hashlib.sha256()
+    for pattern in SOURCE_GLOBS:
+        for path in sorted(root.glob(pattern)):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
-    def __init__(
-        self,
-        cli: docker.DockerClient,
-        argv: Sequence[str],
-        stdout_path: Path,
-        stderr_path: Path,
-        out: Path,
-        name: str,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-        labels: Mapping[str, str] | None = None,
-    ) -> None:
-        self.name = name
-        self.stdout_path = Path(stdout_path)
-        self.stderr_path = Path(stderr_path)
-        self.returncode: int | None = None
-        self.container = start_tracer(
-            cli, argv, out, f"{out.name}-{name.split()[-1].replace('.', '-')}", env, cwd, labels
+
+class CallError(Exception):
+    """A call that cannot be carried out: a gRPC status code and one line."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def container_processes(container_id: str, proc: Path = Path("/proc")) -> list[int]:
+    """The host pids of the container's processes: those whose cgroup paths name its id (true
+    of Docker's cgroupfs and systemd drivers, cgroup v1 and v2)."""
+    pids = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if container_id in (entry / "cgroup").read_text():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def first_process(pids: Sequence[int], proc: Path = Path("/proc")) -> int:
+    """The root of the processes' tree: the one whose parent is not among them (a container
+    held at its barrier has only its entry point)."""
+    members = set(pids)
+    roots = []
+    for pid in pids:
+        try:
+            stat = (proc / str(pid) / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent not in members:
+            roots.append(pid)
+    if not roots:
+        raise CallError(grpc.StatusCode.FAILED_PRECONDITION, "the container has no process")
+    return min(roots)
+
+
+class RunSide:
+    """One host's side of one run: its containers, samplers and bpftrace scripts."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        try:
+            self.run_id = str(request["run_id"])
+            self.run_dir = Path(request["run_dir"])
+            self.members = [
+                (str(c["role"]), str(c["container_id"]), self.run_dir / str(c["barrier"]))
+                for c in request["containers"]
+            ]
+            self.scripts = tuple(request.get("scripts", bpftrace.SCRIPTS))
+            self.interval = float(request.get("sample_interval", 0.1))
+            self.network = bool(request.get("network", False))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"bad Attach: {exc!r}") from None
+        if not self.members:
+            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, "Attach names no container")
+        unknown = set(self.scripts) - set(bpftrace.SCRIPTS)
+        if unknown:
+            raise CallError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"unknown scripts: {', '.join(sorted(unknown))}"
+            )
+        if not (self.run_dir / "raw").is_dir():
+            raise CallError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{self.run_dir}/raw is not a folder this agent can see (its writable mount)",
+            )
+        self.raw = self.run_dir / "raw"
+        self.ctl = self.run_dir / "ctl"
+        self.sampler: Sampler | None = None
+        self.tracer: bpftrace.Tracer | None = None
+        self.stopped: dict[str, Any] | None = None
+
+    def attach(self) -> dict[str, Any]:
+        found = {}
+        for role, container_id, _ in self.members:
+            pids = container_processes(container_id)
+            if not pids:
+                raise CallError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"container {role} ({container_id[:12]}) has no process on this host",
+                )
+            pid = first_process(pids)
+            found[role] = (pid, cgroups_of(pid))
+        self.sampler = Sampler(
+            self.raw / "samples.csv",
+            {role: cg for role, (_, cg) in found.items()},
+            self.interval,
+            netns={role: pid for role, (pid, _) in found.items()} if self.network else None,
         )
-        self.container.reload()
-        self._pid = int(self.container.attrs["State"]["Pid"] or 0)
-        self._saved = False
+        self.sampler.start()
+        self.tracer = bpftrace.Tracer(
+            self.raw, self.ctl, [cg.v2_id for _, cg in found.values()], self.scripts
+        )
+        self.tracer.start()
+        pids = {name: child.pid for name, child in self.tracer.children.items()}
+        self.sampler.watch({f"tracer_rss_{name}": pid for name, pid in pids.items()})
+        return {
+            "containers": {
+                role: {"main_pid": pid, "cgroup_id": cg.v2_id} for role, (pid, cg) in found.items()
+            },
+            "tracer_pids": pids,
+        }
 
-    @property
-    def pid(self) -> int:
-        return self._pid
+    def release(self) -> dict[str, Any]:
+        for _, _, barrier in self.members:  # back to back: every container within ~1 ms
+            release(barrier)
+        return {"released_ns": time.monotonic_ns()}
 
-    def poll(self) -> int | None:
-        """The exit code if bpftrace has ended, else None."""
-        if self.returncode is None:
+    def failed(self) -> str | None:
+        failure = self.tracer.failed() if self.tracer is not None else None
+        if failure is None and self.sampler is not None and self.sampler.error is not None:
+            failure = f"the sampler failed: {self.sampler.error!r}"
+        return failure
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the scripts, then the samplers; idempotent (a second call answers the first's
+        reply)."""
+        if self.stopped is not None:
+            return self.stopped
+        codes: dict[str, int] = {}
+        missed: dict[str, int] = {}
+        if self.tracer is not None:
+            time.sleep(0.2)  # lets block completions of the last requests reach the tracer
+            missed = self.tracer.missed_probes()
+            codes = self.tracer.stop()
+        if self.sampler is not None:
+            self.sampler.stop()
+        names = ["samples.csv"] + [
+            f"{script}.{ext}"
+            for script in self.scripts
+            for ext in ("bt", "txt", "stdout", "stderr")
+        ]
+        files = [
+            {"path": f"raw/{name}", "size": (self.raw / name).stat().st_size}
+            for name in names
+            if (self.raw / name).is_file()
+        ]
+        self.stopped = {
+            "exit_codes": codes,
+            "missed_probes": missed,
+            "sampler_error": repr(self.sampler.error)
+            if self.sampler and self.sampler.error
+            else None,
+            "files": files,
+        }
+        return self.stopped
+
+
+class Agent:
+    """The agent's state: at most one run at a time, a lease renewed by every call."""
+
+    def __init__(self, lease_s: float = LEASE_S, sources: str = "", bpftrace_version: str = ""):
+        self.lease_s = lease_s
+        self.sources = sources
+        self.bpftrace_version = bpftrace_version
+        self.run: RunSide | None = None
+        self.state = "idle"  # idle, attached, released, stopped
+        self.lock = threading.Lock()
+        self.last_call = time.monotonic()
+        self.done = threading.Event()  # set by Shutdown or an expired lease
+        self.in_flight = 0  # calls being answered: the lease does not run out under one
+
+    # -- the calls --------------------------------------------------------------------------
+
+    def hello(self, _: dict) -> dict:
+        return {
+            "protocol": PROTOCOL,
+            "sources": self.sources,
+            "bpftrace": self.bpftrace_version,
+            "pid": os.getpid(),
+            "state": self.state,
+        }
+
+    def attach(self, request: dict) -> dict:
+        if self.state != "idle":
+            raise CallError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this agent already serves run {self.run.run_id if self.run else '?'}",
+            )
+        run = RunSide(request)
+        self.run = run
+        try:
+            reply = run.attach()
+        except BaseException as exc:
+            run.stop()
+            self.state = "stopped"
+            if isinstance(exc, CallError):
+                raise
+            if isinstance(exc, UserError):
+                raise CallError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+            raise
+        self.state = "attached"
+        log.info("run %s: attached to %d containers", run.run_id, len(run.members))
+        return reply
+
+    def release(self, _: dict) -> dict:
+        run = self._expect("attached")
+        reply = run.release()
+        self.state = "released"
+        log.info("run %s: released", run.run_id)
+        return reply
+
+    def status(self, _: dict) -> dict:
+        return {"state": self.state, "failed": self.run.failed() if self.run else None}
+
+    def stop(self, _: dict) -> dict:
+        if self.run is None:
+            raise CallError(grpc.StatusCode.FAILED_PRECONDITION, "no run to stop")
+        reply = self.run.stop()
+        self.state = "stopped"
+        log.info("run %s: stopped, exit codes %s", self.run.run_id, reply["exit_codes"])
+        return reply
+
+    def fetch(self, request: dict) -> Iterator[bytes]:
+        if self.run is None or self.state != "stopped":
+            raise CallError(grpc.StatusCode.FAILED_PRECONDITION, "Fetch comes after Stop")
+        path = (self.run.run_dir / str(request.get("path", ""))).resolve()
+        listed = {(self.run.run_dir / f["path"]).resolve() for f in self.run.stopped["files"]}
+        if path not in listed:
+            raise CallError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{request.get('path')!r} is not an output"
+            )
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+
+    def shutdown(self, _: dict) -> dict:
+        self.done.set()
+        return {}
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _expect(self, state: str) -> RunSide:
+        if self.state != state or self.run is None:
+            raise CallError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"the agent is {self.state}, not {state}"
+            )
+        return self.run
+
+    def give_up(self, why: str) -> None:
+        """Stop what runs (the lease expired, or the process is told to end)."""
+        with self.lock:
+            if self.run is not None and self.state != "stopped":
+                log.warning("run %s: %s: stopping its tracer", self.run.run_id, why)
+                try:
+                    self.run.stop()
+                finally:
+                    self.state = "stopped"
+        self.done.set()
+
+    def watch_lease(self) -> None:
+        while not self.done.wait(0.5):
+            if not self.in_flight and time.monotonic() - self.last_call > self.lease_s:
+                self.give_up(f"no call for {self.lease_s:.0f} s (lease expired)")
+
+    def handler(self, method: Callable[[dict], Any], stream: bool) -> Callable:
+        def call(request: bytes, context: grpc.ServicerContext) -> Any:
+            self.last_call = time.monotonic()
+            self.in_flight += 1
             try:
-                self.container.reload()
-            except docker.errors.NotFound:
-                self.returncode = -1
-                return self.returncode
-            state = self.container.attrs["State"]
-            if state.get("Status") in ("exited", "dead"):
-                self.returncode = int(state.get("ExitCode", -1))
-                self._save()
-        return self.returncode
-
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGINT (bpftrace prints its maps), wait up to ``timeout`` seconds, then kill; the
-        container is removed. Returns the exit code."""
-        if self.poll() is None:
+                body = json.loads(request or b"{}")
+                if not isinstance(body, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                self.in_flight -= 1
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc}")
             try:
-                self.container.kill(signal="SIGINT")
-                self.returncode = int(self.container.wait(timeout=timeout)["StatusCode"])
-            except docker.errors.APIError:
-                pass
-            except Exception:  # the wait timed out
-                self.container.kill()
-                self.returncode = int(self.container.wait(timeout=30)["StatusCode"])
-        self._save()
-        try:
-            self.container.remove(force=True)
-        except docker.errors.APIError:
-            pass
-        return self.returncode if self.returncode is not None else -1
+                if stream:
+                    yield from method(body)  # Fetch: not under the lock (long)
+                    return
+                with self.lock:
+                    reply = method(body)
+            except CallError as exc:
+                context.abort(exc.code, str(exc))
+            finally:
+                self.last_call = time.monotonic()
+                self.in_flight -= 1
+            yield json.dumps(reply).encode()
 
-    def _save(self) -> None:
-        if self._saved:
-            return
-        try:
-            self.stdout_path.write_bytes(self.container.logs(stdout=True, stderr=False))
-            self.stderr_path.write_bytes(self.container.logs(stdout=False, stderr=True))
-            self._saved = True
-        except docker.errors.APIError:
-            pass
+        if stream:
+            return grpc.unary_stream_rpc_method_handler(call)
 
-    def stderr_tail(self, lines: int = 10) -> str:
-        """The last lines of bpftrace's stderr, for error messages."""
+        def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
+            return next(call(request, context))
+
+        return grpc.unary_unary_rpc_method_handler(unary)
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        unary = {
+            "Hello": self.hello,
+            "Attach": self.attach,
+            "Release": self.release,
+            "Status": self.status,
+            "Stop": self.stop,
+            "Shutdown": self.shutdown,
+        }
+        methods = {name: self.handler(m, False) for name, m in unary.items()}
+        methods["Fetch"] = self.handler(self.fetch, True)
+        return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+
+def serve(agent: Agent, listen: str) -> tuple[grpc.Server, int]:
+    """Start the gRPC server on ``listen`` (host:port; port 0 picks one). Returns it and its
+    port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((agent.handlers(),))
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise UserError(f"the agent cannot listen on {listen}")
+    server.start()
+    return server, port
+
+
+def run_agent(listen: str, lease_s: float, root: Path) -> int:
+    """The agent's process: serve until Shutdown, an expired lease, SIGTERM or SIGINT."""
+    import signal
+
+    agent = Agent(lease_s, sources_digest(root), bpftrace_version())
+    server, port = serve(agent, listen)
+    log.info("listening on port %d (lease %.0f s, sources %s)", port, lease_s, agent.sources)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        threading.Thread(target=agent.give_up, args=(f"signal {signum}",), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=agent.watch_lease, name="lease", daemon=True).start()
+    agent.done.wait()
+    agent.give_up("shutting down")
+    server.stop(grace=1.0).wait()
+    log.info("exited")
+    return 0
+
+
+def bpftrace_version() -> str:
+    import subprocess
+
+    try:
+        said = subprocess.run(["bpftrace", "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return ""
+    return said.strip().split()[-1].lstrip("v") if said.strip() else ""
+
+
+class AgentClient:
+    """The coordinator's side of the protocol, one agent at ``address`` (host:port). A call
+    the agent refuses, or an agent that stopped answering, is a UserError saying so."""
+
+    def __init__(self, address: str, timeout: float = 120.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(address)
+
+    def wait_ready(self, timeout: float, alive: Callable[[], str | None]) -> dict:
+        """Hello, retried until it answers within ``timeout`` s; ``alive()`` says why the
+        agent cannot come up (its container exited), None while it may."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.call("Hello", timeout=2.0)
+            except UserError:
+                why = alive()
+                if why is not None:
+                    raise UserError(f"the tracer agent did not start: {why}") from None
+                if time.monotonic() > deadline:
+                    raise UserError(
+                        f"the tracer agent at {self.address} did not answer within {timeout:.0f} s"
+                    ) from None
+                time.sleep(0.1)
+
+    def call(self, method: str, body: dict | None = None, timeout: float | None = None) -> dict:
+        stub = self.channel.unary_unary(f"/{SERVICE}/{method}")
         try:
-            text = self.container.logs(stdout=False, stderr=True).decode(errors="replace")
-        except docker.errors.APIError:
-            text = self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+            reply = stub(json.dumps(body or {}).encode(), timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            raise UserError(self._describe(method, exc)) from None
+        return json.loads(reply)
+
+    def fetch(self, path: str, target: Path) -> int:
+        """Copy output ``path`` (relative to the run directory) into ``target`` (written
+        whole or not at all); returns its bytes."""
+        stub = self.channel.unary_stream(f"/{SERVICE}/Fetch")
+        partial = target.with_name(target.name + ".part")
+        size = 0
+        try:
+            with open(partial, "wb") as out:
+                for chunk in stub(json.dumps({"path": path}).encode(), timeout=self.timeout):
+                    out.write(chunk)
+                    size += len(chunk)
+        except grpc.RpcError as exc:
+            partial.unlink(missing_ok=True)
+            raise UserError(self._describe("Fetch", exc)) from None
+        partial.replace(target)
+        return size
+
+    def collect(self, run_dir: Path, files: Sequence[dict]) -> list[str]:
+        """Bring the outputs of a Stop reply into ``run_dir``: those this host does not see at
+        their size (another host's agent) are fetched. Returns the fetched paths."""
+        fetched = []
+        for item in files:
+            local = Path(run_dir) / item["path"]
+            if local.is_file() and local.stat().st_size == item["size"]:
+                continue
+            local.parent.mkdir(parents=True, exist_ok=True)
+            self.fetch(item["path"], local)
+            fetched.append(item["path"])
+        return fetched
+
+    def _describe(self, method: str, exc: grpc.RpcError) -> str:
+        code = exc.code() if hasattr(exc, "code") else None
+        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return f"the tracer agent at {self.address} stopped answering ({method}: {detail})"
+        return f"the tracer agent refused {method}: {detail}"
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m tracing.agent", description=__doc__)
+    parser.add_argument("--listen", default=f"0.0.0.0:{PORT}", help="host:port to serve on")
+    parser.add_argument("--lease", type=float, default=LEASE_S, help="seconds without a call")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s", stream=sys.stderr
+    )
+    return run_agent(args.listen, args.lease, Path(__file__).resolve().parent.parent)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

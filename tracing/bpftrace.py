@@ -1,4 +1,5 @@
-"""Drive the bpftrace scripts in tracing/bpf as child processes.
+"""Drive the bpftrace scripts in tracing/bpf as child processes of the tracer agent
+(tracing/agent.py), in the tracer's image.
 
 Each script takes two positional parameters: the container's cgroup-v2 id and a file that its
 BEGIN probe creates. bpftrace runs BEGIN only after every other probe is attached, so once all
@@ -12,13 +13,11 @@ record.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from core.errors import UserError
-from tracing.agent import ContainerChild
-from tracing.container import RUN_LABEL, client
+from tracing.procs import ChildProcess
 
 BPF_DIR = Path(__file__).parent / "bpf"
 SCRIPTS: tuple[str, ...] = ("syscalls", "block", "cache", "proc")
@@ -58,7 +57,7 @@ def render(name: str, cgroup_ids: Sequence[int]) -> str:
 
 
 def command(out: Path, script: Path, ready_file: Path) -> list[str]:
-    """The bpftrace argument list for one rendered script, run in the tracer's container (whose
+    """The bpftrace argument list for one rendered script, run in the tracer's image (whose
     bpftrace is on its PATH) with ``ready_file``'s directory as its working directory."""
     # --unsafe: only for BEGIN's system("touch READY_FILE"), the readiness signal. The file is
     # named relative to bpftrace's working directory: a long literal path would not fit, with
@@ -102,7 +101,7 @@ class Tracer:
         self.ctl_dir = ctl_dir
         self.cgroup_ids = tuple(cgroup_ids)
         self.scripts = scripts
-        self.children: dict[str, ContainerChild] = {}
+        self.children: dict[str, ChildProcess] = {}
 
     def start(self, timeout: float = 60.0) -> None:
         """Start every script and wait until all probes of all of them are attached."""
@@ -111,25 +110,20 @@ class Tracer:
             "BPFTRACE_PERF_RB_PAGES": str(PERF_RB_PAGES),
             "BPFTRACE_MAX_MAP_KEYS": str(MAP_KEYS_MAX),
         }
-        cli = client()
-        # The tracer's container writes into the run directory only (raw/ and ctl/ are in it).
-        out = Path(os.path.commonpath([self.raw_dir.resolve(), self.ctl_dir.resolve()]))
         ready = {}
         for name in self.scripts:
             ready[name] = self.ctl_dir / f"{name}.ready"
             ready[name].unlink(missing_ok=True)
             script = self.raw_dir / f"{name}.bt"
             script.write_text(render(name, self.cgroup_ids))
-            self.children[name] = ContainerChild(
-                cli,
+            self.children[name] = ChildProcess(
                 command(self.raw_dir / f"{name}.txt", script, ready[name]),
                 self.raw_dir / f"{name}.stdout",
                 self.raw_dir / f"{name}.stderr",
-                out,
-                f"bpftrace {name}.bt",
                 env=env,
+                name=f"bpftrace {name}.bt",
                 cwd=self.ctl_dir,
-                labels={RUN_LABEL: out.name},
+                no_fork=True,  # started by the agent, from a gRPC call
             )
         for name, child in self.children.items():
             child.wait_until(ready[name].exists, timeout, "its probes attached")

@@ -16,7 +16,6 @@ containers reach each other by role name); a single-container run gets no networ
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import sys
 import threading
@@ -30,16 +29,16 @@ import docker.errors
 from docker.types import DeviceRequest, EndpointConfig, Mount, Ulimit
 
 from core.errors import UserError
+from tracing.barrier import RELEASE_FIFO, release  # noqa: F401 (release: the runner's)
 
 CTL_MOUNT = "/twintrace/ctl"
 BARRIER_MOUNT = "/twintrace/barrier"
 OUT_MOUNT = "/twintrace/out"
 DATA_MOUNT = "/data"
-RELEASE_FIFO = "release"
 RUN_LABEL = "twintrace.run"
 ROLE_LABEL = "twintrace.role"
 OWNER_LABEL = "twintrace.owner-pid"
-#: A tracer container (tracing/agent.py), with or without a run.
+#: A tracer container (tracing/tracer_container.py: the agent of a run, or a bare bpftrace).
 AGENT_LABEL = "org.twintrace.tracer"
 BARRIER_SCRIPT = f'read line < {BARRIER_MOUNT}/{RELEASE_FIFO} && exec "$@"'
 #: docker's default network, for a container that must reach another host.
@@ -266,27 +265,6 @@ def main_pid(container: docker.models.containers.Container, timeout: float = 30.
             )
         time.sleep(0.05)
     raise UserError(f"container {container.short_id} did not start within {timeout:.0f} s")
-
-
-def release(barrier_dir: Path, timeout: float = 30.0) -> None:
-    """Let a held container go: write one line into its barrier FIFO."""
-    fifo = barrier_dir / RELEASE_FIFO
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            # O_NONBLOCK: fail with ENXIO instead of blocking while the reader is not there yet.
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            break
-        except OSError as exc:
-            if exc.errno != errno.ENXIO or time.monotonic() > deadline:
-                raise UserError(
-                    f"the container never reached its start barrier ({exc.strerror})"
-                ) from None
-            time.sleep(0.01)
-    try:
-        os.write(fd, b"go\n")
-    finally:
-        os.close(fd)
 
 
 def exit_code(container: docker.models.containers.Container) -> int | None:

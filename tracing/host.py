@@ -51,7 +51,7 @@ def _is_root() -> Check:
 
 def _bpftrace() -> Check:
     """The tracer's image and its bpftrace (no host bpftrace is needed: runs are traced from
-    twintrace/tracer's container, tracing/agent.py); the hooks themselves are the "tracer
+    twintrace/tracer's container, tracing/tracer_container.py); the hooks themselves are the "tracer
     image" check's."""
     found = _tracer_image()
     if found is None:
@@ -135,12 +135,12 @@ def _base_image() -> Check:
 
 
 def _tracer() -> Check:
-    """twintrace/tracer, run with the tracer's privileges (tracing/agent.py), attaches every
+    """twintrace/tracer, run with the tracer's privileges (tracing/tracer_container.py), attaches every
     hook the scripts use on this kernel: checked from inside the container that traces."""
     import tempfile
 
-    from tracing.agent import start_tracer
     from tracing.container import client
+    from tracing.tracer_container import start_tracer
 
     found = _tracer_image()
     if found is None:

@@ -30,7 +30,7 @@ def _die_with_parent() -> None:
 
 class WaitsUntil:
     """:meth:`wait_until` for a child with ``name``, ``returncode``, ``poll()`` and
-    ``stderr_tail()`` (a process here, or a process in a container: tracing/agent.py)."""
+    ``stderr_tail()`` (a process here, or one in a container)."""
 
     name: str
     returncode: int | None
@@ -65,9 +65,18 @@ class ChildProcess(WaitsUntil):
         env: dict[str, str] | None = None,
         name: str | None = None,
         cwd: Path | None = None,
+        no_fork: bool = False,
     ) -> None:
         self.argv = [str(a) for a in argv]
         self.name = name or Path(self.argv[0]).name
+        # no_fork: from a threaded server whose fork handlers must not run (grpcio's wait for
+        # its threads to idle, forever, when a call forks: the agent, tracing/agent.py). The
+        # death signal is then set by util-linux's setpriv between vfork and exec, so Python
+        # spawns without fork(): no preexec_fn.
+        preexec = _die_with_parent
+        if no_fork:
+            self.argv = ["setpriv", "--pdeathsig", "KILL", "--", *self.argv]
+            preexec = None
         self.stdout_path = Path(stdout_path)
         self.stderr_path = Path(stderr_path)
         self.returncode: int | None = None
@@ -83,7 +92,7 @@ class ChildProcess(WaitsUntil):
                     env=full_env,
                     start_new_session=True,
                     cwd=cwd,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=preexec,
                 )
             except FileNotFoundError:
                 raise UserError(

@@ -4,12 +4,13 @@ Order of operations (docs/run-format.md describes the result):
 1. check prerequisites and images, create the run directory, write the manifest (``running``);
 2. create the run's private network (several containers) and start every container held at its
    barrier; find each one's first process and cgroup;
-3. start the samplers and ONE set of bpftrace scripts filtered on the set of the run's cgroup
-   ids, and wait until every probe is attached;
-4. release every container at once and wait until they have all exited (or one failed, or
-   Ctrl-C, or a tracer failure, or the timeout);
-5. on every exit path: stop every container, bpftrace and the samplers; remove the containers
-   and the network;
+3. start the host's tracer agent (tracing/agent.py, in its container: tracing/tracer_container.py)
+   and have it attach the samplers and ONE set of bpftrace scripts filtered on the set of the
+   run's cgroup ids; it answers once every probe is attached;
+4. the agent releases every container at once; wait until they have all exited (or one failed,
+   or Ctrl-C, or a tracer failure, or the agent stopped answering, or the timeout);
+5. on every exit path: stop every container; the agent stops bpftrace and the samplers and
+   hands its output back, and exits; remove the containers and the network;
 6. turn the raw output into tables and a summary, finalise the manifest.
 
 :func:`trace` returns a :class:`RunOutcome` (run directory, status, error) for a run that
@@ -35,8 +36,8 @@ from core.errors import UserError
 from tracing import bpftrace, container, dlio, host, ingest
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.request import ContainerSpec, RunRequest
-from tracing.samplers import Sampler
 from tracing.shaper import Shaper, require_tc
+from tracing.tracer_container import LocalAgent, start_agent
 
 Progress = Callable[[str], None]
 
@@ -190,7 +191,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     progress(f"run directory {run_dir}")
 
     status, error, pending = "failed", None, None
-    tracer = sampler = None
+    agent: LocalAgent | None = None
     container_ended = threading.Event()  # set by a container's log stream as it ends
     shaper = Shaper(request.run.net_bandwidth_bits_s) if request.run.net_bandwidth_bits_s else None
     try:
@@ -208,24 +209,18 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                     manifest["net_shaping"] = shaper.record()
                     progress(f"capped each container's network at {shaper.describe()}")
                 if request.run.tracing:
-                    sampler = Sampler(
-                        raw / "samples.csv",
-                        {m.spec.role: m.cgroups for m in members},
-                        request.run.sample_interval,
-                        netns={m.spec.role: m.main_pid for m in members} if networked else None,
-                    )
-                    sampler.start()
                     progress("attaching bpftrace probes")
-                    tracer = bpftrace.Tracer(raw, ctl, [m.cgroups.v2_id for m in members])
-                    tracer.start()
-                    sampler.watch({f"tracer_rss_{n}": c.pid for n, c in tracer.children.items()})
-                for m in members:  # back to back: every container starts within ~1 ms
-                    container.release(m.barrier)
-                manifest["start_ns"] = time.monotonic_ns()
+                    agent = start_agent(cli, run_dir, gpus=_run_gpus(request))
+                    _attach(agent, members, run_dir, request, networked)
+                    manifest["start_ns"] = agent.client.call("Release")["released_ns"]
+                else:
+                    for m in members:  # back to back: every container starts within ~1 ms
+                        container.release(m.barrier)
+                    manifest["start_ns"] = time.monotonic_ns()
                 rundir.write_manifest(run_dir, manifest)  # still running, now with ids
                 progress(f"released {', '.join(m.spec.role for m in members)}")
                 status, error = _wait(
-                    members, tracer, request.run.timeout_s, manifest, container_ended
+                    members, agent, request.run.timeout_s, manifest, container_ended
                 )
                 manifest["end_ns"] = time.monotonic_ns()
             except KeyboardInterrupt as exc:
@@ -235,7 +230,11 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
             except BaseException as exc:  # a bug: record it, finish the directory, re-raise
                 status, error, pending = "failed", f"internal error: {exc!r}", exc
             finally:
-                _shutdown(cli, members, tracer, sampler, run_dir, manifest, shaper)
+                try:
+                    _shutdown(cli, members, agent, run_dir, manifest, shaper)
+                except UserError as exc:  # the tracer's output is incomplete: say so
+                    status = "failed" if status == "completed" else status
+                    error = f"{error}; {exc}" if error else str(exc)
             progress("processing the trace")
             status, error = _process(run_dir, manifest, members, status, error)
     except KeyboardInterrupt as exc:  # a second Ctrl-C while shutting down or processing
@@ -249,6 +248,45 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     if pending is not None:
         raise pending
     return outcome
+
+
+def _run_gpus(request: RunRequest) -> str | None:
+    """The GPUs the run's containers ask for (the agent samples them through NVML)."""
+    return next((spec.gpus for spec in request.containers if spec.gpus), None)
+
+
+def _attach(
+    agent: LocalAgent, members: list[_Member], run_dir: Path, request: RunRequest, networked: bool
+) -> None:
+    """The agent attaches its samplers and bpftrace scripts to the held containers; each one
+    it found must be the process and cgroup docker names."""
+    reply = agent.client.call(
+        "Attach",
+        {
+            "run_id": run_dir.name,
+            "run_dir": str(run_dir.resolve()),
+            "containers": [
+                {
+                    "role": m.spec.role,
+                    "container_id": m.ctr.id,
+                    "barrier": str(m.barrier.relative_to(run_dir)),
+                }
+                for m in members
+            ],
+            "scripts": list(bpftrace.SCRIPTS),
+            "sample_interval": request.run.sample_interval,
+            "network": networked,
+        },
+    )
+    for m in members:
+        found = reply["containers"][m.spec.role]
+        assert m.cgroups is not None
+        if (found["main_pid"], found["cgroup_id"]) != (m.main_pid, m.cgroups.v2_id):
+            raise UserError(
+                f"the tracer agent found container {m.spec.role} as process "
+                f"{found['main_pid']} in cgroup {found['cgroup_id']}, docker says process "
+                f"{m.main_pid} in cgroup {m.cgroups.v2_id}: is the agent on this host?"
+            )
 
 
 def _network_kind(request: RunRequest) -> str:
@@ -311,7 +349,7 @@ def _start_all(
 
 def _wait(
     members: list[_Member],
-    tracer: bpftrace.Tracer | None,
+    agent: LocalAgent | None,
     timeout_s: float | None,
     manifest: dict,
     container_ended: threading.Event,
@@ -341,7 +379,7 @@ def _wait(
         if all(m.spec.role in codes for m in members if not m.spec.daemon):
             manifest["exit_code"] = 0
             return "completed", None
-        failure = tracer.failed() if tracer is not None else None
+        failure = agent.client.call("Status")["failed"] if agent is not None else None
         if failure:
             raise UserError(failure)
         if deadline and time.monotonic() > deadline:
@@ -366,8 +404,7 @@ def _log_tail(ctr: Any, lines: int = 8) -> str:
 def _shutdown(
     cli: Any,
     members: list[_Member],
-    tracer: bpftrace.Tracer | None,
-    sampler: Sampler | None,
+    agent: LocalAgent | None,
     run_dir: Path,
     manifest: dict,
     shaper: Shaper | None = None,
@@ -377,17 +414,17 @@ def _shutdown(
     steps: list[Callable[[], Any]] = [shaper.remove] if shaper is not None else []
     steps += [(lambda m=m: container.stop_and_remove(m.ctr)) for m in members if m.ctr is not None]
     steps += [(lambda m=m: m.logs.join()) for m in members if m.logs is not None]
-    # A short pause lets block completions of the last requests reach the tracer.
-    if tracer is not None:
+    if agent is not None:
 
         def stop_tracer() -> None:
-            time.sleep(0.2)
-            manifest["missed_probes"] = tracer.missed_probes()
-            tracer.stop()
+            reply = agent.client.call("Stop")
+            manifest["missed_probes"] = reply["missed_probes"]
+            manifest["bpftrace_exit_codes"] = reply["exit_codes"]
+            if reply.get("sampler_error"):
+                manifest["sampler_error"] = reply["sampler_error"]
+            agent.client.collect(run_dir, reply["files"])
 
-        steps.append(stop_tracer)
-    if sampler is not None:
-        steps.append(sampler.stop)
+        steps += [stop_tracer, agent.close]
     steps.append(lambda: container.remove_run_resources(cli, run_dir.name))
     first_error = None
     for step in steps:
@@ -405,8 +442,6 @@ def _shutdown(
             shutil.move(mllog, run_dir / "raw" / m.spec.role / "mllog.log")
         elif not m.spec.out and started is not None:
             _copy_own_mllog(m.spec, run_dir / "raw" / m.spec.role / "mllog.log", started)
-    if tracer is not None:
-        manifest["bpftrace_exit_codes"] = {n: c.returncode for n, c in tracer.children.items()}
     if first_error is not None:
         raise first_error
 

@@ -28,7 +28,7 @@ DEFAULT_MASTER_PORT = 29500
 
 #: The image every workload image is built on (Python, torch and the readers' packages).
 BASE_TAG = "twintrace/base:latest"
-#: The tracer's image: bpftrace and Python, run beside the traced containers (tracing/agent.py).
+#: The tracer's image: bpftrace, Python and the agent (tracing/agent.py), beside the traced containers.
 TRACER_IMAGE = "twintrace/tracer:latest"
 #: Its label: the version of the bpftrace it carries.
 BPFTRACE_LABEL = "org.twintrace.bpftrace"

@@ -1,0 +1,193 @@
+"""The tracer's container: ``twintrace/tracer`` (images/build.py: bpftrace 0.23, Python, grpcio
+and the tracing code) run beside the traced containers with the least it needs, so that a host
+needs nothing but a Docker engine. A traced run starts one per host, the agent
+(tracing/agent.py: :func:`start_agent`); ``doctor`` and the benchmarks run bpftrace in it
+directly (:func:`start_tracer`).
+
+What the container is allowed, and why (each checked on these machines, ``tests/test_agent.py``):
+
+- ``--pid host``: bpftrace's ``pid``/``tid`` builtins and its user-space side see the host's
+  processes (the traced containers' tasks), and the agent finds a container's processes by
+  their cgroups in ``/proc``;
+- ``--cgroupns host``: ``/proc/PID/cgroup`` names the host's cgroup paths, which the samplers
+  read under ``/sys/fs/cgroup``;
+- capability ``SYS_ADMIN`` only: ``bpf()`` and ``perf_event_open()`` for tracepoints and raw
+  tracepoints (Docker 20.10 rejects the narrower names ``CAP_BPF`` and ``CAP_PERFMON``;
+  ``--privileged`` asks for every capability and fails where the host's bounding set lacks
+  one, as ``CAP_SYS_RESOURCE`` here). Docker's default seccomp profile allows ``bpf()`` and
+  ``perf_event_open()`` to a container with ``SYS_ADMIN``;
+- read-only: ``/sys/kernel/tracing`` (tracepoint formats and ids), ``/sys/kernel/btf`` (the
+  kernel's types, for typed arguments), ``/sys/fs/cgroup`` (``cgroupid()`` and the samplers'
+  counters);
+- one writable mount: the run directory (or, for ``start_tracer``, the folder its output goes
+  to), at the same path inside, so that paths in its output are the host's;
+- the agent's network: its own (Docker's bridge), its gRPC port published on the host's
+  loopback only (a port Docker picks); no Docker socket (the coordinator names the run's
+  containers by id).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from core.errors import UserError
+from tracing.agent import LEASE_S, PORT, AgentClient, sources_digest
+from tracing.container import AGENT_LABEL, OWNER_LABEL, RUN_LABEL, gpu_request
+from workloads.config import TRACER_IMAGE
+
+CAPABILITIES: tuple[str, ...] = ("SYS_ADMIN",)
+READ_ONLY: tuple[str, ...] = ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/cgroup")
+#: The project's root in this checkout and in the image.
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE_ROOT = "/opt/twintrace"
+
+
+def _volumes(out: Path) -> dict[str, dict[str, str]]:
+    volumes = {path: {"bind": path, "mode": "ro"} for path in READ_ONLY if Path(path).exists()}
+    volumes[str(out)] = {"bind": str(out), "mode": "rw"}
+    return volumes
+
+
+def start_tracer(
+    cli: docker.DockerClient,
+    command: Sequence[str],
+    out: Path,
+    name: str,
+    environment: dict[str, str] | None = None,
+    workdir: Path | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> docker.models.containers.Container:
+    """Start ``command`` (a bpftrace command line) in a tracer container named ``name``, with
+    ``out`` its only writable folder and its working directory ``workdir`` (default ``out``);
+    returns the running container."""
+    out = Path(out).resolve()
+    return cli.containers.run(
+        TRACER_IMAGE,
+        list(command),
+        name=name,
+        detach=True,
+        pid_mode="host",
+        cap_add=list(CAPABILITIES),
+        volumes=_volumes(out),
+        working_dir=str(Path(workdir).resolve() if workdir else out),
+        environment=environment or {},
+        # The owner's pid: a container whose owner is gone is removed by remove_orphans.
+        labels={AGENT_LABEL: "1", OWNER_LABEL: str(os.getpid()), **(labels or {})},
+        network_mode="none",
+    )
+
+
+def log_tail(path: Path, lines: int = 8) -> str:
+    """ "; its log ends with: ..." (the last lines of the agent's log), or nothing."""
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return "; its log ends with:\n" + "\n".join(text.splitlines()[-lines:]) if text else ""
+
+
+class LocalAgent:
+    """The agent of one run on this host: its container and a client for it."""
+
+    def __init__(self, ctr: Any, client: AgentClient, log: Path) -> None:
+        self.container = ctr
+        self.client = client
+        self.log = log
+        self.hello: dict = {}
+
+    def exited(self) -> str | None:
+        """Why the agent's container is gone (None while it runs), with its log's last lines."""
+        try:
+            self.container.reload()
+            state = self.container.attrs["State"]
+            if state.get("Status") not in ("exited", "dead"):
+                return None
+            why = f"its container exited with code {state.get('ExitCode')}"
+        except docker.errors.NotFound:
+            why = "its container is gone"
+        return why + log_tail(self.log)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Shut the agent down and make sure its container is gone (it removes itself)."""
+        try:
+            self.client.call("Shutdown", timeout=5.0)
+        except UserError:
+            pass
+        self.client.close()
+        try:
+            self.container.wait(timeout=timeout)
+        except Exception:  # gone already, or it did not exit in time
+            pass
+        try:
+            self.container.remove(force=True)
+        except docker.errors.APIError:
+            pass  # auto-removed: the usual case
+
+
+def start_agent(
+    cli: docker.DockerClient,
+    run_dir: Path,
+    lease_s: float = LEASE_S,
+    gpus: str | None = None,
+    timeout: float = 60.0,
+) -> LocalAgent:
+    """Start the agent of run ``run_dir`` on this host and wait until it answers; its log goes
+    to ``raw/agent.log``. ``gpus``: give it the run's GPUs (utility only: NVML's counters)."""
+    run_dir = Path(run_dir).resolve()
+    log = run_dir / "raw" / "agent.log"
+    kwargs: dict[str, Any] = {}
+    if gpus:  # NVML's counters only
+        kwargs["device_requests"] = [gpu_request(gpus)]
+        kwargs["environment"] = {"NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    try:
+        ctr = cli.containers.run(
+            TRACER_IMAGE,
+            # Its stderr (its log, and a traceback should it fail) into the run directory: the
+            # container removes itself as it exits, its own log with it.
+            [
+                "sh", "-c", 'exec python3 -m tracing.agent "$@" 2>> "$0"', str(log),
+                "--listen", f"0.0.0.0:{PORT}",
+                "--lease", str(lease_s),
+            ],
+            name=f"{run_dir.name}-agent",
+            detach=True,
+            auto_remove=True,
+            pid_mode="host",
+            cgroupns="host",
+            cap_add=list(CAPABILITIES),
+            volumes=_volumes(run_dir),
+            working_dir=IMAGE_ROOT,
+            ports={f"{PORT}/tcp": ("127.0.0.1", None)},
+            labels={AGENT_LABEL: "1", OWNER_LABEL: str(os.getpid()), RUN_LABEL: run_dir.name},
+            **kwargs,
+        )  # fmt: skip
+    except docker.errors.ImageNotFound:
+        raise UserError(f"{TRACER_IMAGE} is not built: run `./cli.py build`") from None
+    agent = None
+    try:
+        ctr.reload()
+        bound = (ctr.attrs["NetworkSettings"]["Ports"] or {}).get(f"{PORT}/tcp") or []
+        if not bound:
+            raise UserError("the tracer agent's port was not published")
+        client = AgentClient(f"127.0.0.1:{bound[0]['HostPort']}")
+        agent = LocalAgent(ctr, client, log)
+        agent.hello = client.wait_ready(timeout, agent.exited)
+        mine = sources_digest(ROOT)
+        if agent.hello.get("sources") != mine:
+            raise UserError(
+                f"{TRACER_IMAGE} holds other tracing code than this checkout (image "
+                f"{agent.hello.get('sources')}, checkout {mine}): run `./cli.py build`"
+            )
+        return agent
+    except BaseException:
+        if agent is not None:
+            agent.close(timeout=5.0)
+        else:
+            ctr.remove(force=True)
+        raise
