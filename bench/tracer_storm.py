@@ -147,8 +147,8 @@ _END = "\nEND { clear(@s); }\n"
 
 def run_floor(size: int, calls: int, runs: Path, where: str, script: str) -> float:
     """The job's loop time, untraced, while one floor's bare probes are attached."""
-    from tracing.tracer_container import start_tracer
     from tracing.container import client
+    from tracing.tracer_container import start_tracer
 
     runs.mkdir(parents=True, exist_ok=True)
     ready = runs / "floor.ready"

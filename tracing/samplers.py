@@ -18,8 +18,8 @@ comparison tell the data pipeline's CPU from the model's on a host whose acceler
 CPU (docs/similarity.md).
 
 The tool's own memory, host-wide rows (no container): ``sampler_rss``, the resident set of the
-twintrace process whose thread samples (the tracer agent, tracing/agent.py), and ``tracer_rss_<script>``,
-that of each bpftrace process, given with :meth:`Sampler.watch` once started (bytes, from
+twintrace process whose thread samples (the tracer agent, tracing/agent.py), and
+``tracer_rss_<script>``, that of each bpftrace process, given with :meth:`Sampler.watch` once started (bytes, from
 ``/proc/PID/statm``: one small read per process and sample). A long run shows with them that
 the tracer's memory stays flat (docs/run-format.md, "Budget of a long run"). And their CPU:
 ``sampler_cpu`` and ``tracer_cpu_<script>`` (percent of one core, from ``/proc/PID/stat``
