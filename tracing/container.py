@@ -354,24 +354,28 @@ def _stderr_sink(data: bytes) -> None:
     out.flush()
 
 
+def labelled(cli: docker.DockerClient, label: str) -> list[dict[str, Any]]:
+    """The containers with ``label`` (``key`` or ``key=value``), as the engine lists them (id,
+    labels, state): one request, so a container that removes itself meanwhile (a run's agent
+    as it exits) cannot fail it, as a lookup of each one would."""
+    return cli.api.containers(all=True, filters={"label": label})
+
+
 def remove_orphans(cli: docker.DockerClient) -> list[str]:
     """Remove twintrace containers (run containers and tracer containers) whose tracing process
     is gone (e.g. it was killed with -9).
 
     Returns the run ids of the removed containers (a tracer container of no run: its id)."""
     removed = []
-    found = {
-        c.id: c
-        for label in (RUN_LABEL, AGENT_LABEL)
-        for c in cli.containers.list(all=True, filters={"label": label})
-    }
-    for ctr in found.values():
-        owner = (ctr.labels or {}).get(OWNER_LABEL, "")
+    found = {c["Id"]: c for label in (RUN_LABEL, AGENT_LABEL) for c in labelled(cli, label)}
+    for ctr_id, ctr in found.items():
+        labels = ctr.get("Labels") or {}
+        owner = labels.get(OWNER_LABEL, "")
         if owner.isdigit() and Path(f"/proc/{owner}").exists():
             continue
         try:
-            ctr.remove(force=True)
-            removed.append(ctr.labels.get(RUN_LABEL, ctr.short_id))
+            cli.api.remove_container(ctr_id, force=True)
+            removed.append(labels.get(RUN_LABEL, ctr_id[:12]))
         except docker.errors.APIError:
             pass
     for net in cli.networks.list(filters={"label": RUN_LABEL}):
@@ -388,9 +392,9 @@ def remove_orphans(cli: docker.DockerClient) -> list[str]:
 def remove_run_resources(cli: docker.DockerClient, run_id: str) -> None:
     """Remove any container and network left with this run's label (belt and braces on every
     exit path)."""
-    for container in cli.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
+    for ctr in labelled(cli, f"{RUN_LABEL}={run_id}"):
         try:
-            container.remove(force=True)
+            cli.api.remove_container(ctr["Id"], force=True)
         except docker.errors.APIError:
             pass
     for net in cli.networks.list(filters={"label": f"{RUN_LABEL}={run_id}"}):

@@ -100,6 +100,7 @@ class LocalAgent:
         self.client = client
         self.log = log
         self.hello: dict = {}
+        self.attached = False  # set by its coordinator once Attach answered
 
     def exited(self) -> str | None:
         """Why the agent's container is gone (None while it runs), with its log's last lines."""
