@@ -162,7 +162,7 @@ def _summary_group(kind: str) -> str | None:
     """The summary.json group of an event kind; None for process events and steps."""
     if kind.startswith("block_"):
         return "block"
-    if kind.startswith("cache_"):
+    if kind.startswith(("cache_", "shm_")):
         return "page_cache"
     if kind in ("fork", "exec", "exit", "steps"):
         return None

@@ -482,7 +482,10 @@ def _cache_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
     lane = _Lane("page cache", 130)
     is_add = kind_mask(events, ("cache_add",))
     is_delete = kind_mask(events, ("cache_delete",))
-    if not (is_add.any() or is_delete.any()):
+    # pages of memory file systems (/dev/shm: the loader's batches), apart from file data
+    is_shm_add = kind_mask(events, ("shm_add",))
+    is_shm_delete = kind_mask(events, ("shm_delete",))
+    if not (is_add.any() or is_delete.any() or is_shm_add.any() or is_shm_delete.any()):
         lane.empty_text = "no page-cache events"
         return lane
     cache_bins = bins
@@ -491,12 +494,16 @@ def _cache_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
         lane.note = f"binned {CACHE_MIN_BIN_S * 1e3:.0f} ms (the tracer's interval)"
     t = events["ts_ns"].to_numpy()
     pages = events["count"].to_numpy()
-    for mask, name, color in (
-        (is_add, "misses (cache_add)", READ_COLOR),
-        (is_delete, "evictions (cache_delete)", WRITE_COLOR),
+    for mask, name, color, dash in (
+        (is_add, "misses (cache_add)", READ_COLOR, "solid"),
+        (is_delete, "evictions (cache_delete)", WRITE_COLOR, "solid"),
+        (is_shm_add, "shared memory in (shm_add)", READ_COLOR, "dot"),
+        (is_shm_delete, "shared memory freed (shm_delete)", WRITE_COLOR, "dot"),
     ):
+        if dash != "solid" and not mask.any():
+            continue  # runs traced before shared memory was counted apart
         rate = binned_rate(t[mask], pages[mask], cache_bins)
-        lane.add(_rate_trace(cache_bins, clock, rate, name, color))
+        lane.add(_rate_trace(cache_bins, clock, rate, name, color, dash=dash))
     lane.yaxis = {"title": {"text": "pages/s"}, "rangemode": "tozero"}
     return lane
 
@@ -554,7 +561,11 @@ def _memory_lane(samples: pd.DataFrame, clock: _Clock) -> _Lane:
     traces = _sample_traces(
         samples,
         clock,
-        {"container_mem_rss": "rss (anon)", "container_mem_cache": "page cache (file)"},
+        {
+            "container_mem_rss": "rss (anon)",
+            "container_mem_cache": "page cache (file)",
+            "container_mem_shm": "shared memory (shm)",
+        },
         scale=1 / GIB,
     )
     if not traces:

@@ -110,6 +110,38 @@ def test_block_cache_and_proc() -> None:
     assert proc.loc[proc["kind"] == "exec", "path"].tolist() == ["/usr/bin/cat", "/usr/bin/dd"]
 
 
+def test_memory_file_system_pages_are_kinds_of_their_own(tmp_path: Path) -> None:
+    """cache.bt counts pages of memory file systems (/dev/shm, memfd) in @shm_add/@shm_del,
+    apart from file data: shm_add/shm_delete rows, in the summary's page-cache group, never in
+    cache_add/cache_delete; the earlier files (no @shm_ maps) parse as before."""
+    text = "\n".join(
+        [
+            "READY 5",
+            "T 100",
+            "@add[7, python3]: 10",
+            "@shm_add[7, pt_data_worker]: 300",
+            "@shm_add[8, a, b]: 2",  # a thread name with a comma
+            "T 200",
+            "@del[7, python3]: 1",
+            "@shm_del[7, python3]: 302",
+            "@shm_add[9, x]: ",  # cut short: skipped
+        ]
+    )
+    (tmp_path / "cache.txt").write_text(text + "\n")
+    stats = ingest.ParseStats()
+    cache = ingest.parse_cache(tmp_path / "cache.txt", stats)
+    assert cache[["ts_ns", "kind", "pid", "comm", "count"]].values.tolist() == [
+        [100, "cache_add", 7, "python3", 10],
+        [100, "shm_add", 7, "pt_data_worker", 300],
+        [100, "shm_add", 8, "a, b", 2],
+        [200, "cache_delete", 7, "python3", 1],
+        [200, "shm_delete", 7, "python3", 302],
+    ]
+    assert stats.lost_events == 0
+    groups = ingest._kind_groups({"shm_add": (2, 4096 * 302), "cache_add": (1, 40960)})
+    assert set(groups["page_cache"]) == {"shm_add", "cache_add"}
+
+
 def test_block_map_lines_parse_as_the_tab_separated_ones(tmp_path: Path) -> None:
     """block.bt prints its requests from maps (``@blkQ[ts, dev, sector]: (rwbs, bytes,
     latency, pid, in container, comm)``), in no order; the same requests as tab-separated

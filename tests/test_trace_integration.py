@@ -343,3 +343,32 @@ def test_small_reads_at_storm_rate_are_aggregated_and_still_exact(
     summary = json.loads((run_dir / "summary.json").read_text())
     all_preads = events.loc[events["kind"] == "pread64", "count"].sum()
     assert summary["syscalls"]["pread64"]["count"] == int(all_preads)
+
+
+SHM_JOB = """
+import os
+block = bytes(range(256)) * 4096  # 1 MiB
+for path, mib in (("/dev/shm/batches", 24), ("/tmp/file-data", 4)):
+    with open(path, "wb") as f:
+        for _ in range(mib):
+            f.write(block)
+    os.unlink(path)  # its pages leave the page cache in this container's context
+"""
+
+
+def test_shared_memory_pages_are_counted_apart_from_file_data(images, runs_root: Path) -> None:
+    """24 MiB through /dev/shm (tmpfs, as loader workers pass batches) and 4 MiB of a file on
+    disk, each written then removed: the 6,144 pages of shared memory freed are shm_delete,
+    not cache_delete, whose 1,024 pages of the file are there; the manifest names /dev/shm
+    among the memory file systems the agent found."""
+    run_dir = trace(image_request(BASE, ["python3", "-c", SHM_JOB], runs_root)).check()
+    manifest = _manifest(run_dir)
+    memory = manifest["trace"]["memory_file_systems"]
+    assert any(fs["mount"] == "/dev/shm" and fs["fstype"] == "tmpfs" for fs in memory), memory
+    assert any(fs["fstype"] == "shmem" for fs in memory), memory
+    events = traced_events(run_dir)
+    pages = events.groupby("kind")["count"].sum()
+    assert 24 * 256 <= pages.get("shm_delete", 0) <= 24 * 256 + 64, pages
+    assert 4 * 256 <= pages.get("cache_delete", 0) < 24 * 256, pages
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["page_cache"]["shm_delete"]["count"] == pages["shm_delete"]

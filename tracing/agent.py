@@ -14,7 +14,8 @@ code. A run goes Hello -> Attach -> Release -> Status* -> Stop -> Fetch* -> Shut
 - ``Hello {}`` -> ``{protocol, sources, bpftrace, pid, state}``: ``sources`` is the digest of
   the tracing code in the image, checked by the client against its own (:func:`sources_digest`).
 - ``Attach {run_id, run_dir, containers: [{role, container_id, barrier}], scripts,
-  sample_interval, network}`` -> ``{containers: {role: {main_pid, cgroup_id}}, tracer_pids}``:
+  sample_interval, network}`` -> ``{containers: {role: {main_pid, cgroup_id}}, tracer_pids,
+  memory_file_systems}``:
   finds each container's first process (held at its barrier), starts the samplers and the
   bpftrace scripts over the containers' cgroups and answers once every probe is attached.
 - ``Release {}`` -> ``{released_ns}``: lets every container go (its barrier FIFO); the time is
@@ -128,6 +129,51 @@ def first_process(pids: Sequence[int], proc: Path = Path("/proc")) -> int:
     return min(roots)
 
 
+#: File systems whose pages are memory, not file data on a device (cache.bt counts them apart).
+MEMORY_FS_TYPES = ("tmpfs", "ramfs", "devtmpfs", "hugetlbfs")
+
+
+def memory_file_systems(
+    pids: dict[str, int], proc: Path = Path("/proc"), shmem: bool = True
+) -> list[dict[str, Any]]:
+    """The memory file systems the containers see (role -> a process of each): each one's
+    kernel device number (``dev``: what cache.bt's tracepoints carry), ``major:minor``, type
+    and mount point, from ``/proc/PID/mountinfo`` while the containers exist (their /dev/shm
+    goes with them); with ``shmem``, also the kernel's internal shmem mount (memfd, shared
+    anonymous memory, SysV shared memory), which no mount table lists: a memfd's device."""
+    found: dict[int, dict[str, Any]] = {}
+    for role, pid in pids.items():
+        try:
+            lines = (proc / str(pid) / "mountinfo").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            left, _, right = line.partition(" - ")
+            fields, after = left.split(), right.split()
+            if len(fields) < 5 or not after or after[0] not in MEMORY_FS_TYPES:
+                continue
+            major, minor = (int(x) for x in fields[2].split(":"))
+            dev = bpftrace.kernel_dev(major, minor)
+            found.setdefault(
+                dev,
+                {"dev": dev, "major_minor": fields[2], "fstype": after[0], "mount": fields[4],
+                 "role": role},
+            )  # fmt: skip
+    if shmem:
+        fd = os.memfd_create("twintrace-shmem-probe")
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        dev = bpftrace.kernel_dev(os.major(st.st_dev), os.minor(st.st_dev))
+        found.setdefault(
+            dev,
+            {"dev": dev, "major_minor": f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}",
+             "fstype": "shmem", "mount": "(internal: memfd, shared anonymous memory)", "role": ""},
+        )  # fmt: skip
+    return sorted(found.values(), key=lambda f: f["dev"])
+
+
 class RunSide:
     """One host's side of one run: its containers, samplers and bpftrace scripts."""
 
@@ -180,8 +226,13 @@ class RunSide:
             netns={role: pid for role, (pid, _) in found.items()} if self.network else None,
         )
         self.sampler.start()
+        memory = memory_file_systems({role: pid for role, (pid, _) in found.items()})
         self.tracer = bpftrace.Tracer(
-            self.raw, self.ctl, [cg.v2_id for _, cg in found.values()], self.scripts
+            self.raw,
+            self.ctl,
+            [cg.v2_id for _, cg in found.values()],
+            self.scripts,
+            [fs["dev"] for fs in memory],
         )
         self.tracer.start()
         pids = {name: child.pid for name, child in self.tracer.children.items()}
@@ -191,6 +242,7 @@ class RunSide:
                 role: {"main_pid": pid, "cgroup_id": cg.v2_id} for role, (pid, cg) in found.items()
             },
             "tracer_pids": pids,
+            "memory_file_systems": memory,
         }
 
     def release(self) -> dict[str, Any]:

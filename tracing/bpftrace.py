@@ -38,13 +38,24 @@ def script_path(name: str) -> Path:
 
 
 CGROUP_FILTER = "cgroup == $1"
+#: cache.bt's test for a page of a memory file system, rendered over their devices.
+MEMORY_FS = "0 /* MEMORY_FS */"
 
 
-def render(name: str, cgroup_ids: Sequence[int]) -> str:
-    """Script ``name`` with its container filter over ``cgroup_ids`` (one or more)."""
+def kernel_dev(major: int, minor: int) -> int:
+    """A device number as the kernel's tracepoints print it (``MKDEV``: 20 bits of minor)."""
+    return (major << 20) | minor
+
+
+def render(name: str, cgroup_ids: Sequence[int], memory_devs: Sequence[int] = ()) -> str:
+    """Script ``name`` with its container filter over ``cgroup_ids`` (one or more) and, in
+    cache.bt, its memory file systems' test over ``memory_devs`` (kernel device numbers)."""
     if not cgroup_ids:
         raise ValueError("no cgroup to trace")
     text = script_path(name).read_text()
+    if memory_devs:
+        test = " || ".join(f"args->s_dev == {int(d)}" for d in sorted(set(memory_devs)))
+        text = text.replace(MEMORY_FS, f"({test})")
     if CGROUP_FILTER not in text:
         raise AssertionError(f"{name}.bt has no `{CGROUP_FILTER}` filter")
     ids = [int(i) for i in cgroup_ids]
@@ -96,10 +107,12 @@ class Tracer:
         ctl_dir: Path,
         cgroup_ids: Sequence[int],
         scripts: tuple[str, ...] = SCRIPTS,
+        memory_devs: Sequence[int] = (),
     ):
         self.raw_dir = raw_dir
         self.ctl_dir = ctl_dir
         self.cgroup_ids = tuple(cgroup_ids)
+        self.memory_devs = tuple(memory_devs)
         self.scripts = scripts
         self.children: dict[str, ChildProcess] = {}
 
@@ -115,7 +128,7 @@ class Tracer:
             ready[name] = self.ctl_dir / f"{name}.ready"
             ready[name].unlink(missing_ok=True)
             script = self.raw_dir / f"{name}.bt"
-            script.write_text(render(name, self.cgroup_ids))
+            script.write_text(render(name, self.cgroup_ids, self.memory_devs))
             self.children[name] = ChildProcess(
                 command(self.raw_dir / f"{name}.txt", script, ready[name]),
                 self.raw_dir / f"{name}.stdout",

@@ -126,7 +126,12 @@ KINDS: tuple[str, ...] = (
     "fork",
     "exec",
     "exit",
+    # pages of memory file systems (tmpfs: /dev/shm; shmem: memfd), apart from file data
+    "shm_add",
+    "shm_delete",
 )
+#: raw/cache.txt's maps, by the code its parser gives them (0..3).
+CACHE_KINDS: tuple[str, ...] = ("cache_delete", "cache_add", "shm_delete", "shm_add")
 
 _PROC_COLUMNS = {
     "ts_ns": pa.int64(),
@@ -810,6 +815,8 @@ def _parse_syscall_block(
 
 _WORD_ADD = np.frombuffer(b"@add[", dtype=np.uint8)
 _WORD_DEL = np.frombuffer(b"@del[", dtype=np.uint8)
+_WORD_SHM_ADD = np.frombuffer(b"@shm_add[", dtype=np.uint8)
+_WORD_SHM_DEL = np.frombuffer(b"@shm_del[", dtype=np.uint8)
 _WORD_TICK = np.frombuffer(b"T ", dtype=np.uint8)
 _CACHE_CLOSE = np.frombuffer(b"]: ", dtype=np.uint8)
 
@@ -824,8 +831,8 @@ def _parse_cache_lines(
     heap: np.ndarray,
 ) -> tuple[int, int, int]:
     """Parse raw/cache.txt (``buf[:end]``, whole lines): "T <ns>" starts a block of counts,
-    "@add[<pid>, <comm>]: <pages>" (or @del) is one (``ints``: time, 1 for add, pid, pages by
-    row; the comm's bytes to ``heap``, their ends in ``comms[1:]``), "Lost <n> events" adds n
+    "@add[<pid>, <comm>]: <pages>" (or @del, @shm_add, @shm_del) is one (``ints``: time, the
+    map's code in :data:`CACHE_KINDS`, pid, pages by row; the comm's bytes to ``heap``, their ends in ``comms[1:]``), "Lost <n> events" adds n
     lost events; other lines are skipped. Returns (rows, bytes of comms, lost events)."""
     n = 0
     used = 0
@@ -836,9 +843,18 @@ def _parse_cache_lines(
     while pos < end:
         line_end = _line_end(words, pos)
         stop = line_end - 1 if line_end > pos and buf[line_end - 1] == 13 else line_end  # \r\n
-        add = _expect(buf, pos, _WORD_ADD) >= 0
-        if add or _expect(buf, pos, _WORD_DEL) >= 0:
-            pid, p, ok = _read_int(buf, pos + 5, False)
+        code = -1
+        start = pos + 5
+        if _expect(buf, pos, _WORD_ADD) >= 0:
+            code = 1
+        elif _expect(buf, pos, _WORD_DEL) >= 0:
+            code = 0
+        elif _expect(buf, pos, _WORD_SHM_ADD) >= 0:
+            code, start = 3, pos + 9
+        elif _expect(buf, pos, _WORD_SHM_DEL) >= 0:
+            code, start = 2, pos + 9
+        if code >= 0:
+            pid, p, ok = _read_int(buf, start, False)
             ok = ok and p + 1 < stop and buf[p] == 44 and buf[p + 1] == 32  # ", "
             q = stop  # the pages: the digits at the end, after the last "]: "
             while q > p and 48 <= buf[q - 1] <= 57:
@@ -846,7 +862,7 @@ def _parse_cache_lines(
             if ok and q < stop and q - 3 >= p + 2 and _expect(buf, q - 3, _CACHE_CLOSE) == q:
                 pages, _, _ = _read_int(buf, q, False)
                 ints[0, n] = ts
-                ints[1, n] = 1 if add else 0
+                ints[1, n] = code
                 ints[2, n] = pid
                 ints[3, n] = pages
                 length = q - 3 - (p + 2)
@@ -1911,7 +1927,7 @@ class _Cache:
     """The rows of raw/cache.txt (:func:`_parse_cache_lines`), in file order."""
 
     ts: np.ndarray
-    add: np.ndarray  # True: @add, False: @del
+    code: np.ndarray  # the map: its index in CACHE_KINDS
     pid: np.ndarray
     comm: pa.Array
     pages: np.ndarray
@@ -1927,7 +1943,7 @@ class _Cache:
             end += 1
         _compile()
         n_max = raw.count(b"\n") + 1
-        ints = np.empty((4, n_max), dtype=np.int64)  # ts, add, pid, pages
+        ints = np.empty((4, n_max), dtype=np.int64)  # ts, code, pid, pages
         comms = np.empty(n_max + 1, dtype=np.int32)
         heap = np.empty(max(end, 1), dtype=np.uint8)
         n, used, lost = _parse_cache_lines(buf, buf.view(np.uint64), end, ints, comms, heap)
@@ -1942,8 +1958,8 @@ class _Cache:
                 [c.decode("utf-8", errors="replace") for c in comm.cast(pa.binary()).to_pylist()],
                 type=pa.string(),
             )
-        ts, add, pid, pages = ints[:, :n]
-        return cls(ts.copy(), add == 1, pid.astype(np.int32), comm, pages.copy())
+        ts, code, pid, pages = ints[:, :n]
+        return cls(ts.copy(), code.astype(np.int8), pid.astype(np.int32), comm, pages.copy())
 
 
 def parse_cache(path: Path, stats: ParseStats) -> pd.DataFrame:
@@ -1953,7 +1969,7 @@ def parse_cache(path: Path, stats: ParseStats) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "ts_ns": cache.ts,
-            "kind": np.where(cache.add, "cache_add", "cache_delete").tolist(),
+            "kind": np.array(CACHE_KINDS, dtype=object)[cache.code].tolist(),
             "pid": cache.pid,
             "tid": np.full(n, -1, dtype=np.int32),
             "comm": cache.comm.to_pylist(),
@@ -2339,8 +2355,8 @@ class _Merge:
         n = len(cache.ts)
         rows = np.empty((n, _N_COLS), dtype=np.int64)
         rows[:, _C_TS] = cache.ts
-        add, delete = self.kinds.code("cache_add"), self.kinds.code("cache_delete")
-        rows[:, _C_KIND] = np.where(cache.add, add, delete)
+        codes = np.array([self.kinds.code(kind) for kind in CACHE_KINDS], dtype=np.int64)
+        rows[:, _C_KIND] = codes[cache.code]
         rows[:, _C_PID] = cache.pid
         rows[:, _C_TID] = -1
         rows[:, _C_COMM] = self.comms.codes_of(cache.comm) if n else -1
@@ -2843,7 +2859,7 @@ def _kind_groups(per_kind: Mapping[str, tuple[int, int]]) -> dict[str, dict]:
         entry = {"count": int(count), "bytes": int(nbytes)}
         if kind.startswith("block_"):
             groups["block"][kind] = entry
-        elif kind.startswith("cache_"):
+        elif kind.startswith(("cache_", "shm_")):
             groups["page_cache"][kind] = entry
         elif kind in ("fork", "exec", "exit"):
             groups["processes"][kind] = int(count)

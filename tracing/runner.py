@@ -221,7 +221,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                 if starting is not None:
                     progress("attaching bpftrace probes")
                     agent = starting.result()
-                    _attach(agent, members, run_dir, request, networked)
+                    _attach(agent, members, run_dir, request, networked, manifest)
                     manifest["start_ns"] = agent.client.call("Release")["released_ns"]
                 else:
                     for m in members:  # back to back: every container starts within ~1 ms
@@ -269,7 +269,12 @@ def _run_gpus(request: RunRequest) -> str | None:
 
 
 def _attach(
-    agent: LocalAgent, members: list[_Member], run_dir: Path, request: RunRequest, networked: bool
+    agent: LocalAgent,
+    members: list[_Member],
+    run_dir: Path,
+    request: RunRequest,
+    networked: bool,
+    manifest: dict,
 ) -> None:
     """The agent attaches its samplers and bpftrace scripts to the held containers; each one
     it found must be the process and cgroup docker names."""
@@ -292,6 +297,7 @@ def _attach(
         },
     )
     agent.attached = True
+    manifest["trace"]["memory_file_systems"] = reply["memory_file_systems"]
     for m in members:
         found = reply["containers"][m.spec.role]
         assert m.cgroups is not None

@@ -12,8 +12,11 @@ Host-wide: ``host_cpu_user``, ``host_cpu_system``, ``host_cpu_iowait``, ``host_c
 Per container: ``container_cpu`` (percent of one core, the cgroup's CPU time),
 ``container_cpu_loader`` (the part of it used by data-loader worker processes: PyTorch names
 them ``pt_data_worker``; from each process's ``/proc/PID/stat`` CPU time, in clock ticks),
-``container_mem_rss``, ``container_mem_cache`` and ``container_mem_pinned`` (bytes; the part
-of the page cache mapped into its processes or in shared memory). The loader share lets a
+``container_mem_rss``, ``container_mem_cache`` (the page cache of files on devices),
+``container_mem_shm`` (shared memory: tmpfs such as /dev/shm, where loader workers hand
+batches over, and memfd; the kernel counts it as file pages, the cache metric does not) and
+``container_mem_pinned`` (bytes; the part of the page cache mapped into its processes or in
+shared memory). The loader share lets a
 comparison tell the data pipeline's CPU from the model's on a host whose accelerator is its
 CPU (docs/similarity.md).
 
@@ -278,6 +281,8 @@ class Sampler:
                 rows.append(("container_mem_rss", now["mem"]["rss"], "bytes", role))
             if now["mem"].get("cache") is not None:
                 rows.append(("container_mem_cache", now["mem"]["cache"], "bytes", role))
+            if now["mem"].get("shm") is not None:
+                rows.append(("container_mem_shm", now["mem"]["shm"], "bytes", role))
             if now["mem"].get("pinned") is not None:
                 rows.append(("container_mem_pinned", now["mem"]["pinned"], "bytes", role))
         for role, now_net in cur.get("net", {}).items():
@@ -328,7 +333,8 @@ def _container_counters(cg: ProcessCgroups, files: OpenFiles | None = None) -> d
             "usage_ns": usage_ns,
             "mem": {
                 "rss": stat.get("rss"),
-                "cache": stat.get("cache"),
+                "cache": _file_data(stat, "cache"),
+                "shm": stat.get("shmem"),
                 "pinned": _pinned(stat, "mapped_file"),
             },
             "loaders": loaders,
@@ -371,6 +377,14 @@ def net_bytes(
         except (IndexError, ValueError):
             return None
     return rx, tx
+
+
+def _file_data(stat: dict, cache: str) -> int | None:
+    """The page cache of files on devices: the kernel's file pages (``cache``) less shared
+    memory (tmpfs, /dev/shm, memfd: ``shmem``), which it counts among them."""
+    if stat.get(cache) is None:
+        return None
+    return max(0, int(stat[cache]) - int(stat.get("shmem") or 0))
 
 
 def _pinned(stat: dict, mapped: str) -> int | None:

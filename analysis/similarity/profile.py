@@ -48,6 +48,7 @@ GAUGES: Mapping[str, str] = {
     "cpu_loader": "container_cpu_loader",
     "mem_rss": "container_mem_rss",
     "mem_cache": "container_mem_cache",
+    "mem_shm": "container_mem_shm",
     "net_rx": "container_net_rx",
     "net_tx": "container_net_tx",
 }

@@ -101,7 +101,7 @@ def cpu(real: RunProfile, emulated: RunProfile) -> Outcome:
 
 @aspect(
     "memory",
-    "container memory (rss, page cache)",
+    "container memory (rss, page cache, shared memory)",
     "memory",
     "DTW",
     1.0,
@@ -109,8 +109,14 @@ def cpu(real: RunProfile, emulated: RunProfile) -> Outcome:
     ("memory level (bytes)", "its shape over the run"),
 )
 def memory(real: RunProfile, emulated: RunProfile) -> Outcome:
-    outcome = gauge_outcome(real, emulated, {"rss": "mem_rss", "page cache": "mem_cache"})
-    means = {key: f"mean_{key}_bytes_{{who}}" for key in ("mem_rss", "mem_cache")}
+    """Anonymous memory, the page cache of files, and shared memory (/dev/shm, memfd: the
+    loader's batches in flight) apart from it, where both runs sampled it (runs traced before
+    it was sampled apart count it in their page cache)."""
+    channels = {"rss": "mem_rss", "page cache": "mem_cache"}
+    if all("mem_shm" in p.series for p in (real, emulated)):
+        channels["shared memory"] = "mem_shm"
+    outcome = gauge_outcome(real, emulated, channels)
+    means = {key: f"mean_{key}_bytes_{{who}}" for key in ("mem_rss", "mem_cache", "mem_shm")}
     return _with_means(outcome, real, emulated, means)
 
 
