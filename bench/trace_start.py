@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.spread import median_spread  # noqa: E402
 from tracing.request import image_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
 from workloads.config import BASE_TAG  # noqa: E402
@@ -53,9 +53,8 @@ def main() -> None:
             whole.append(w)
             print(f"round {i + 1}: release after {r:.2f} s, run {w:.2f} s", flush=True)
         print(
-            f"to the release: {statistics.median(release):.2f} s (median of {args.rounds}; "
-            f"spread {min(release):.2f} .. {max(release):.2f}); whole run "
-            f"{statistics.median(whole):.2f} s ({min(whole):.2f} .. {max(whole):.2f})"
+            f"median of {args.rounds}: to the release {median_spread(release, '.2f')} s; "
+            f"whole run {median_spread(whole, '.2f')} s"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)

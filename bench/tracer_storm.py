@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ sys.path.insert(0, str(REPO))
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from bench.spread import median_spread  # noqa: E402
 from core.units import parse_size  # noqa: E402
 from tracing.container import BindMount  # noqa: E402
 from tracing.request import RunOptions, image_request  # noqa: E402
@@ -226,15 +226,11 @@ def main() -> None:
                     flush=True,
                 )
             print(
-                f"{size_text}: untraced/traced = {statistics.median(ratios):.3f} "
-                f"(median of {args.rounds}; spread {min(ratios):.3f} .. {max(ratios):.3f})"
+                f"{size_text}: untraced/traced = {median_spread(ratios)}, median of {args.rounds}"
             )
             for label, values in floors.items():
                 if values:
-                    print(
-                        f"{size_text}: untraced/floor = {statistics.median(values):.3f} "
-                        f"(spread {min(values):.3f} .. {max(values):.3f}): {label}"
-                    )
+                    print(f"{size_text}: untraced/floor = {median_spread(values)}: {label}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

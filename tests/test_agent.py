@@ -84,6 +84,7 @@ def test_the_tracer_container_counts_another_containers_calls(
 ) -> None:
     require_tracing()
     from tracing import container as ctr
+    from tracing.barrier import release
     from tracing.cgroups import cgroups_of
     from tracing.container import AGENT_LABEL
     from tracing.tracer_container import CAPABILITIES, start_tracer
@@ -118,7 +119,7 @@ def test_the_tracer_container_counts_another_containers_calls(
             assert tracer.status == "running", tracer.logs().decode(errors="replace")
             assert time.monotonic() < deadline, "the tracer did not attach within 60 s"
             time.sleep(0.1)
-        ctr.release(barrier)
+        release(barrier)
         assert target.wait(timeout=120)["StatusCode"] == 0
         tracer.kill(signal=signal.SIGINT)  # bpftrace prints its maps as it exits
         assert tracer.wait(timeout=60)["StatusCode"] == 0

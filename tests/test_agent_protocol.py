@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def served():
     """An idle agent on a loopback port and a client of it."""
-    agent = Agent(lease_s=60.0, sources=sources_digest(REPO), bpftrace_version="0.23.2")
+    agent = Agent(lease_s=60.0, sources=sources_digest(REPO))
     server, port = serve(agent, "127.0.0.1:0")
     client = AgentClient(f"127.0.0.1:{port}", timeout=10.0)
     yield agent, client
@@ -44,7 +44,7 @@ def test_hello_names_the_protocol_the_sources_and_the_state(served) -> None:
     hello = client.call("Hello")
     assert hello["protocol"] == PROTOCOL and hello["state"] == "idle"
     assert hello["sources"] == sources_digest(REPO) and len(hello["sources"]) == 16
-    assert hello["bpftrace"] == "0.23.2"
+    assert set(hello) == {"protocol", "sources", "pid", "state"}
 
 
 def test_the_sources_digest_follows_the_tracing_code(tmp_path: Path) -> None:
@@ -57,6 +57,17 @@ def test_the_sources_digest_follows_the_tracing_code(tmp_path: Path) -> None:
     assert sources_digest(tmp_path) == before
     (tmp_path / "tracing" / "bpf" / "x.bt").write_text("BEGIN { exit(); }\n")
     assert sources_digest(tmp_path) != before
+
+
+def test_the_image_holds_the_code_the_digest_covers() -> None:
+    """images/build.py copies into the tracer's image the trees the agent's digest covers (it
+    may not import tracing: the two lists are kept apart and must agree)."""
+    from images.build import TRACER_SOURCES, tracer_sources
+    from tracing.agent import SOURCE_GLOBS
+
+    assert TRACER_SOURCES == SOURCE_GLOBS
+    copied = {str(path.relative_to(REPO)) for path in tracer_sources()}
+    assert {"tracing/agent.py", "tracing/bpf/cache.bt", "core/errors.py"} <= copied
 
 
 def test_calls_out_of_order_are_refused_with_one_line(served, tmp_path: Path) -> None:

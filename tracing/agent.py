@@ -11,7 +11,7 @@ The protocol (docs/agent.md): service ``twintrace.agent.v1.Agent``, every reques
 JSON object (UTF-8) as the gRPC message, so that any gRPC client can speak it without generated
 code. A run goes Hello -> Attach -> Release -> Status* -> Stop -> Fetch* -> Shutdown:
 
-- ``Hello {}`` -> ``{protocol, sources, bpftrace, pid, state}``: ``sources`` is the digest of
+- ``Hello {}`` -> ``{protocol, sources, pid, state}``: ``sources`` is the digest of
   the tracing code in the image, checked by the client against its own (:func:`sources_digest`).
 - ``Attach {run_id, run_dir, containers: [{role, container_id, barrier}], scripts,
   sample_interval, network}`` -> ``{containers: {role: {main_pid, cgroup_id}}, tracer_pids,
@@ -293,16 +293,16 @@ class RunSide:
 class Agent:
     """The agent's state: at most one run at a time, a lease renewed by every call."""
 
-    def __init__(self, lease_s: float = LEASE_S, sources: str = "", bpftrace_version: str = ""):
+    def __init__(self, lease_s: float = LEASE_S, sources: str = ""):
         self.lease_s = lease_s
         self.sources = sources
-        self.bpftrace_version = bpftrace_version
         self.run: RunSide | None = None
         self.state = "idle"  # idle, attached, released, stopped
         self.lock = threading.Lock()
         self.last_call = time.monotonic()
         self.done = threading.Event()  # set by Shutdown or an expired lease
         self.in_flight = 0  # calls being answered: the lease does not run out under one
+        self._counting = threading.Lock()  # in_flight's: calls run on several threads
 
     # -- the calls --------------------------------------------------------------------------
 
@@ -310,7 +310,6 @@ class Agent:
         return {
             "protocol": PROTOCOL,
             "sources": self.sources,
-            "bpftrace": self.bpftrace_version,
             "pid": os.getpid(),
             "state": self.state,
         }
@@ -397,17 +396,20 @@ class Agent:
             if not self.in_flight and time.monotonic() - self.last_call > self.lease_s:
                 self.give_up(f"no call for {self.lease_s:.0f} s (lease expired)")
 
+    def _count(self, step: int) -> None:
+        with self._counting:
+            self.in_flight += step
+
     def handler(self, method: Callable[[dict], Any], stream: bool) -> Callable:
         def call(request: bytes, context: grpc.ServicerContext) -> Any:
             self.last_call = time.monotonic()
-            self.in_flight += 1
             try:
                 body = json.loads(request or b"{}")
                 if not isinstance(body, dict):
                     raise ValueError("not a JSON object")
             except ValueError as exc:
-                self.in_flight -= 1
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc}")
+            self._count(+1)
             try:
                 if stream:
                     yield from method(body)  # Fetch: not under the lock (long)
@@ -418,7 +420,7 @@ class Agent:
                 context.abort(exc.code, str(exc))
             finally:
                 self.last_call = time.monotonic()
-                self.in_flight -= 1
+                self._count(-1)
             yield json.dumps(reply).encode()
 
         if stream:
@@ -459,7 +461,7 @@ def run_agent(listen: str, lease_s: float, root: Path) -> int:
     """The agent's process: serve until Shutdown, an expired lease, SIGTERM or SIGINT."""
     import signal
 
-    agent = Agent(lease_s, sources_digest(root), bpftrace_version())
+    agent = Agent(lease_s, sources_digest(root))
     server, port = serve(agent, listen)
     log.info("listening on port %d (lease %.0f s, sources %s)", port, lease_s, agent.sources)
 
@@ -474,16 +476,6 @@ def run_agent(listen: str, lease_s: float, root: Path) -> int:
     server.stop(grace=1.0).wait()
     log.info("exited")
     return 0
-
-
-def bpftrace_version() -> str:
-    import subprocess
-
-    try:
-        said = subprocess.run(["bpftrace", "--version"], capture_output=True, text=True).stdout
-    except OSError:
-        return ""
-    return said.strip().split()[-1].lstrip("v") if said.strip() else ""
 
 
 class AgentClient:

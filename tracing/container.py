@@ -29,7 +29,7 @@ import docker.errors
 from docker.types import DeviceRequest, EndpointConfig, Mount, Ulimit
 
 from core.errors import UserError
-from tracing.barrier import RELEASE_FIFO, release  # noqa: F401 (release: the runner's)
+from tracing.barrier import RELEASE_FIFO
 
 CTL_MOUNT = "/twintrace/ctl"
 BARRIER_MOUNT = "/twintrace/barrier"

@@ -28,33 +28,7 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-class WaitsUntil:
-    """:meth:`wait_until` for a child with ``name``, ``returncode``, ``poll()`` and
-    ``stderr_tail()`` (a process here, or one in a container)."""
-
-    name: str
-    returncode: int | None
-
-    def poll(self) -> int | None:
-        raise NotImplementedError
-
-    def stderr_tail(self, lines: int = 10) -> str:
-        raise NotImplementedError
-
-    def wait_until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
-        """Wait until ``ready()`` is true; fail if the child exits first or time runs out."""
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if self.poll() is not None:
-                raise ChildFailed(
-                    self, f"{self.name} exited with code {self.returncode} before {what}"
-                )
-            if time.monotonic() > deadline:
-                raise ChildFailed(self, f"{self.name} did not get {what} within {timeout:.0f} s")
-            time.sleep(0.02)
-
-
-class ChildProcess(WaitsUntil):
+class ChildProcess:
     """A started child process with its output files."""
 
     def __init__(
@@ -128,6 +102,18 @@ class ChildProcess(WaitsUntil):
         self.returncode = self._popen.returncode
         return self.returncode
 
+    def wait_until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        """Wait until ``ready()`` is true; fail if the child exits first or time runs out."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.poll() is not None:
+                raise ChildFailed(
+                    self, f"{self.name} exited with code {self.returncode} before {what}"
+                )
+            if time.monotonic() > deadline:
+                raise ChildFailed(self, f"{self.name} did not get {what} within {timeout:.0f} s")
+            time.sleep(0.02)
+
     def stderr_tail(self, lines: int = 10) -> str:
         """The last lines of the child's stderr, for error messages."""
         try:
@@ -140,7 +126,7 @@ class ChildProcess(WaitsUntil):
 class ChildFailed(UserError):
     """A child process failed; the message ends with the tail of its stderr."""
 
-    def __init__(self, child: WaitsUntil, message: str) -> None:
+    def __init__(self, child: ChildProcess, message: str) -> None:
         tail = child.stderr_tail()
         super().__init__(f"{message}" + (f"; its stderr ends with:\n{tail}" if tail else ""))
         self.child = child

@@ -34,7 +34,7 @@ from typing import Any
 
 from core import rundir
 from core.errors import UserError
-from tracing import bpftrace, container, dlio, host, ingest
+from tracing import barrier, bpftrace, container, dlio, host, ingest
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.request import ContainerSpec, RunRequest
 from tracing.shaper import Shaper, require_tc
@@ -225,7 +225,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                     manifest["start_ns"] = agent.client.call("Release")["released_ns"]
                 else:
                     for m in members:  # back to back: every container starts within ~1 ms
-                        container.release(m.barrier)
+                        barrier.release(m.barrier)
                     manifest["start_ns"] = time.monotonic_ns()
                 rundir.write_manifest(run_dir, manifest)  # still running, now with ids
                 progress(f"released {', '.join(m.spec.role for m in members)}")
