@@ -296,3 +296,63 @@ def test_an_agent_whose_coordinator_is_gone_stops_its_tracer_and_exits(
         assert (run / "raw" / "samples.csv").read_text().startswith("ts_ns,metric")
     finally:
         target.remove(force=True)
+
+
+def test_a_tracer_stopped_for_a_second_says_it_fell_behind(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    """bpftrace's user space prints and clears each 100 ms map some time after the interval
+    probe asks; if it is 300 ms late the map is written again before its clear, and calls made
+    then could vanish unprinted. The syscall tracer stopped (SIGSTOP) for a second while the
+    container opens and closes a file every 5 ms: the script's mark finds the uncleared map,
+    and the run is lossy, saying so, never completed with quietly missing calls."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, bpftrace_running
+
+    require_tracing()
+    runs = tmp_path / "runs"
+    job = (
+        "import os, time\n"
+        "end = time.monotonic() + 6\n"
+        "while time.monotonic() < end:\n"
+        "    os.close(os.open('/etc/os-release', os.O_RDONLY)); time.sleep(0.005)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), "trace", "--quiet", "--out", str(runs), "--image"]
+        + ["twintrace/base:latest", "--", "python3", "-c", job],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        run_dir = None
+        while run_dir is None:
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
+            for found in runs.glob("*/manifest.json") if runs.exists() else []:
+                if json.loads(found.read_text()).get("start_ns"):
+                    run_dir = found.parent
+            time.sleep(0.1)
+        (tracer,) = [
+            pid
+            for pid in bpftrace_running()
+            if b"syscalls" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        time.sleep(1)
+        os.kill(tracer, signal.SIGSTOP)
+        time.sleep(1.0)
+        os.kill(tracer, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "lossy", (manifest["status"], manifest["error"], stderr)
+    assert manifest["tracer_behind"] >= 1
+    assert "fell more than 300 ms behind" in manifest["error"]
+    assert bpftrace_running() == []

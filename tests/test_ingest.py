@@ -113,7 +113,8 @@ def test_block_cache_and_proc() -> None:
 def test_memory_file_system_pages_are_kinds_of_their_own(tmp_path: Path) -> None:
     """cache.bt counts pages of memory file systems (/dev/shm, memfd) in @shm_add/@shm_del,
     apart from file data: shm_add/shm_delete rows, in the summary's page-cache group, never in
-    cache_add/cache_delete; the earlier files (no @shm_ maps) parse as before."""
+    cache_add/cache_delete; the rotating maps' digit is read past, and the earlier files (no
+    @shm_ maps, no digit) parse as before."""
     text = "\n".join(
         [
             "READY 5",
@@ -122,9 +123,11 @@ def test_memory_file_system_pages_are_kinds_of_their_own(tmp_path: Path) -> None
             "@shm_add[7, pt_data_worker]: 300",
             "@shm_add[8, a, b]: 2",  # a thread name with a comma
             "T 200",
-            "@del[7, python3]: 1",
-            "@shm_del[7, python3]: 302",
-            "@shm_add[9, x]: ",  # cut short: skipped
+            "BEHIND 201",
+            "@del3[7, python3]: 1",
+            "@shm_del3[7, python3]: 302",
+            "@shm_add3[9, x]: ",  # cut short: skipped
+            "@addendum[9, x]: 4",  # another map: skipped
         ]
     )
     (tmp_path / "cache.txt").write_text(text + "\n")
@@ -137,7 +140,7 @@ def test_memory_file_system_pages_are_kinds_of_their_own(tmp_path: Path) -> None
         [200, "cache_delete", 7, "python3", 1],
         [200, "shm_delete", 7, "python3", 302],
     ]
-    assert stats.lost_events == 0
+    assert stats.lost_events == 0 and stats.behind == 1
     groups = ingest._kind_groups({"shm_add": (2, 4096 * 302), "cache_add": (1, 40960)})
     assert set(groups["page_cache"]) == {"shm_add", "cache_add"}
 
@@ -232,14 +235,18 @@ def test_truncated_line_and_lost_events_are_handled(tmp_path: Path) -> None:
         fh.write(
             "block.bt:9:3-20: WARNING: Failed to map_delete_elem: No such file (-2)\n @x\n ~\n"
         )
+        fh.write("BEHIND 9\n")
     with open(raw / "cache.txt", "a") as fh:
         fh.write(warning.replace("syscalls.bt", "cache.bt"))
+        fh.write("BEHIND 12\n")
     with open(raw / "syscalls.txt", "a") as fh:
         fh.write("Lost 17 events\n")
+        fh.write("BEHIND 10\nBEHIND 11\n")  # the scripts' mark of user space falling behind
         fh.write(warning)
         fh.write("123456789\tread\t42\t42\t3")  # bpftrace stopped mid-line
     table, stats = ingest.build_events(raw)
     assert stats.lost_events == 17 + 1 + 2 + 1
+    assert stats.behind == 2 + 1 + 1
     assert stats.skipped_lines == 1
     assert table.num_rows == ingest.build_events(RAW)[0].num_rows
 

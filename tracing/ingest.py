@@ -154,6 +154,9 @@ class ParseStats:
     skipped_examples: list[str] = field(default_factory=list)
     #: Rows that came later than the reorder window (put in place by a second pass).
     late_rows: int = 0
+    #: Times a script found bpftrace's user space 300 ms behind its kernel side ("BEHIND"
+    #: lines): a map was being written again before its clear, so events may be missing.
+    behind: int = 0
 
     def skip(self, text: str) -> None:
         """Count one line that is no event (and keep the first few)."""
@@ -435,13 +438,15 @@ _N_COLS = 16
 _END = np.iinfo(np.int64).max
 # info slots of the parser
 _I_ROWS, _I_AGGS, _I_PATHS, _I_HEAP, _I_LOST, _I_SKIPPED, _I_STATUS, _I_BAD_KIND = range(8)
+_I_BEHIND = 8  # "BEHIND <ns>" lines
 _FULL_NAMES, _BAD_AGG_KIND, _FULL_ROWS = 1, 2, 3
-_I_EXAMPLES = 8  # then (start, end) of up to 5 skipped lines
+_I_EXAMPLES = 9  # then (start, end) of up to 5 skipped lines
 _AGG_SEP = np.frombuffer(b", ", dtype=np.uint8)
 _AGG_OPEN = np.frombuffer(b"]: (", dtype=np.uint8)
 _WORD_LOST = np.frombuffer(b"Lost ", dtype=np.uint8)
 _WORD_EVENTS = np.frombuffer(b" events", dtype=np.uint8)
 _WORD_READY = np.frombuffer(b"READY ", dtype=np.uint8)
+_WORD_BEHIND = np.frombuffer(b"BEHIND ", dtype=np.uint8)
 _WORD_ATTACHING = np.frombuffer(b"Attaching ", dtype=np.uint8)
 _WORD_AGG = np.frombuffer(b"@agg", dtype=np.uint8)
 _WORD_BLK = np.frombuffer(b"@blk", dtype=np.uint8)
@@ -512,9 +517,10 @@ def _parse_agg(
 @_inline
 def _noise_line(buf: np.ndarray, p: int, info: np.ndarray) -> int:
     """Whether the line at ``p`` is bpftrace's own: 0 when not; 1 when it is ("Lost N
-    events" counted as lost); 2 for a warning of bpftrace's ``-k`` (a helper call failed),
-    which bpftrace follows with two lines (the script's line and a mark under the call): a
-    failed map update (a full map) is one event lost."""
+    events" counted as lost; "BEHIND <ns>", the script's mark of its user space falling
+    behind, counted in ``info[_I_BEHIND]``); 2 for a warning of bpftrace's ``-k`` (a helper
+    call failed), which bpftrace follows with two lines (the script's line and a mark under
+    the call): a failed map update (a full map) is one event lost."""
     q = _expect(buf, p, _WORD_LOST)
     if q >= 0:
         value, q, ok = _read_int(buf, q, False)
@@ -522,6 +528,9 @@ def _noise_line(buf: np.ndarray, p: int, info: np.ndarray) -> int:
             info[_I_LOST] += value
             return 1
     if _expect(buf, p, _WORD_READY) >= 0 or _expect(buf, p, _WORD_ATTACHING) >= 0:
+        return 1
+    if _expect(buf, p, _WORD_BEHIND) >= 0:
+        info[_I_BEHIND] += 1
         return 1
     start = p
     blank = True
@@ -813,10 +822,10 @@ def _parse_syscall_block(
     return pos
 
 
-_WORD_ADD = np.frombuffer(b"@add[", dtype=np.uint8)
-_WORD_DEL = np.frombuffer(b"@del[", dtype=np.uint8)
-_WORD_SHM_ADD = np.frombuffer(b"@shm_add[", dtype=np.uint8)
-_WORD_SHM_DEL = np.frombuffer(b"@shm_del[", dtype=np.uint8)
+_WORD_ADD = np.frombuffer(b"@add", dtype=np.uint8)
+_WORD_DEL = np.frombuffer(b"@del", dtype=np.uint8)
+_WORD_SHM_ADD = np.frombuffer(b"@shm_add", dtype=np.uint8)
+_WORD_SHM_DEL = np.frombuffer(b"@shm_del", dtype=np.uint8)
 _WORD_TICK = np.frombuffer(b"T ", dtype=np.uint8)
 _CACHE_CLOSE = np.frombuffer(b"]: ", dtype=np.uint8)
 
@@ -831,12 +840,15 @@ def _parse_cache_lines(
     heap: np.ndarray,
 ) -> tuple[int, int, int]:
     """Parse raw/cache.txt (``buf[:end]``, whole lines): "T <ns>" starts a block of counts,
-    "@add[<pid>, <comm>]: <pages>" (or @del, @shm_add, @shm_del) is one (``ints``: time, the
-    map's code in :data:`CACHE_KINDS`, pid, pages by row; the comm's bytes to ``heap``, their ends in ``comms[1:]``), "Lost <n> events" adds n
-    lost events; other lines are skipped. Returns (rows, bytes of comms, lost events)."""
+    "@addQ[<pid>, <comm>]: <pages>" (or @del, @shm_add, @shm_del; Q the map's digit, absent
+    before the maps rotated) is one (``ints``: time, the map's code in :data:`CACHE_KINDS`,
+    pid, pages by row; the comm's bytes to ``heap``, their ends in ``comms[1:]``), "Lost <n>
+    events" adds n lost events, "BEHIND <ns>" one to the count of the tracer falling behind;
+    other lines are skipped. Returns (rows, bytes of comms, lost events, behind)."""
     n = 0
     used = 0
     lost = 0
+    behind = 0
     ts = 0
     comms[0] = 0
     pos = 0
@@ -844,15 +856,21 @@ def _parse_cache_lines(
         line_end = _line_end(words, pos)
         stop = line_end - 1 if line_end > pos and buf[line_end - 1] == 13 else line_end  # \r\n
         code = -1
-        start = pos + 5
+        start = pos + 4
         if _expect(buf, pos, _WORD_ADD) >= 0:
             code = 1
         elif _expect(buf, pos, _WORD_DEL) >= 0:
             code = 0
         elif _expect(buf, pos, _WORD_SHM_ADD) >= 0:
-            code, start = 3, pos + 9
+            code, start = 3, pos + 8
         elif _expect(buf, pos, _WORD_SHM_DEL) >= 0:
-            code, start = 2, pos + 9
+            code, start = 2, pos + 8
+        if code >= 0:
+            if 48 <= buf[start] <= 57:  # the map's digit
+                start += 1
+            if buf[start] != 91:  # "[": another map's name
+                code = -1
+            start += 1
         if code >= 0:
             pid, p, ok = _read_int(buf, start, False)
             ok = ok and p + 1 < stop and buf[p] == 44 and buf[p + 1] == 32  # ", "
@@ -874,6 +892,8 @@ def _parse_cache_lines(
             value, p, ok = _read_int(buf, pos + 2, True)
             if ok and p == stop:
                 ts = value
+        elif _expect(buf, pos, _WORD_BEHIND) >= 0:
+            behind += 1
         else:
             q = _expect(buf, pos, _WORD_LOST)
             if q >= 0:
@@ -883,7 +903,7 @@ def _parse_cache_lines(
             elif _has(buf, pos, _WORD_MAP_UPDATE):  # a full map (bpftrace -k): a lost update
                 lost += 1
         pos = line_end + 1
-    return n, used, lost
+    return n, used, lost, behind
 
 
 @_inline
@@ -1617,6 +1637,7 @@ class _Parsed:
     lost: int
     skipped: int
     examples: list[str]
+    behind: int
 
 
 class _SyscallParser:
@@ -1714,6 +1735,7 @@ class _SyscallParser:
             int(info[_I_LOST]),
             skipped,
             examples,
+            int(info[_I_BEHIND]),
         )
 
 
@@ -1812,6 +1834,7 @@ def _frame(
 
 def _count_parse(stats: ParseStats, parsed: _Parsed) -> None:
     stats.lost_events += parsed.lost
+    stats.behind += parsed.behind
     for text in parsed.examples:
         stats.skip(text)
     stats.skipped_lines += parsed.skipped - len(parsed.examples)
@@ -1873,6 +1896,7 @@ class _BlockParser:
         self.rwbs.new_names()
         self.comms.new_names()
         stats.lost_events += int(info[_I_LOST])
+        stats.behind += int(info[_I_BEHIND])
         skipped = int(info[_I_SKIPPED])
         for k in range(min(skipped, 5)):
             line = bytes(buf[info[_I_EXAMPLES + 2 * k] : info[_I_EXAMPLES + 2 * k + 1]])
@@ -1946,8 +1970,9 @@ class _Cache:
         ints = np.empty((4, n_max), dtype=np.int64)  # ts, code, pid, pages
         comms = np.empty(n_max + 1, dtype=np.int32)
         heap = np.empty(max(end, 1), dtype=np.uint8)
-        n, used, lost = _parse_cache_lines(buf, buf.view(np.uint64), end, ints, comms, heap)
+        n, used, lost, behind = _parse_cache_lines(buf, buf.view(np.uint64), end, ints, comms, heap)
         stats.lost_events += int(lost)
+        stats.behind += int(behind)
         comm = pa.StringArray.from_buffers(
             n, pa.py_buffer(comms[: n + 1].copy()), pa.py_buffer(heap[:used].copy())
         )
@@ -2830,6 +2855,7 @@ def summarize(events: EventTotals | pa.Table, phases: pd.DataFrame, stats: Parse
     result = {
         "steps": _steps(phases),
         "lost_events": stats.lost_events,
+        "tracer_behind": stats.behind,
         "skipped_lines": stats.skipped_lines,
         **_kind_groups(totals.per_kind()),
     }
