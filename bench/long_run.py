@@ -133,6 +133,7 @@ class LongRun:
     start_ns: int
     end_ns: int
     processing_s: float  # raw files to tables and summary, inside the run
+    error: str | None  # the manifest's: what a lossy run lost
 
     @property
     def duration_s(self) -> float:
@@ -206,6 +207,7 @@ def run_long(
         manifest["start_ns"],
         manifest["end_ns"],
         processing_s,
+        manifest.get("error"),
     )
 
 
@@ -338,6 +340,8 @@ def report(run: LongRun, every_s: float) -> bool:
         f"thread(s), {run.preads} preads of {run.size} B ({run.preads / run.duration_s:.0f}/s), "
         f"{run.rounds} open/pread/close rounds"
     )
+    if run.error:
+        print(f"  {run.error}")
     rss = rss_samples(run)
     print(f"\nresident set (MiB, max per {every_s / 60:g} min window):")
     metrics = sorted(rss["metric"].unique())

@@ -16,6 +16,17 @@ spread (min..max), and the tracer's own CPU time per step of the epoch (bpftrace
 and the sampling process, from their ``tracer_cpu_*`` and ``sampler_cpu`` samples). A traced
 run that is not ``completed`` (events lost) is reported.
 
+Step time on a shared 2-core VM moves from one run to the next by more than the tracer costs
+(ResNet-50's untraced median step: 33-44 ms), so the same rounds are also measured in CPU
+time, which a descheduled or stalled process does not spend: the workload container's cgroup
+CPU time per step (polled from the host every 20 ms in traced and untraced runs alike,
+:class:`ContainerCpu`, over the epoch's steps). The probes' own work is charged to the
+container (a BPF program runs in the thread whose system call fired it), bpftrace's user
+space and the samplers to the tracer's container, so two more ratios are printed:
+untraced/traced container CPU per step (the probes' cost in the workload) and untraced
+container CPU / (traced container CPU + the tracer's CPU) per step (the whole CPU cost of
+tracing: the throughput a CPU-bound job would keep).
+
 Goal (issue "Tracing at any event rate"): traced/untraced step throughput >= 0.98.
 
     python bench/tracer_overhead.py --workloads unet3d,resnet50 --variants sleep,original --rounds 3
@@ -29,6 +40,7 @@ import argparse
 import dataclasses
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,9 +51,12 @@ sys.path.insert(0, str(REPO))
 
 from core.rundir import Run, load_run, load_summary  # noqa: E402
 from experiments.fidelity import SETUPS, dataset, step_ends, step_times  # noqa: E402
+from tracing.cgroups import ProcessCgroups, cgroups_of  # noqa: E402
+from tracing.container import AGENT_LABEL, RUN_LABEL, client  # noqa: E402
 from tracing.host import drop_caches  # noqa: E402
 from tracing.request import RunOptions, workload_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
+from tracing.samplers import cpu_usage_ns  # noqa: E402
 
 GOAL = 0.98
 
@@ -55,8 +70,60 @@ BENCH_SETUPS = {
 }
 
 
-def run_once(workload: str, variant: str, data: Path, runs: Path, traced: bool) -> Run:
-    """One run of the workload's small configuration, traced or not, on a cold cache."""
+class ContainerCpu(threading.Thread):
+    """The CPU time of a run's workload containers (their cgroups' usage, summed), polled from
+    the host every ``every`` seconds from the moment they exist until they are gone, the same
+    way whether the run is traced or not: ``points``, (CLOCK_MONOTONIC ns, CPU ns used)."""
+
+    def __init__(self, every: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.every = every
+        self.points: list[tuple[int, int]] = []
+        self._done = threading.Event()
+
+    def _groups(self) -> list[ProcessCgroups] | None:
+        found = [
+            c
+            for c in client().containers.list(filters={"label": RUN_LABEL})
+            if AGENT_LABEL not in (c.labels or {})
+        ]
+        pids = [int(c.attrs["State"]["Pid"]) for c in found]
+        return [cgroups_of(pid) for pid in pids] if found and all(pids) else None
+
+    def run(self) -> None:
+        groups = None
+        while groups is None and not self._done.is_set():
+            groups = self._groups()
+            if groups is None:
+                self._done.wait(0.05)
+        while groups and not self._done.is_set():
+            used = [cpu_usage_ns(g) for g in groups]
+            if None in used:
+                return  # a container is gone: the run has ended
+            self.points.append((time.monotonic_ns(), sum(used)))  # type: ignore[arg-type]
+            self._done.wait(self.every)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+    def per_step(self, ends: np.ndarray) -> float:
+        """CPU seconds per step from the first step end to the last (interpolated)."""
+        if len(self.points) < 2:
+            raise SystemExit("the workload container's CPU time was never read")
+        points = np.array(self.points, dtype=np.float64)
+        ts, used = points[:, 0], points[:, 1]
+        if ends[0] < ts[0] or ends[-1] > ts[-1]:
+            raise SystemExit("the workload container's CPU time was not read over its steps")
+        first, last = np.interp([ends[0], ends[-1]], ts, used)
+        return float(last - first) / 1e9 / (len(ends) - 1)
+
+
+def run_once(
+    workload: str, variant: str, data: Path, runs: Path, traced: bool
+) -> tuple[Run, float]:
+    """One run of the workload's small configuration, traced or not, on a cold cache, and its
+    container's CPU seconds per step."""
     setup = BENCH_SETUPS[workload]
     drop_caches()
     request = workload_request(
@@ -68,7 +135,13 @@ def run_once(workload: str, variant: str, data: Path, runs: Path, traced: bool) 
         options=dict(setup.options),
         run=RunOptions(tracing=traced),
     )
-    return load_run(trace(request).check())
+    cpu = ContainerCpu()
+    cpu.start()
+    try:
+        run = load_run(trace(request).check())
+    finally:
+        cpu.stop()
+    return run, cpu.per_step(step_ends(run)["ts_ns"].to_numpy(dtype=np.int64))
 
 
 def median_step(run: Run) -> float:
@@ -109,6 +182,15 @@ def median_ci(values: list[float], level: float = 0.9, draws: int = 10_000) -> t
     return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
 
 
+def _ratio(values: list[float]) -> str:
+    """A ratio over the rounds: its median, the 90 % CI of the median and the spread."""
+    low, high = median_ci(values)
+    return (
+        f"{statistics.median(values):.3f} (median of {len(values)}; 90 % CI {low:.3f} .. "
+        f"{high:.3f}; spread {min(values):.3f} .. {max(values):.3f})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(BENCH_SETUPS))
@@ -131,11 +213,11 @@ def main() -> None:
     for workload in names:
         data = dataset(args.data_root, BENCH_SETUPS[workload])
         for variant in variants:
-            ratios, costs, sampler_costs = [], [], []
+            ratios, costs, sampler_costs, cpu_ratios, whole_ratios = [], [], [], [], []
             for i in range(args.rounds):
-                step = {}
+                step, cpu = {}, {}
                 for traced in (True, False) if i % 2 == 0 else (False, True):
-                    run = run_once(workload, variant, data, runs, traced)
+                    run, cpu[traced] = run_once(workload, variant, data, runs, traced)
                     step[traced] = median_step(run)
                     if traced:
                         tracer_cost, sampler_cost = tracer_cpu_per_step(run)
@@ -149,20 +231,25 @@ def main() -> None:
                                 file=sys.stderr,
                             )
                 ratios.append(step[False] / step[True])
+                cpu_ratios.append(cpu[False] / cpu[True])
+                whole_ratios.append(cpu[False] / (cpu[True] + costs[-1] + sampler_costs[-1]))
                 print(
                     f"{workload} {variant} round {i + 1}: median step traced {step[True]:.4f} s, "
-                    f"untraced {step[False]:.4f} s, traced/untraced throughput {ratios[-1]:.3f}",
+                    f"untraced {step[False]:.4f} s, traced/untraced throughput {ratios[-1]:.3f}; "
+                    f"container CPU per step traced {cpu[True] * 1e3:.2f} ms, untraced "
+                    f"{cpu[False] * 1e3:.2f} ms, untraced/traced {cpu_ratios[-1]:.3f}, "
+                    f"with the tracer's {whole_ratios[-1]:.3f}",
                     file=sys.stderr,
                     flush=True,
                 )
             cost = statistics.median(costs) if costs else float("nan")
             sampler_cost = statistics.median(sampler_costs) if sampler_costs else float("nan")
-            low, high = median_ci(ratios)
             lines.append(
                 f"{workload:9s} {variant:9s} traced/untraced step throughput "
-                f"{statistics.median(ratios):.3f} (median of {args.rounds}; 90 % CI "
-                f"{low:.3f} .. {high:.3f}; spread {min(ratios):.3f} .. {max(ratios):.3f}); "
-                f"CPU per step: bpftrace {cost * 1e3:.2f} ms, sampler {sampler_cost * 1e3:.2f} ms"
+                f"{_ratio(ratios)}; untraced/traced container CPU per step "
+                f"{_ratio(cpu_ratios)}, with the tracer's own {_ratio(whole_ratios)}; "
+                f"tracer CPU per step: bpftrace {cost * 1e3:.2f} ms, sampler "
+                f"{sampler_cost * 1e3:.2f} ms"
             )
     print(f"goal: >= {GOAL}; {time.monotonic() - started:.0f} s; runs under {runs}")
     print("\n".join(lines))

@@ -322,12 +322,21 @@ def _number(value: float) -> str:
     return f"{value:.6g}"
 
 
+def cpu_usage_ns(cg: ProcessCgroups, files: OpenFiles | None = None) -> int | None:
+    """CPU time a container's cgroup has used since it was made (ns; v1 cpuacct or v2), None
+    when it cannot be read (the container gone)."""
+    if cg.is_v1:
+        return _read_int(cg.cpuacct_dir / "cpuacct.usage", files) if cg.cpuacct_dir else None
+    usec = _read_keyed(cg.v2_dir / "cpu.stat", files).get("usage_usec")
+    return usec * 1000 if usec is not None else None
+
+
 def _container_counters(cg: ProcessCgroups, files: OpenFiles | None = None) -> dict:
     """CPU time and memory of one container's cgroup (v1 controllers or v2), and the CPU
     ticks of its data-loader worker processes (pid -> ticks)."""
     loaders = loader_ticks(cg.v2_dir / "cgroup.procs", files=files)
+    usage_ns = cpu_usage_ns(cg, files)
     if cg.is_v1:
-        usage_ns = _read_int(cg.cpuacct_dir / "cpuacct.usage", files) if cg.cpuacct_dir else None
         stat = _read_keyed(cg.memory_dir / "memory.stat", files)
         return {
             "usage_ns": usage_ns,
@@ -339,10 +348,9 @@ def _container_counters(cg: ProcessCgroups, files: OpenFiles | None = None) -> d
             },
             "loaders": loaders,
         }
-    usec = _read_keyed(cg.v2_dir / "cpu.stat", files).get("usage_usec")
     stat = _read_keyed(cg.v2_dir / "memory.stat", files)
     return {
-        "usage_ns": usec * 1000 if usec is not None else None,
+        "usage_ns": usage_ns,
         "mem": {
             "rss": stat.get("anon"),
             "cache": stat.get("file"),
