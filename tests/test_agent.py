@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -207,36 +208,46 @@ def _agent_containers(run_id: str) -> list:
     ]
 
 
+def _traced_cli(runs: Path, command: str, *options: str) -> tuple[subprocess.Popen[str], Path]:
+    """``./cli.py trace`` of ``python3 -c command`` in the base image, started in the
+    background: (its process, the run directory once the workload is released)."""
+    import json
+    import sys
+
+    from tests.conftest import REPO
+
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), "trace", *options, "--out", str(runs), "--image"]
+        + ["twintrace/base:latest", "--", "python3", "-c", command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("the run never started")
+        for found in runs.glob("*/manifest.json") if runs.exists() else []:
+            if json.loads(found.read_text()).get("start_ns"):
+                return proc, found.parent  # released: the agent traces the workload
+        time.sleep(0.1)
+
+
 def test_a_run_whose_agent_dies_fails_and_leaves_nothing(
     images: dict[str, str], tmp_path: Path
 ) -> None:
     """The agent's container killed while the workload runs: the run fails saying the agent
     stopped answering; no container, no agent, no bpftrace is left; the manifest says failed."""
     import json
-    import subprocess
-    import sys
 
-    from tests.conftest import REPO, bpftrace_running
+    from tests.conftest import bpftrace_running
     from tracing.container import RUN_LABEL, client
 
     require_tracing()
-    runs = tmp_path / "runs"
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), "trace", "--out", str(runs), "--image"]
-        + ["twintrace/base:latest", "--", "python3", "-c", "import time; time.sleep(120)"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, run_dir = _traced_cli(tmp_path / "runs", "import time; time.sleep(120)")
     try:
-        deadline = time.monotonic() + 120
-        run_dir = None
-        while run_dir is None:
-            assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
-            for found in runs.glob("*/manifest.json") if runs.exists() else []:
-                if json.loads(found.read_text()).get("start_ns"):
-                    run_dir = found.parent  # released: the agent traces the workload
-            time.sleep(0.2)
         (agent,) = _agent_containers(run_dir.name)
         assert bpftrace_running()
         agent.kill()
@@ -308,10 +319,8 @@ def test_a_tracer_stopped_for_a_second_says_it_fell_behind(
     and the run is lossy, saying so, never completed with quietly missing calls."""
     import json
     import os
-    import subprocess
-    import sys
 
-    from tests.conftest import REPO, bpftrace_running
+    from tests.conftest import bpftrace_running
 
     require_tracing()
     runs = tmp_path / "runs"
@@ -321,22 +330,8 @@ def test_a_tracer_stopped_for_a_second_says_it_fell_behind(
         "while time.monotonic() < end:\n"
         "    os.close(os.open('/etc/os-release', os.O_RDONLY)); time.sleep(0.005)\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), "trace", "--quiet", "--out", str(runs), "--image"]
-        + ["twintrace/base:latest", "--", "python3", "-c", job],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, run_dir = _traced_cli(runs, job, "--quiet")
     try:
-        deadline = time.monotonic() + 120
-        run_dir = None
-        while run_dir is None:
-            assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
-            for found in runs.glob("*/manifest.json") if runs.exists() else []:
-                if json.loads(found.read_text()).get("start_ns"):
-                    run_dir = found.parent
-            time.sleep(0.1)
         (tracer,) = [
             pid
             for pid in bpftrace_running()
