@@ -5,6 +5,7 @@ so CI can never pass by skipping the real thing."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,3 +113,18 @@ def pytest_configure(config: pytest.Config) -> None:
     from datagen.registry import GENERATORS
 
     set_worker_preload(module for module, _, _ in GENERATORS.values())
+    # SIGTERM (a CI runner's timeout, `kill`) ends the session as Ctrl-C does, through the
+    # running test's `finally` and fixtures' teardown: by default it killed the interpreter
+    # there, leaving the test's containers and networks (a compose project's network was).
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+_SESSION_PID = os.getpid()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    if os.getpid() != _SESSION_PID:  # a forked child (a loader worker): dies as it did
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise KeyboardInterrupt(f"signal {signum}")

@@ -484,14 +484,6 @@ def _copy_own_mllog(spec: ContainerSpec, target: Path, start_ns: int) -> None:
             shutil.copyfile(source, target)
 
 
-#: The scripts whose events are exact: a probe hit the kernel skipped in any of them makes a
-#: run ``lossy``. The one probe that fires in interrupts, block.bt's completion, is a raw
-#: tracepoint, which the kernel skips only while the same program runs on that CPU (a
-#: tracepoint program it skipped whenever any other one ran there: 0-16 of 2,000 cold reads;
-#: 0 of 12,000 since, bench/block_exact.py; docs/run-format.md).
-EXACT_SCRIPTS = ("syscalls", "proc", "block", "cache")
-
-
 def lost_message(lost: int, missed: int = 0, behind: int = 0) -> str:
     """The error of a ``lossy`` run: what was lost and what to do."""
     what = []
@@ -541,9 +533,13 @@ def _process(
         manifest["lost_events"] = stats.lost_events
         manifest["tracer_behind"] = stats.behind
         missed = manifest.get("missed_probes") or {}
-        exact_missed = sum(missed.get(name, 0) for name in EXACT_SCRIPTS)
-        if status == "completed" and (stats.lost_events or exact_missed or stats.behind):
-            status, error = "lossy", lost_message(stats.lost_events, exact_missed, stats.behind)
+        # Every lane is exact, so a probe hit the kernel skipped in any script makes the run
+        # lossy. The one hook that fires in interrupts, block.bt's completion, is a raw
+        # tracepoint, which the kernel skips only while the same program runs on that CPU
+        # (docs/run-format.md, "What can be lost"; bench/block_exact.py).
+        skipped = sum(missed.values())
+        if status == "completed" and (stats.lost_events or skipped or stats.behind):
+            status, error = "lossy", lost_message(stats.lost_events, skipped, stats.behind)
         start, end = manifest.get("start_ns"), manifest.get("end_ns")
         rundir.write_json(
             run_dir / rundir.SUMMARY,
