@@ -15,7 +15,6 @@ tracing stack), so CI cannot pass by skipping. Install: ``apt-get install chromi
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import require
 
 #: Seconds a Chromium run may take before the test fails (a hung browser must not hang CI).
 TIMEOUT_S = 90.0
@@ -43,11 +44,8 @@ def chromium_binary() -> str | None:
 def require_chromium() -> str:
     """The Chromium binary; skip the calling test without one, or fail it when ``CI=true``."""
     binary = chromium_binary()
-    if binary is None:
-        message = "chromium is not installed: run `apt-get install chromium` as root"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require(binary, "chromium is not installed: run `apt-get install chromium` as root")
+    assert binary is not None
     return binary
 
 

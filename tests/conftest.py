@@ -23,14 +23,19 @@ def _missing_prerequisites() -> list[str]:
     return [f"{c.name}: {c.detail} ({c.fix})" for c in doctor(only_tracing=True) if not c.ok]
 
 
+def require(ok: object, why: str) -> None:
+    """What a test needs that a developer's machine may lack and CI must have: without it
+    (``ok`` false) the calling test is skipped, saying ``why``, or fails with ``CI=true``."""
+    if not ok:
+        if IN_CI:
+            pytest.fail(why)
+        pytest.skip(why)
+
+
 def require_tracing() -> None:
     """Skip (or, in CI, fail) when the real tracing stack is not available."""
     missing = _missing_prerequisites()
-    if missing:
-        message = "tracing prerequisites missing: " + "; ".join(missing)
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    require(not missing, "tracing prerequisites missing: " + "; ".join(missing))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -73,7 +73,7 @@ def _parse(argv: list[str], where: Path) -> click.Command:
 def test_every_command_is_documented_with_an_example(
     name: str, cmd: click.Command, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # STYLE.md: each command's docstring (its --help) ends with an example of its use, and the
+    # The house style: each command's docstring (its --help) ends with an example of its use, and the
     # example is a valid command line of this very command (a group: of one of its commands).
     monkeypatch.chdir(tmp_path)
     for line in examples(cmd):

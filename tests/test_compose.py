@@ -23,7 +23,7 @@ from images.build import (
     workload_dockerfile,
 )
 from images.compose import COMPOSE_FILE, main, render
-from tests.conftest import IN_CI
+from tests.conftest import require
 from workloads.config import image_tag
 
 VOLUMES = [
@@ -82,11 +82,7 @@ def _require_compose() -> str:
         client()
     except UserError as exc:
         missing.append(str(exc))
-    if missing:
-        message = "; ".join(missing)
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    require(not missing, "; ".join(missing))
     assert command is not None
     return command
 

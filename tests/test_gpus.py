@@ -631,14 +631,12 @@ def test_a_compose_file_reserving_gpus_gives_its_containers_gpus(tmp_path: Path)
     """Through the real ``docker-compose config`` (no daemon needed)."""
     import shutil
 
-    from tests.conftest import IN_CI
+    from tests.conftest import require
     from tracing.topology import topology_request
 
-    if shutil.which("docker-compose") is None:
-        message = "docker-compose is not installed (`make setup` installs it)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    require(
+        shutil.which("docker-compose"), "docker-compose is not installed (`make setup` installs it)"
+    )
     path = tmp_path / "topology.yml"
     path.write_text(COMPOSE)
     request = topology_request(path, tmp_path / "runs")

@@ -303,6 +303,9 @@ def tiny_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 READ_BPS = 40_000_000
 
 
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
 def test_reduced_stalls_run(images: dict[str, str], tiny_images: Path, tmp_path: Path) -> None:
     """Cold cache: a fetch stall; fully cached: none. Every run traced; results written."""
     from experiments.stalls import StallSettings, measure_stalls, traced_run

@@ -24,7 +24,7 @@ import pytest
 
 from core.errors import UserError
 from datagen.bert import BertGenParams, generate_bert
-from tests.conftest import IN_CI, REPO
+from tests.conftest import REPO, require
 from workloads.bert.dataset import interleave
 from workloads.bert.files import FEATURES, list_shards
 from workloads.bert.records import iter_records, parse_example
@@ -42,11 +42,7 @@ def tf_python() -> Path:
     result = subprocess.run(
         ["bash", str(TFREF / "setup.sh")], capture_output=True, text=True, timeout=1800
     )
-    if result.returncode != 0:
-        message = f"tests/tfref/setup.sh failed: {result.stderr.strip()[-2000:]}"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    require(result.returncode == 0, f"tests/tfref/setup.sh failed: {result.stderr.strip()[-2000:]}")
     return REPO / ".venv-tf" / "bin" / "python"
 
 

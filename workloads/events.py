@@ -87,7 +87,7 @@ class Emitter:
         the file and line of the code that called the Emitter method (two frames up), as
         ``MLLogger`` records them. ``MLLogger`` itself is not used: it finds the caller with
         ``inspect.getframeinfo`` (which reads source lines) and goes through ``logging``,
-        about 0.15 ms an event, which inflated instrumented steps (tests/test_events.py
+        about 0.15 ms an event, which inflated instrumented steps (tests/test_mllog.py
         checks that the lines are the ones MLLogger writes)."""
         caller = sys._getframe(2)
         meta = {"file": caller.f_code.co_filename, "lineno": caller.f_lineno, **metadata}
