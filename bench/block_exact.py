@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bench.spread import median_spread  # noqa: E402
+from bench.spread import median_spread, warm_rounds  # noqa: E402
 from experiments.grouping import file_extents  # noqa: E402
 from tracing.request import image_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
@@ -128,16 +128,14 @@ def main() -> None:
         dev, disk, base = device_of(folder)
         starts = first_bytes(folder, base)
         print(f"{args.files} files of {args.size} B on {disk} ({dev})", flush=True)
-        one(folder, work / "runs", disk, dev, starts)  # warm: the image's files, the tracer's
-        rows = []
-        for i in range(args.rounds):
-            row = one(folder, work / "runs", disk, dev, starts)
-            rows.append(row)
-            print(
-                f"round {i + 1}: files not seen {row[0]}, skipped block probe hits {row[1]}; "
-                f"read requests: the device's {row[2]}, the trace's {row[3]}",
-                flush=True,
-            )
+        rows = warm_rounds(  # warm: the image's files, the tracer's
+            args.rounds,
+            lambda: one(folder, work / "runs", disk, dev, starts),
+            lambda row: (
+                f"files not seen {row[0]}, skipped block probe hits {row[1]}; "
+                f"read requests: the device's {row[2]}, the trace's {row[3]}"
+            ),
+        )
         print(
             f"median of {args.rounds}: files not seen {median_spread([r[0] for r in rows], '.0f')}"
             f"; skipped hits {median_spread([r[1] for r in rows], '.0f')}"

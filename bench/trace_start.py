@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.spread import median_spread  # noqa: E402
+from bench.spread import median_spread, warm_rounds  # noqa: E402
 from tracing.request import image_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
 from workloads.config import BASE_TAG  # noqa: E402
@@ -45,13 +45,12 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="twintrace-start-"))
     try:
-        one(work)  # warm: images, page cache
-        release, whole = [], []
-        for i in range(args.rounds):
-            r, w = one(work)
-            release.append(r)
-            whole.append(w)
-            print(f"round {i + 1}: release after {r:.2f} s, run {w:.2f} s", flush=True)
+        rows = warm_rounds(  # warm: images, page cache
+            args.rounds,
+            lambda: one(work),
+            lambda r: f"release after {r[0]:.2f} s, run {r[1]:.2f} s",
+        )
+        release, whole = [r for r, _ in rows], [w for _, w in rows]
         print(
             f"median of {args.rounds}: to the release {median_spread(release, '.2f')} s; "
             f"whole run {median_spread(whole, '.2f')} s"

@@ -186,32 +186,42 @@ class ProbeCost(Poller):
 
     def __init__(self) -> None:
         super().__init__(every=0.1)
+        self._pids: dict[str, int] = {}  # script -> its bpftrace process
 
-    def read(self) -> tuple[int, ...] | None:
-        totals = dict.fromkeys(SCRIPTS, (0, 0))
-        seen = False
+    def _find(self) -> None:
+        """Walk /proc for the bpftrace processes not found yet (only until all are: the walk
+        is CPU the traced run's host spends and the untraced one's does not)."""
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
             try:
-                if (proc / "comm").read_text().strip() != "bpftrace":
-                    continue
-                script = (proc / "cmdline").read_bytes().split(b"\0")[-2].decode()
-                name = Path(script).stem
-                for fd in (proc / "fd").iterdir():
+                if (proc / "comm").read_text().strip() == "bpftrace":
+                    script = (proc / "cmdline").read_bytes().split(b"\0")[-2].decode()
+                    self._pids[Path(script).stem] = int(proc.name)
+            except (OSError, IndexError):
+                continue  # the process ended while it was read
+
+    def read(self) -> tuple[int, ...] | None:
+        if len(self._pids) < len(SCRIPTS):
+            self._find()
+        if not self._pids:
+            return None
+        totals = dict.fromkeys(SCRIPTS, (0, 0))
+        try:
+            for name, pid in self._pids.items():
+                for fd in Path(f"/proc/{pid}/fd").iterdir():
                     if os.readlink(fd) != "anon_inode:bpf-prog":
                         continue
                     info = dict(
                         line.split(":\t", 1)
-                        for line in (proc / "fdinfo" / fd.name).read_text().splitlines()
+                        for line in Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text().splitlines()
                         if ":\t" in line
                     )
                     ns, runs = totals.get(name, (0, 0))
                     totals[name] = (ns + int(info["run_time_ns"]), runs + int(info["run_cnt"]))
-                    seen = True
-            except (OSError, IndexError, KeyError, ValueError):
-                continue  # the process ended while it was read
-        return tuple(v for name in SCRIPTS for v in totals[name]) if seen else None
+        except (OSError, KeyError, ValueError):
+            return None  # a script's process has ended: so has the run
+        return tuple(v for name in SCRIPTS for v in totals[name])
 
 
 @contextlib.contextmanager
@@ -320,6 +330,9 @@ def _ratio(values: list[float]) -> str:
     )
 
 
+CORES = os.cpu_count() or 1
+
+
 @dataclasses.dataclass
 class Round:
     """One traced and one untraced run of a workload and variant."""
@@ -349,9 +362,6 @@ class Round:
         """The tracer's CPU per step (its programs, bpftrace, the sampler) over the CPU the
         host has in an untraced step (its cores x the untraced median step)."""
         return (self.probe_s + self.tracer + self.sampler) / (CORES * self.step[False])
-
-
-CORES = os.cpu_count() or 1
 
 
 def main() -> None:
