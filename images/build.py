@@ -58,7 +58,14 @@ import docker.errors
 from docker.utils.build import exclude_paths
 
 from core.errors import UserError
-from workloads.config import BASE_TAG, BPFTRACE_LABEL, TRACER_IMAGE, VARIANTS, image_tag
+from workloads.config import (
+    BASE_TAG,
+    BPFTRACE_LABEL,
+    NODE_IMAGE,
+    TRACER_IMAGE,
+    VARIANTS,
+    image_tag,
+)
 from workloads.dlio import DLIO_IMAGE, DLIO_VARIANT, DLIO_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
@@ -429,10 +436,11 @@ def bootstrap_image(
     packages: Sequence[str],
     labels: Callable[[Path], Mapping[str, str]] | None = None,
     command: Sequence[str] = (),
+    files: Mapping[str, str] = {},
 ) -> str:
     """Import a minimal Debian ``suite`` root with ``packages`` (debootstrap) as image ``tag``;
     ``labels`` reads the image's labels from the root before it is imported; ``command`` is
-    its CMD. Returns the image id."""
+    its CMD; ``files`` (absolute path: text) are written into the root. Returns the image id."""
     if shutil.which("debootstrap") is None:
         raise UserError(
             "debootstrap is not installed: run `make setup` as root (apt-get install debootstrap)"
@@ -450,6 +458,9 @@ def bootstrap_image(
                     done.stdout.strip().splitlines()[-3:] + done.stderr.strip().splitlines()[-3:]
                 )
             )
+        for path, text in files.items():
+            (rootfs / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (rootfs / path.lstrip("/")).write_text(text)
         changes = [f"LABEL {k}={v}" for k, v in (labels(rootfs) if labels else {}).items()]
         if command:
             changes.append(f"CMD {json.dumps(list(command))}")
@@ -729,6 +740,42 @@ def build_dlio(cli: docker.DockerClient, base_id: str, log: Log) -> BuildResult:
         labels={HASH_LABEL: inputs},
     )
     return BuildResult(DLIO_IMAGE, image_id, True)
+
+
+#: The virtual cluster's node (tracing/cluster.py): Debian 12's Docker engine (the host's
+#: version) and registry (2.8), with the tools dockerd calls. One image for the nodes and the
+#: registry; the registry's configuration (no authentication: it listens on the cluster's
+#: private network only) is written into the root.
+NODE_SUITE = "bookworm"
+NODE_PACKAGES = ("docker.io", "iptables", "ca-certificates", "procps", "docker-registry")
+NODE_REGISTRY_CONFIG = "/etc/twintrace/registry.yml"
+NODE_FILES = {
+    NODE_REGISTRY_CONFIG: "version: 0.1\n"
+    "storage:\n  filesystem:\n    rootdirectory: /var/lib/docker-registry\n"
+    "  delete:\n    enabled: true\n"
+    "http:\n  addr: :5000\n",
+}
+
+
+def build_node(cli: docker.DockerClient, log: Log) -> BuildResult:
+    """Build twintrace/node (debootstrap, about 40 s) unless its inputs hash is its label."""
+    inputs = hashlib.sha256(
+        json.dumps([NODE_SUITE, NODE_PACKAGES, NODE_FILES]).encode()
+    ).hexdigest()[:16]
+    current, image_id = _existing_hash(cli, NODE_IMAGE)
+    if current == inputs and image_id:
+        return BuildResult(NODE_IMAGE, image_id, False)
+    log(f"building {NODE_IMAGE}: a Debian {NODE_SUITE} root with Docker's engine and registry")
+    image_id = bootstrap_image(
+        cli,
+        NODE_IMAGE,
+        NODE_SUITE,
+        NODE_PACKAGES,
+        lambda rootfs: {HASH_LABEL: inputs},
+        ("dockerd",),
+        NODE_FILES,
+    )
+    return BuildResult(NODE_IMAGE, image_id, True)
 
 
 def build(

@@ -32,6 +32,8 @@ BASE_TAG = "twintrace/base:latest"
 TRACER_IMAGE = "twintrace/tracer:latest"
 #: Its label: the version of the bpftrace it carries.
 BPFTRACE_LABEL = "org.twintrace.bpftrace"
+#: A node of the virtual cluster (tracing/cluster.py): Debian's Docker engine and registry.
+NODE_IMAGE = "twintrace/node:latest"
 
 
 def image_tag(workload: str, variant: str) -> str:

@@ -1,0 +1,182 @@
+"""The virtual cluster (tracing/cluster.py): Docker-in-Docker nodes in a swarm, a registry,
+shared folders, and a ``down`` that leaves nothing. The integration tests make a real 2-node
+swarm on this host (about 2 s) and place a real task on the worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.errors import UserError
+from tests.conftest import require
+from tracing import cluster as vc
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "tttest"  # not the default name: a user's cluster is never touched
+
+
+def test_names_and_references() -> None:
+    assert vc.check_name("twintrace") == "twintrace"
+    for bad in ("", "Upper", "9lives", "a" * 25, "a_b", "a/b"):
+        with pytest.raises(UserError, match="cluster name"):
+            vc.check_name(bad)
+    assert vc.registry_ref("twintrace/unet3d:sleep") == "registry:5000/twintrace/unet3d:sleep"
+    assert vc.registry_ref("twintrace/tracer") == "registry:5000/twintrace/tracer:latest"
+    assert vc.registry_ref("host:5000/x/y:1") == "registry:5000/host:5000/x/y:1"
+    assert vc.node_container("c", 3) == "c-node-3" and vc.node_hostname(3) == "node-3"
+
+
+def test_bad_input_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"--nodes 0: give 1 to 16"):
+        vc.up(None, 0)  # type: ignore[arg-type]  # refused before the engine is asked
+    with pytest.raises(UserError, match=r"--share .*: no such folder"):
+        vc.up(None, 2, [tmp_path / "missing"])  # type: ignore[arg-type]
+    with pytest.raises(UserError, match=r"share a folder, not the host's root"):
+        vc.up(None, 2, [Path("/")])  # type: ignore[arg-type]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "cluster", *args, "--name", NAME],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+
+
+def _left(cli: object) -> list[str]:
+    """Whatever of cluster NAME is still on the host."""
+    objects = vc._objects(cli, NAME)  # type: ignore[arg-type]
+    return (
+        [f"{kind}: {getattr(o, 'name', o)}" for kind, found in objects.items() for o in found]
+        + [str(p) for p in vc._cgroup_dirs(NAME)]
+        + ([str(vc.SOCKETS / NAME)] if (vc.SOCKETS / NAME).exists() else [])
+    )
+
+
+@pytest.fixture(scope="module")
+def docker_cli() -> Iterator[object]:
+    import docker
+
+    try:
+        cli = docker.from_env()
+        cli.ping()
+    except Exception as exc:  # noqa: BLE001  # any failure to reach the engine
+        require(False, f"no Docker engine: {exc}")
+    from images.build import build_node
+
+    build_node(cli, print)  # type: ignore[arg-type]
+    yield cli
+    vc.down(cli, NAME)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A shared folder with known files: 5 files of 1000 + i bytes."""
+    root = tmp_path_factory.mktemp("share")
+    for i in range(5):
+        (root / f"f{i}").write_bytes(bytes([65 + i]) * (1000 + i))
+    return root
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+def test_cluster_up_status_task_down(docker_cli: object, shared: Path) -> None:
+    """`cluster up --nodes 2`: a 2-node swarm; a task placed on the worker pulls its image from
+    the cluster's registry, reads the shared folder at the host's path and writes there;
+    `cluster down` leaves no container, network, volume, cgroup or socket folder."""
+    import docker
+
+    cli = docker_cli
+    vc.down(cli, NAME)  # type: ignore[arg-type]
+    done = _cli("up", "--nodes", "2", "--share", str(shared))
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("\t") for line in done.stdout.strip().splitlines()]
+    assert [(h, role) for h, _, role, _ in lines] == [("node-1", "manager"), ("node-2", "worker")]
+
+    again = _cli("up", "--nodes", "2", "--share", str(shared))
+    assert again.returncode == 1 and "already up with 2 nodes" in again.stderr
+
+    status = json.loads(_cli("status", "--json").stdout)
+    assert status["up"] and status["shares"] == [str(shared.resolve())]
+    assert [(n["node"], n["swarm"]["role"], n["swarm"]["state"]) for n in status["nodes"]] == [
+        ("node-1", "manager", "ready"),
+        ("node-2", "worker", "ready"),
+    ]
+    assert status["registry"]["state"] == "running" and status["registry"]["images"] == []
+
+    pushed = _cli("push", "twintrace/node:latest")
+    assert pushed.returncode == 0, pushed.stderr
+    ref = pushed.stdout.strip()
+    assert ref == "registry:5000/twintrace/node:latest"
+    assert "already in the registry" in _cli("push", "twintrace/node:latest").stderr
+
+    lead = vc.manager(cli, NAME)  # type: ignore[arg-type]
+    engine = vc.node_client(lead)
+    net = engine.networks.create(
+        "tttest-run", driver="overlay", internal=True, attachable=True, labels={"t": "1"}
+    )
+    out = shared / "out"
+    service = engine.services.create(
+        ref,
+        ["sh", "-c", f"cat {shared}/f* | wc -c > {out}.part && echo $NODE >> {out}.part"],
+        env=["NODE={{.Node.Hostname}}"],  # a swarm template: the node the task runs on
+        name="tttest-reader",
+        networks=[net.id],
+        mounts=[f"{shared}:{shared}:rw"],
+        constraints=["node.hostname==node-2"],
+        restart_policy=docker.types.RestartPolicy(condition="none"),
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        tasks = service.tasks()
+        if tasks and tasks[0]["Status"]["State"] in ("complete", "failed", "rejected"):
+            break
+        time.sleep(0.2)
+    task = service.tasks()[0]
+    assert task["Status"]["State"] == "complete", task["Status"]
+    assert (shared / "out.part").read_text().split() == [
+        str(sum(1000 + i for i in range(5))),
+        "node-2",
+    ]
+    status = json.loads(_cli("status", "--json").stdout)
+    assert ref in status["nodes"][1]["images"]  # the worker pulled it from the registry
+    assert status["registry"]["images"] == ["twintrace/node:latest"]
+    engine.close()
+
+    checked = _cli("check", "--json")
+    assert checked.returncode == 0, checked.stdout
+    assert [c["name"] for c in json.loads(checked.stdout)][-2:] == ["node node-1", "node node-2"]
+
+    done = _cli("down")
+    assert done.returncode == 0 and done.stdout.startswith("removed "), done.stderr
+    assert _left(cli) == []
+    assert _cli("status").returncode == 1
+    assert "no cluster 'tttest' is up" in _cli("push", "x").stderr
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+def test_up_after_a_crash_starts_clean(docker_cli: object, shared: Path) -> None:
+    """A cluster whose nodes died (as after `kill -9` of everything) is not up; the next `up`
+    removes what it left and makes a new one."""
+    cli = docker_cli
+    vc.down(cli, NAME)  # type: ignore[arg-type]
+    vc.up(cli, 2, [shared], NAME)  # type: ignore[arg-type]
+    for node in vc.nodes(cli, NAME):  # type: ignore[arg-type]
+        cli.containers.get(node.container).kill()  # type: ignore[attr-defined]
+    status = _cli("status")
+    assert status.returncode == 1 and "is not up" in status.stderr
+    redo = _cli("up", "--nodes", "3", "--share", str(shared))
+    assert redo.returncode == 0, redo.stderr
+    assert "removing what an earlier cluster 'tttest' left" in redo.stderr
+    assert len(redo.stdout.strip().splitlines()) == 3
+    assert _cli("down").returncode == 0
+    assert _left(cli) == []
