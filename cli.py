@@ -1614,7 +1614,7 @@ def cluster_down(name: str) -> None:
 def cluster_check(engine: str | None, as_json: bool, name: str) -> None:
     """Check a swarm for twintrace, node by node, with the fix for each failure.
 
-    Example: DOCKER_HOST=ssh://root@manager ./cli.py cluster check
+    Example: ./cli.py cluster check --engine ssh://root@manager
     """
     import docker
 
