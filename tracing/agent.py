@@ -28,6 +28,9 @@ code. A run goes Hello -> Attach -> Release -> Status* -> Stop -> Fetch* -> Shut
 - ``Fetch {path}`` -> a stream of byte chunks: one output file, for a coordinator on another
   host (one that sees the file itself, at its size, reads it there).
 - ``Shutdown {}`` -> ``{}``: the agent stops what still runs and exits.
+- ``Clock {}`` -> ``{received_ns, sent_ns}``: the agent's CLOCK_MONOTONIC when the call came
+  and when it answers, at any time (not ordered, not behind another call's lock): the
+  coordinator estimates the host's clock offset from such exchanges (tracing/clock.py).
 
 A call that cannot be carried out answers ``FAILED_PRECONDITION`` (out of order) or
 ``INVALID_ARGUMENT`` with one line saying why. Every call renews the agent's lease: an agent
@@ -62,6 +65,7 @@ from core.errors import UserError
 from tracing import bpftrace
 from tracing.barrier import release
 from tracing.cgroups import cgroups_of
+from tracing.clock import ROUNDS, ClockEstimate, measure
 from tracing.samplers import Sampler
 
 SERVICE = "twintrace.agent.v1.Agent"
@@ -293,9 +297,12 @@ class RunSide:
 class Agent:
     """The agent's state: at most one run at a time, a lease renewed by every call."""
 
-    def __init__(self, lease_s: float = LEASE_S, sources: str = ""):
+    def __init__(self, lease_s: float = LEASE_S, sources: str = "", clock_offset_ns: int = 0):
         self.lease_s = lease_s
         self.sources = sources
+        #: Added to the times Clock reports: a host whose clock is off by a known amount, for
+        #: the tests of the offset estimator (hosts sharing one kernel have offset 0).
+        self.clock_offset_ns = clock_offset_ns
         self.run: RunSide | None = None
         self.state = "idle"  # idle, attached, released, stopped
         self.lock = threading.Lock()
@@ -371,6 +378,10 @@ class Agent:
         self.done.set()
         return {}
 
+    def clock(self, _: dict) -> dict:
+        received = time.monotonic_ns() + self.clock_offset_ns
+        return {"received_ns": received, "sent_ns": time.monotonic_ns() + self.clock_offset_ns}
+
     # -- plumbing ---------------------------------------------------------------------------
 
     def _expect(self, state: str) -> RunSide:
@@ -400,7 +411,7 @@ class Agent:
         with self._counting:
             self.in_flight += step
 
-    def handler(self, method: Callable[[dict], Any], stream: bool) -> Callable:
+    def handler(self, method: Callable[[dict], Any], stream: bool, locked: bool = True) -> Callable:
         def call(request: bytes, context: grpc.ServicerContext) -> Any:
             self.last_call = time.monotonic()
             try:
@@ -414,7 +425,10 @@ class Agent:
                 if stream:
                     yield from method(body)  # Fetch: not under the lock (long)
                     return
-                with self.lock:
+                if locked:
+                    with self.lock:
+                        reply = method(body)
+                else:
                     reply = method(body)
             except CallError as exc:
                 context.abort(exc.code, str(exc))
@@ -442,6 +456,7 @@ class Agent:
         }
         methods = {name: self.handler(m, False) for name, m in unary.items()}
         methods["Fetch"] = self.handler(self.fetch, True)
+        methods["Clock"] = self.handler(self.clock, False, locked=False)
         return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 
@@ -457,11 +472,11 @@ def serve(agent: Agent, listen: str) -> tuple[grpc.Server, int]:
     return server, port
 
 
-def run_agent(listen: str, lease_s: float, root: Path) -> int:
+def run_agent(listen: str, lease_s: float, root: Path, clock_offset_ns: int = 0) -> int:
     """The agent's process: serve until Shutdown, an expired lease, SIGTERM or SIGINT."""
     import signal
 
-    agent = Agent(lease_s, sources_digest(root))
+    agent = Agent(lease_s, sources_digest(root), clock_offset_ns)
     server, port = serve(agent, listen)
     log.info("listening on port %d (lease %.0f s, sources %s)", port, lease_s, agent.sources)
 
@@ -512,6 +527,15 @@ class AgentClient:
             raise UserError(self._describe(method, exc)) from None
         return json.loads(reply)
 
+    def clock(self, rounds: int = ROUNDS) -> ClockEstimate:
+        """The agent's clock offset to this process's CLOCK_MONOTONIC (tracing/clock.py)."""
+
+        def ask() -> tuple[int, int]:
+            reply = self.call("Clock", timeout=10.0)
+            return reply["received_ns"], reply["sent_ns"]
+
+        return measure(ask, rounds)
+
     def fetch(self, path: str, target: Path) -> int:
         """Copy output ``path`` (relative to the run directory) into ``target`` (written
         whole or not at all); returns its bytes."""
@@ -557,11 +581,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m tracing.agent", description=__doc__)
     parser.add_argument("--listen", default=f"0.0.0.0:{PORT}", help="host:port to serve on")
     parser.add_argument("--lease", type=float, default=LEASE_S, help="seconds without a call")
+    parser.add_argument(
+        "--clock-offset-ns", type=int, default=0, help="added to Clock's times (tests only)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s", stream=sys.stderr
     )
-    return run_agent(args.listen, args.lease, Path(__file__).resolve().parent.parent)
+    return run_agent(
+        args.listen, args.lease, Path(__file__).resolve().parent.parent, args.clock_offset_ns
+    )
 
 
 if __name__ == "__main__":
