@@ -58,7 +58,21 @@ def _left(cli: object) -> list[str]:
         [f"{kind}: {getattr(o, 'name', o)}" for kind, found in objects.items() for o in found]
         + [str(p) for p in vc._cgroup_dirs(NAME)]
         + ([str(vc.SOCKETS / NAME)] if (vc.SOCKETS / NAME).exists() else [])
+        + [f"process {p}" for p in _processes_in_cluster_cgroups()]
     )
+
+
+def _processes_in_cluster_cgroups() -> list[str]:
+    """Processes of this host whose cgroup is one of the cluster's nodes' (or below)."""
+    found = []
+    for cgroup in Path("/proc").glob("[0-9]*/cgroup"):
+        try:
+            text = cgroup.read_text()
+        except OSError:
+            continue
+        if f"/{NAME}-node-" in text:
+            found.append(cgroup.parent.name)
+    return found
 
 
 @pytest.fixture(scope="module")

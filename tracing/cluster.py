@@ -14,7 +14,12 @@ How a node runs (each setting checked on these machines, ``../shared/ENVIRONMENT
 host's bounding set lacks), no seccomp, AppArmor or masked system paths, every device by cgroup
 rule, ``/sys/fs/cgroup`` read-write (its containers' cgroups), ``/run`` on a tmpfs, and
 ``dockerd --cgroup-parent=/<cluster>-node-<i>`` (without its own parent the nested engine's
-cgroups collide with the host engine's ``docker`` ones). Its engine listens on its own socket
+cgroups collide with the host engine's ``docker`` ones). A node shares the host's PID
+namespace and sees its tracefs (read-only), as the engine of a real host does: an agent the
+node's engine starts with ``--pid host`` sees the processes of the node's containers with the
+PIDs bpftrace reports (bpftrace 0.23 in a nested PID namespace asks the kernel for PIDs in its
+own namespace, ``get_ns_current_pid_tgid``, which refuses tasks of deeper namespaces: every PID
+would be lost). Its engine listens on its own socket
 and on one in a host folder (``/run/twintrace/cluster/<cluster>/<node>/docker.sock``): the host
 reaches every node's engine through it, no port is opened. The nodes' network is a bridge of
 their own, ``internal`` (no route out): every address a node can reach is one of the cluster's.
@@ -29,8 +34,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import closing
@@ -61,6 +68,7 @@ REGISTRY_STORE = "/var/lib/docker-registry/docker/registry/v2/repositories"
 SOCKETS = Path("/run/twintrace/cluster")
 ENGINE_MOUNT = "/twintrace/engine"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+TRACEFS = Path("/sys/kernel/tracing")
 MAX_NODES = 16
 #: Seconds a node's engine may take to answer, and the swarm to list every node ready.
 ENGINE_TIMEOUT_S = 60.0
@@ -156,10 +164,26 @@ def _cgroup_dirs(name: str) -> list[Path]:
     return sorted(p for p in found if p.is_dir() and re.fullmatch(rf"{name}-node-\d+", p.name))
 
 
-def _remove_cgroup_tree(top: Path, attempts: int = 20) -> bool:
-    """rmdir ``top`` and its sub-folders, deepest first; a folder whose processes are still
-    exiting is busy for a moment, so retry. True when it is gone."""
+def _cgroup_pids(top: Path) -> set[int]:
+    pids: set[int] = set()
+    for procs in top.rglob("cgroup.procs"):
+        try:
+            pids.update(int(p) for p in procs.read_text().split())
+        except OSError:
+            pass
+    return pids
+
+
+def _remove_cgroup_tree(top: Path, attempts: int = 50) -> bool:
+    """Kill every process left in ``top`` (the nodes share the host's PID namespace, so their
+    containers' processes outlive them), then rmdir it and its sub-folders, deepest first; a
+    folder whose processes are still exiting is busy for a moment, so retry. True when gone."""
     for _ in range(attempts):
+        for pid in _cgroup_pids(top):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
         for path in [*dirs, top]:
             try:
@@ -325,6 +349,7 @@ def _make(
         volume = cli.volumes.create(f"{container}-docker", labels=_labels(name, "volume"))
         mounts = {
             "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+            str(TRACEFS): {"bind": str(TRACEFS), "mode": "ro"},
             volume.name: {"bind": "/var/lib/docker", "mode": "rw"},
             str(sockets): {"bind": ENGINE_MOUNT, "mode": "rw"},
             **{path: {"bind": path, "mode": "rw"} for path in shared},
@@ -402,7 +427,11 @@ def _start_node(
     """Create and start a node's container (module doc: what it may do)."""
     api = cli.api
     host_config = api.create_host_config(
-        binds=mounts, network_mode=network, restart_policy={"Name": "no"}, **NODE_SECURITY
+        binds=mounts,
+        network_mode=network,
+        pid_mode="host",
+        restart_policy={"Name": "no"},
+        **NODE_SECURITY,
     )
     host_config["MaskedPaths"] = []
     host_config["ReadonlyPaths"] = []
@@ -421,8 +450,9 @@ def _start_node(
 def down(
     cli: docker.DockerClient, name: str = DEFAULT_NAME, log: Log = lambda line: None
 ) -> list[str]:
-    """Remove everything of cluster ``name`` (module doc); return what was removed. Killing a
-    node's engine ends every process in its PID namespace: its containers, agents and tasks."""
+    """Remove everything of cluster ``name`` (module doc); return what was removed. The nodes'
+    containers, agents and tasks are processes of the host's PID namespace in the nodes'
+    cgroups: they are killed there, whatever state the nodes were left in."""
     check_name(name)
     removed: list[str] = []
     objects = _objects(cli, name)
