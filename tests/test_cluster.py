@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import UserError
-from tests.conftest import require
+from tests.conftest import require, require_tracing
 from tracing import cluster as vc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,4 +193,87 @@ def test_up_after_a_crash_starts_clean(docker_cli: object, shared: Path) -> None
     assert "removing what an earlier cluster 'tttest' left" in redo.stderr
     assert len(redo.stdout.strip().splitlines()) == 3
     assert _cli("down").returncode == 0
+    assert _left(cli) == []
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_an_agent_started_through_a_nodes_engine_traces_that_nodes_container(
+    docker_cli: object, shared: Path
+) -> None:
+    """The agent of node-2, started through node-2's engine from the cluster's registry and
+    dialled at node-2's address: its clock within 1 ms of the coordinator's (true offset 0),
+    the container it finds is the process and cgroup this host sees, and its trace holds
+    exactly the container's 5 opens of the shared files and their bytes."""
+    from tracing import bpftrace, container, ingest
+    from tracing.cgroups import cgroups_of
+    from tracing.tracer_container import start_agent
+    from workloads.config import NODE_IMAGE, TRACER_IMAGE
+
+    require_tracing()
+    cli = docker_cli
+    vc.down(cli, NAME)  # type: ignore[arg-type]
+    vc.up(cli, 2, [shared], NAME)  # type: ignore[arg-type]
+    vc.push(cli, [TRACER_IMAGE, NODE_IMAGE], NAME)  # type: ignore[arg-type]
+    node = vc.nodes(cli, NAME)[1]  # type: ignore[arg-type]
+    engine = vc.node_client(node)
+    run_dir = shared / "run-node-agent"
+    for sub in ("raw/main", "ctl/main"):
+        (run_dir / sub).mkdir(parents=True)
+    files = [shared / f"f{i}" for i in range(5)]
+    agent = start_agent(
+        engine, run_dir, image=vc.registry_ref(TRACER_IMAGE), address=str(node.address)
+    )
+    held = None
+    try:
+        assert agent.container.attrs["Config"]["Hostname"]  # started on node-2's engine
+        clock = agent.client.clock()
+        assert abs(clock.offset_ns) <= clock.bound_ns <= 1_000_000, clock
+        held = container.start_held(
+            engine,
+            vc.registry_ref(NODE_IMAGE),
+            ["sh", "-c", " ".join(["cat", *map(str, files), "> /dev/null"])],
+            run_dir / "ctl" / "main",
+            [container.BindMount(shared, str(shared), True)],
+            run_dir.name,
+            "main",
+            network=None,
+        )
+        main_pid = container.main_pid(held)
+        reply = agent.client.call(
+            "Attach",
+            {
+                "run_id": run_dir.name,
+                "run_dir": str(run_dir),
+                "containers": [{"role": "main", "container_id": held.id, "barrier": "ctl/main"}],
+                "scripts": list(bpftrace.SCRIPTS),
+                "sample_interval": 0.1,
+                "network": False,
+            },
+        )
+        agent.attached = True
+        found = reply["containers"]["main"]
+        assert (found["main_pid"], found["cgroup_id"]) == (main_pid, cgroups_of(main_pid).v2_id)
+        agent.client.call("Release")
+        assert held.wait(timeout=60)["StatusCode"] == 0
+        stopped = agent.client.call("Stop")
+        assert all(code == 0 for code in stopped["exit_codes"].values()), stopped
+    finally:
+        if held is not None:
+            held.remove(force=True)
+        agent.close()
+        engine.close()
+    events, _ = ingest.write_events(run_dir / "raw", run_dir / "events.parquet", {main_pid: "main"})
+    import pandas as pd
+
+    table = pd.read_parquet(run_dir / "events.parquet")
+    for path in files:
+        opens = table[(table["kind"] == "openat") & (table["path"] == str(path))]
+        assert len(opens) == 1 and set(opens["container"]) == {"main"}, path
+        reads = table[
+            table["kind"].isin(["read", "pread64", "readv"]) & (table["path"] == str(path))
+        ]
+        assert reads["bytes"].sum() == path.stat().st_size, path
+    assert vc.down(cli, NAME)  # type: ignore[arg-type]
     assert _left(cli) == []

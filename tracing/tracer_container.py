@@ -137,24 +137,33 @@ def start_agent(
     lease_s: float = LEASE_S,
     gpus: str | None = None,
     timeout: float = 60.0,
+    *,
+    image: str = TRACER_IMAGE,
+    address: str = "127.0.0.1",
+    args: Sequence[str] = (),
+    log_name: str = "agent.log",
 ) -> LocalAgent:
-    """Start the agent of run ``run_dir`` on this host and wait until it answers; its log goes
-    to ``raw/agent.log``. ``gpus``: give it the run's GPUs (utility only: NVML's counters)."""
+    """Start the agent of run ``run_dir`` on the host of engine ``cli`` and wait until it
+    answers; its log goes to ``raw/<log_name>``. ``gpus``: give it the run's GPUs (utility
+    only: NVML's counters). ``address``: the host's address its port is published on, and the
+    coordinator dials (this host's loopback; a cluster node's address on the cluster's network,
+    ``image`` then the name the node pulls the tracer by). ``args``: more agent options."""
     run_dir = Path(run_dir).resolve()
-    log = run_dir / "raw" / "agent.log"
+    log = run_dir / "raw" / log_name
     kwargs: dict[str, Any] = {}
     if gpus:  # NVML's counters only
         kwargs["device_requests"] = [gpu_request(gpus)]
         kwargs["environment"] = {"NVIDIA_DRIVER_CAPABILITIES": "utility"}
     try:
         ctr = cli.containers.run(
-            TRACER_IMAGE,
+            image,
             # Its stderr (its log, and a traceback should it fail) into the run directory: the
             # container removes itself as it exits, its own log with it.
             [
                 "sh", "-c", 'exec python3 -m tracing.agent "$@" 2>> "$0"', str(log),
                 "--listen", f"0.0.0.0:{PORT}",
                 "--lease", str(lease_s),
+                *args,
             ],
             name=f"{run_dir.name}-agent",
             detach=True,
@@ -164,25 +173,25 @@ def start_agent(
             cap_add=list(CAPABILITIES),
             volumes=_volumes(run_dir),
             working_dir=IMAGE_ROOT,
-            ports={f"{PORT}/tcp": ("127.0.0.1", None)},
+            ports={f"{PORT}/tcp": (address, None)},
             labels={AGENT_LABEL: "1", OWNER_LABEL: str(os.getpid()), RUN_LABEL: run_dir.name},
             **kwargs,
         )  # fmt: skip
     except docker.errors.ImageNotFound:
-        raise UserError(f"{TRACER_IMAGE} is not built: run `./cli.py build`") from None
+        raise UserError(f"{image} is not built: run `./cli.py build`") from None
     agent = None
     try:
         ctr.reload()
         bound = (ctr.attrs["NetworkSettings"]["Ports"] or {}).get(f"{PORT}/tcp") or []
         if not bound:
             raise UserError("the tracer agent's port was not published")
-        client = AgentClient(f"127.0.0.1:{bound[0]['HostPort']}")
+        client = AgentClient(f"{address}:{bound[0]['HostPort']}")
         agent = LocalAgent(ctr, client, log)
         agent.hello = client.wait_ready(timeout, agent.exited)
         mine = sources_digest(ROOT)
         if agent.hello.get("sources") != mine:
             raise UserError(
-                f"{TRACER_IMAGE} holds other tracing code than this checkout (image "
+                f"{image} holds other tracing code than this checkout (image "
                 f"{agent.hello.get('sources')}, checkout {mine}): run `./cli.py build`"
             )
         return agent
