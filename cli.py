@@ -1608,10 +1608,24 @@ def cluster_down(name: str) -> None:
     help="The swarm manager's engine (default: $DOCKER_HOST, else the virtual cluster's "
     "manager where one is up, else this host's engine).",
 )
+@click.option(
+    "--image",
+    default=None,
+    help="Also run a probe on every node from this image, the tracer as the nodes pull it "
+    "(kernel BTF, tracefs, bpftrace; on the virtual cluster registry:5000/twintrace/tracer:latest).",
+)
+@click.option(
+    "--share",
+    "shares",
+    multiple=True,
+    help="With --image: a path every node must have (the shared data; repeatable).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 @name_option
 @user_errors
-def cluster_check(engine: str | None, as_json: bool, name: str) -> None:
+def cluster_check(
+    engine: str | None, image: str | None, shares: tuple[str, ...], as_json: bool, name: str
+) -> None:
     """Check a swarm for twintrace, node by node, with the fix for each failure.
 
     Example: ./cli.py cluster check --engine ssh://root@manager
@@ -1630,7 +1644,7 @@ def cluster_check(engine: str | None, as_json: bool, name: str) -> None:
     manager_engine = docker.DockerClient(base_url=url, timeout=30) if url else docker.from_env()
     if not as_json:
         err_console.print(f"checking the swarm through {url or 'this host'}")
-    _print_checks(vc.check(manager_engine), as_json)
+    _print_checks(vc.check(manager_engine, image, shares, log=err_console.print), as_json)
 
 
 @cli.group()

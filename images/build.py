@@ -188,6 +188,12 @@ def _existing_hash(cli: docker.DockerClient, tag: str) -> tuple[str | None, str 
     return (image.labels or {}).get(HASH_LABEL), image.id
 
 
+def _up_to_date(cli: docker.DockerClient, tag: str, inputs: str) -> BuildResult | None:
+    """The image ``tag`` as it is, when its inputs hash label is ``inputs``; else None."""
+    current, image_id = _existing_hash(cli, tag)
+    return BuildResult(tag, image_id, False) if current == inputs and image_id else None
+
+
 def _stream_build(cli: docker.DockerClient, log: Log, **kwargs: object) -> str:
     """Run a build, forwarding its output lines to ``log``; return the image id."""
     tail: list[str] = []
@@ -529,9 +535,8 @@ def build_tracer(cli: docker.DockerClient, log: Log) -> BuildResult:
     sources = tracer_sources()
     nvml = _pynvml()
     inputs = _hash_files(sources, [root_id, nvml.read_text() if nvml else ""])
-    current, image_id = _existing_hash(cli, TRACER_IMAGE)
-    if current == inputs and image_id:
-        return BuildResult(TRACER_IMAGE, image_id, False)
+    if (done := _up_to_date(cli, TRACER_IMAGE, inputs)) is not None:
+        return done
     log(f"building {TRACER_IMAGE}: the tracing code on {TRACER_ROOT}")
     with tempfile.TemporaryDirectory(prefix="twintrace-tracer-") as tmp:
         context = Path(tmp)
@@ -618,9 +623,8 @@ def build_base(
     inputs = _hash_files(
         [REPO / "Dockerfile.base"], [os_image, os_id, f"torch={torch_build}", *wheels]
     )
-    current, image_id = _existing_hash(cli, BASE_TAG)
-    if current == inputs and image_id:
-        return BuildResult(BASE_TAG, image_id, False)
+    if (done := _up_to_date(cli, BASE_TAG, inputs)) is not None:
+        return done
     log(f"building {BASE_TAG} on {os_image} with torch {torch.version} ({torch_build})")
     image_id = _stream_build(
         cli,
@@ -673,9 +677,8 @@ def build_workload(
     tag = image_tag(workload, variant)
     dockerfile = workload_dockerfile(workload)
     inputs = workload_inputs_hash(workload, variant, base_id, context=context)
-    current, image_id = _existing_hash(cli, tag)
-    if current == inputs and image_id:
-        return BuildResult(tag, image_id, False)
+    if (done := _up_to_date(cli, tag, inputs)) is not None:
+        return done
     log(f"building {tag}")
     image_id = _stream_build(
         cli,
@@ -716,9 +719,8 @@ def build_dlio(cli: docker.DockerClient, base_id: str, log: Log) -> BuildResult:
     files = sorted(p for p in DLIO_DIR.iterdir() if p.is_file())
     names = [f"{w.name}:{w.stat().st_size}" for w in sorted(wheels.glob("*.whl"))]
     inputs = _hash_files(files, [base_id, DLIO_VERSION, *names])
-    current, image_id = _existing_hash(cli, DLIO_IMAGE)
-    if current == inputs and image_id:
-        return BuildResult(DLIO_IMAGE, image_id, False)
+    if (done := _up_to_date(cli, DLIO_IMAGE, inputs)) is not None:
+        return done
     if DLIO_CONTEXT.exists():
         shutil.rmtree(DLIO_CONTEXT)
     (DLIO_CONTEXT / "wheelhouse").mkdir(parents=True)
@@ -762,9 +764,8 @@ def build_node(cli: docker.DockerClient, log: Log) -> BuildResult:
     inputs = hashlib.sha256(
         json.dumps([NODE_SUITE, NODE_PACKAGES, NODE_FILES]).encode()
     ).hexdigest()[:16]
-    current, image_id = _existing_hash(cli, NODE_IMAGE)
-    if current == inputs and image_id:
-        return BuildResult(NODE_IMAGE, image_id, False)
+    if (done := _up_to_date(cli, NODE_IMAGE, inputs)) is not None:
+        return done
     log(f"building {NODE_IMAGE}: a Debian {NODE_SUITE} root with Docker's engine and registry")
     image_id = bootstrap_image(
         cli,

@@ -168,6 +168,14 @@ def test_cluster_up_status_task_down(docker_cli: object, shared: Path) -> None:
     checked = _cli("check", "--json")
     assert checked.returncode == 0, checked.stdout
     assert [c["name"] for c in json.loads(checked.stdout)][-2:] == ["node node-1", "node node-2"]
+    # The probe through a global service: this image has no bpftrace, and one path is missing.
+    probed = _cli("check", "--json", "--image", ref, "--share", str(shared), "--share", "/nope")
+    assert probed.returncode == 1, probed.stderr
+    rows = {c["name"]: c for c in json.loads(probed.stdout)}
+    for host in ("node-1", "node-2"):
+        row = rows[f"tracing on {host}"]
+        assert not row["ok"] and "has no bpftrace" in row["detail"], row
+        assert "/nope is not there" in row["detail"] and str(shared) not in row["detail"], row
 
     done = _cli("down")
     assert done.returncode == 0 and done.stdout.startswith("removed "), done.stderr
@@ -217,6 +225,11 @@ def test_an_agent_started_through_a_nodes_engine_traces_that_nodes_container(
     vc.up(cli, 2, [shared], NAME)  # type: ignore[arg-type]
     vc.push(cli, [TRACER_IMAGE, NODE_IMAGE], NAME)  # type: ignore[arg-type]
     node = vc.nodes(cli, NAME)[1]  # type: ignore[arg-type]
+    lead = vc.node_client(vc.nodes(cli, NAME)[0])  # type: ignore[arg-type]
+    checks = vc.check(lead, vc.registry_ref(TRACER_IMAGE), [str(shared)])
+    lead.close()
+    assert all(c.ok for c in checks) and len(checks) == 7, checks  # 3 + 2 nodes + 2 probes
+    assert "bpftrace v0.23" in checks[-1].detail and str(shared) in checks[-1].detail
     engine = vc.node_client(node)
     run_dir = shared / "run-node-agent"
     for sub in ("raw/main", "ctl/main"):

@@ -609,9 +609,124 @@ def status(cli: docker.DockerClient, name: str = DEFAULT_NAME) -> dict[str, Any]
     }
 
 
-def check(engine: docker.DockerClient) -> list[Check]:
+#: What a node must have for the tracer, read on the node by a one-shot global service (its
+#: file system at /host, read-only): one line per fact, "<node> <fact> <value>" (the node's
+#: name from the service's template).
+PROBE_SCRIPT = r"""
+say() { echo "$NODE $*"; }
+say kernel "$(uname -r)"
+[ -r /host/sys/kernel/btf/vmlinux ] && say btf yes || say btf no
+[ -r /host/sys/kernel/tracing/events/syscalls/sys_enter_openat/format ] && say tracefs yes \
+  || say tracefs no
+say bpftrace "$(bpftrace --version 2>/dev/null | head -n 1)"
+for p in "$@"; do [ -d "/host$p" ] && say share "$p" || say noshare "$p"; done
+say done
+"""
+PROBE_TIMEOUT_S = 180.0
+
+
+def probe_nodes(
+    engine: docker.DockerClient, image: str, shares: Sequence[str] = (), log: Log = lambda _: None
+) -> dict[str, dict[str, Any]]:
+    """Run :data:`PROBE_SCRIPT` on every node of the swarm, through the engine (a global
+    service of one-shot tasks, no ssh), and return what each node said: ``{node: {kernel,
+    btf, tracefs, bpftrace, shares: {path: bool}, error}}``. A node whose task failed (the
+    image cannot be pulled there, say) has its error."""
+    from docker.types import Mount, RestartPolicy, ServiceMode
+
+    service = engine.services.create(
+        image,
+        ["sh", "-c", PROBE_SCRIPT, "probe", *shares],
+        name=f"twintrace-check-{os.getpid()}-{int(time.time())}",
+        mode=ServiceMode("global"),
+        restart_policy=RestartPolicy(condition="none"),
+        # The node's file system, read-only (recursive: its /sys mounts too): a bind of a
+        # path a node lacks would fail the task instead of saying what is missing.
+        mounts=[Mount("/host", "/", type="bind", read_only=True)],
+        env=["NODE={{.Node.Hostname}}"],
+        labels={CLUSTER_LABEL: "check"},
+    )
+    try:
+        hosts = {n.id: n.attrs["Description"]["Hostname"] for n in engine.nodes.list()}
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        log(f"probing {len(hosts)} node(s) with {image}")
+        while True:
+            tasks = service.tasks()
+            ended = [t for t in tasks if t["Status"]["State"] in ("complete", "failed", "rejected")]
+            if len(ended) >= len(hosts) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        found: dict[str, dict[str, Any]] = {
+            host: {"shares": {}, "error": "no answer in time"} for host in hosts.values()
+        }
+        for task in service.tasks():
+            host = hosts.get(task.get("NodeID"), "?")
+            state = task["Status"]["State"]
+            if state != "complete":
+                found.setdefault(host, {"shares": {}})["error"] = task["Status"].get("Err") or state
+        text = b"".join(service.logs(stdout=True, stderr=False, follow=False)).decode(
+            errors="replace"
+        )
+        for line in text.splitlines():
+            host, _, rest = line.partition(" ")
+            fact, _, value = rest.partition(" ")
+            row = found.setdefault(host, {"shares": {}})
+            if fact == "done":
+                row["error"] = None
+            elif fact in ("share", "noshare"):
+                row["shares"][value] = fact == "share"
+            elif fact:
+                row[fact] = value
+        return found
+    finally:
+        service.remove()
+
+
+def _probe_checks(found: dict[str, dict[str, Any]], image: str) -> list[Check]:
+    checks = []
+    for host in sorted(found):
+        row = found[host]
+        problems, fixes = [], []
+        if row.get("error"):
+            problems.append(f"the probe did not run: {row['error']}")
+            fixes.append(f"make {image} pullable on {host} (a registry every node reaches)")
+        else:
+            if row.get("btf") != "yes":
+                problems.append("no /sys/kernel/btf/vmlinux")
+                fixes.append("a kernel built with CONFIG_DEBUG_INFO_BTF")
+            if row.get("tracefs") != "yes":
+                problems.append("no tracefs at /sys/kernel/tracing")
+                fixes.append(f"on {host}: `mount -t tracefs nodev /sys/kernel/tracing`")
+            if not row.get("bpftrace"):
+                problems.append(f"{image} has no bpftrace")
+                fixes.append("use the tracer's image (twintrace/tracer, pushed to your registry)")
+            for path, seen in row["shares"].items():
+                if not seen:
+                    problems.append(f"{path} is not there")
+                    fixes.append(f"mount the shared data at {path} on {host}")
+        shared = ", ".join(p for p, seen in row["shares"].items() if seen)
+        checks.append(
+            Check(
+                f"tracing on {host}",
+                not problems,
+                "; ".join(problems)
+                or f"kernel {row.get('kernel')}, BTF, tracefs, {row.get('bpftrace')}"
+                + (f", {shared}" if shared else ""),
+                "; ".join(fixes),
+            )
+        )
+    return checks
+
+
+def check(
+    engine: docker.DockerClient,
+    image: str | None = None,
+    shares: Sequence[str] = (),
+    log: Log = lambda _: None,
+) -> list[Check]:
     """A real swarm, seen from its manager's engine: what is missing, node by node, with the
-    fix for each."""
+    fix for each. With ``image`` (the tracer, as the nodes pull it), a probe also runs on every
+    node: kernel BTF, tracefs, bpftrace, the ``shares``."""
     checks = []
     try:
         info = engine.info()
@@ -688,4 +803,6 @@ def check(engine: docker.DockerClient) -> list[Check]:
                 "; ".join(fixes),
             )
         )
+    if image is not None and all(c.ok for c in checks):
+        checks += _probe_checks(probe_nodes(engine, image, shares, log), image)
     return checks
