@@ -214,6 +214,8 @@ def test_an_agent_started_through_a_nodes_engine_traces_that_nodes_container(
     dialled at node-2's address: its clock within 1 ms of the coordinator's (true offset 0),
     the container it finds is the process and cgroup this host sees, and its trace holds
     exactly the container's 5 opens of the shared files and their bytes."""
+    import docker.errors
+
     from tracing import bpftrace, container, ingest
     from tracing.cgroups import cgroups_of
     from tracing.tracer_container import start_agent
@@ -240,7 +242,10 @@ def test_an_agent_started_through_a_nodes_engine_traces_that_nodes_container(
     )
     held = None
     try:
-        assert agent.container.attrs["Config"]["Hostname"]  # started on node-2's engine
+        # started on node-2's engine, not the host's
+        assert engine.containers.get(agent.container.id).status == "running"
+        with pytest.raises(docker.errors.NotFound):
+            cli.containers.get(agent.container.id)  # type: ignore[attr-defined]
         clock = agent.client.clock()
         assert abs(clock.offset_ns) <= clock.bound_ns <= 1_000_000, clock
         held = container.start_held(
@@ -277,7 +282,7 @@ def test_an_agent_started_through_a_nodes_engine_traces_that_nodes_container(
             held.remove(force=True)
         agent.close()
         engine.close()
-    events, _ = ingest.write_events(run_dir / "raw", run_dir / "events.parquet", {main_pid: "main"})
+    ingest.write_events(run_dir / "raw", run_dir / "events.parquet", {main_pid: "main"})
     import pandas as pd
 
     table = pd.read_parquet(run_dir / "events.parquet")

@@ -60,6 +60,10 @@ def test_reading_n_known_files_shows_n_opens_and_their_bytes(
     manifest = _manifest(run_dir)
     assert manifest["status"] == "completed" and manifest["exit_code"] == 0
     assert manifest["lost_events"] == 0
+    # The agent's clock, before the release and after the stop: one host, true offset 0.
+    clock = manifest["hosts"][manifest["host"]["hostname"]]["clock"]
+    assert abs(clock["offset_ns"]) <= clock["bound_ns"] <= 1_000_000, clock
+    assert clock["after"]["at_ns"] > clock["before"]["at_ns"] and clock["drift_ppm"] is not None
     events = traced_events(run_dir)
     for i, size in enumerate(SIZES):
         path = f"/data/file{i}.bin"

@@ -267,18 +267,35 @@ def _shares(paths: Iterable[Path]) -> list[str]:
     return out
 
 
+def swarm_nodes(engine: docker.DockerClient) -> dict[str, dict[str, Any]]:
+    """The swarm's nodes as its manager ``engine`` lists them, by host name: ``id``, ``state``
+    (``ready`` ...), ``availability``, ``role``."""
+    return {
+        n.attrs.get("Description", {}).get("Hostname", n.id[:12]): {
+            "id": n.id,
+            "state": n.attrs.get("Status", {}).get("State"),
+            "availability": n.attrs.get("Spec", {}).get("Availability"),
+            "role": n.attrs.get("Spec", {}).get("Role"),
+        }
+        for n in engine.nodes.list()
+    }
+
+
+def _ready(engine: docker.DockerClient) -> list[str]:
+    return sorted(h for h, n in swarm_nodes(engine).items() if n["state"] == "ready")
+
+
 def _healthy(cli: docker.DockerClient, name: str) -> tuple[bool, list[Node]]:
     found = nodes(cli, name)
     if not found or any(n.state != "running" for n in found):
         return False, found
     try:
-        reg = cli.containers.get(registry_container(name))
-        if reg.status != "running":
+        if cli.containers.get(registry_container(name)).status != "running":
             return False, found
-        listed = node_client(found[0], timeout=10).nodes.list()
+        with closing(node_client(found[0], timeout=10)) as engine:
+            ready = _ready(engine)
     except (docker.errors.DockerException, OSError):
         return False, found
-    ready = [n for n in listed if n.attrs.get("Status", {}).get("State") == "ready"]
     return len(ready) == len(found), found
 
 
@@ -312,13 +329,11 @@ def up(
         down(cli, name, log)
     try:
         return _make(cli, count, shared, name, log)
-    except docker.errors.APIError as exc:
+    except BaseException as exc:
         log("cluster up failed: removing what it made")
         down(cli, name)
-        raise UserError(f"cluster up failed: {exc.explanation or exc}") from None
-    except BaseException:
-        log("cluster up failed: removing what it made")
-        down(cli, name)
+        if isinstance(exc, docker.errors.APIError):
+            raise UserError(f"cluster up failed: {exc.explanation or exc}") from None
         raise
 
 
@@ -341,7 +356,6 @@ def _make(
     # The alias the nodes' engines pull by: reconnect with it (run's network= takes none).
     net.disconnect(registry_container(name))
     net.connect(registry_container(name), aliases=[REGISTRY_ALIAS])
-    made: list[Node] = []
     for index in range(1, count + 1):
         hostname, container = node_hostname(index), node_container(name, index)
         sockets = socket_dir(name, hostname)
@@ -372,41 +386,26 @@ def _make(
             net.name,
             mounts,
         )
-        made.append(
-            Node(
-                hostname,
-                container,
-                None,
-                "running",
-                index == 1,
-                tuple(shared),
-                engine_url(name, hostname),
-            )
-        )
         log(f"node {hostname}: started ({container})")
-    deadline = time.monotonic() + ENGINE_TIMEOUT_S
-    engines = [_wait_engine(cli, node, deadline) for node in made]
-    made = nodes(cli, name)
+    made = nodes(cli, name)  # with their addresses on the cluster's network
     lead = made[0]
-    engines[0].swarm.init(advertise_addr=lead.address, listen_addr=f"{lead.address}:2377")
-    token = engines[0].swarm.attrs["JoinTokens"]["Worker"]
-    for engine in engines[1:]:
-        engine.swarm.join(remote_addrs=[f"{lead.address}:2377"], join_token=token)
-    deadline = time.monotonic() + SWARM_TIMEOUT_S
-    while True:
-        listed = engines[0].nodes.list()
-        ready = sorted(
-            n.attrs["Description"]["Hostname"]
-            for n in listed
-            if n.attrs.get("Status", {}).get("State") == "ready"
-        )
-        if len(ready) == count:
-            break
-        if time.monotonic() > deadline:
-            raise UserError(f"the swarm has {len(ready)} of {count} nodes ready: {ready}")
-        time.sleep(0.2)
-    for engine in engines:
-        engine.close()
+    deadline = time.monotonic() + ENGINE_TIMEOUT_S
+    engines: list[docker.DockerClient] = []
+    try:
+        for node in made:
+            engines.append(_wait_engine(cli, node, deadline))
+        engines[0].swarm.init(advertise_addr=lead.address, listen_addr=f"{lead.address}:2377")
+        token = engines[0].swarm.attrs["JoinTokens"]["Worker"]
+        for engine in engines[1:]:
+            engine.swarm.join(remote_addrs=[f"{lead.address}:2377"], join_token=token)
+        deadline = time.monotonic() + SWARM_TIMEOUT_S
+        while len(ready := _ready(engines[0])) < count:
+            if time.monotonic() > deadline:
+                raise UserError(f"the swarm has {len(ready)} of {count} nodes ready: {ready}")
+            time.sleep(0.2)
+    finally:
+        for engine in engines:
+            engine.close()
     log(
         f"cluster {name!r} up: {count} node(s), manager {lead.hostname} ({lead.address}), "
         f"registry {REGISTRY}, shares {', '.join(shared) or 'none'} "
@@ -563,12 +562,7 @@ def status(cli: docker.DockerClient, name: str = DEFAULT_NAME) -> dict[str, Any]
     if lead is not None:
         try:
             with closing(node_client(lead, timeout=10)) as engine:
-                for n in engine.nodes.list():
-                    swarm[n.attrs["Description"]["Hostname"]] = {
-                        "state": n.attrs.get("Status", {}).get("State"),
-                        "availability": n.attrs.get("Spec", {}).get("Availability"),
-                        "role": n.attrs.get("Spec", {}).get("Role"),
-                    }
+                swarm = swarm_nodes(engine)
         except (docker.errors.DockerException, OSError):
             pass
     rows = []
@@ -647,7 +641,7 @@ def probe_nodes(
         labels={CLUSTER_LABEL: "check"},
     )
     try:
-        hosts = {n.id: n.attrs["Description"]["Hostname"] for n in engine.nodes.list()}
+        hosts = {n["id"]: host for host, n in swarm_nodes(engine).items()}
         deadline = time.monotonic() + PROBE_TIMEOUT_S
         log(f"probing {len(hosts)} node(s) with {image}")
         while True:

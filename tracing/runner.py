@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import shutil
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,13 +36,10 @@ from core import rundir
 from core.errors import UserError
 from tracing import barrier, bpftrace, container, dlio, host, ingest
 from tracing.cgroups import ProcessCgroups, cgroups_of
-from tracing.clock import ClockEstimate, host_clock
+from tracing.clock import host_clock
 from tracing.request import ContainerSpec, RunRequest
 from tracing.shaper import Shaper, require_tc
 from tracing.tracer_container import LocalAgent, start_agent
-
-#: This host's name: the key of its clock record in a run's manifest (``hosts``).
-HOST = socket.gethostname()
 
 Progress = Callable[[str], None]
 
@@ -227,8 +223,12 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                     progress("attaching bpftrace probes")
                     agent = starting.result()
                     _attach(agent, members, run_dir, request, networked, manifest)
-                    clock_before = agent.client.clock()
-                    manifest["hosts"] = {HOST: {"clock": host_clock(clock_before, None)}}
+                    agent.clock_before = agent.client.clock()
+                    manifest["hosts"] = {
+                        manifest["host"]["hostname"]: {
+                            "clock": host_clock(agent.clock_before, None)
+                        }
+                    }
                     manifest["start_ns"] = agent.client.call("Release")["released_ns"]
                 else:
                     for m in members:  # back to back: every container starts within ~1 ms
@@ -450,9 +450,10 @@ def _shutdown(
             if reply.get("sampler_error"):
                 manifest["sampler_error"] = reply["sampler_error"]
             agent.client.collect(run_dir, reply["files"])
-            if HOST in manifest.get("hosts", {}):  # the clock after the run: its drift
-                before = ClockEstimate(**manifest["hosts"][HOST]["clock"]["before"])
-                manifest["hosts"][HOST]["clock"] = host_clock(before, agent.client.clock())
+            if agent.clock_before is not None:  # the clock after the run: its drift
+                manifest["hosts"][manifest["host"]["hostname"]]["clock"] = host_clock(
+                    agent.clock_before, agent.client.clock()
+                )
 
         steps.append(stop_tracer)
     if agent is not None:

@@ -38,6 +38,7 @@ import docker.errors
 
 from core.errors import UserError
 from tracing.agent import LEASE_S, PORT, AgentClient, sources_digest
+from tracing.clock import ClockEstimate
 from tracing.container import AGENT_LABEL, OWNER_LABEL, RUN_LABEL, gpu_request
 from workloads.config import TRACER_IMAGE
 
@@ -101,6 +102,8 @@ class LocalAgent:
         self.log = log
         self.hello: dict = {}
         self.attached = False  # set by its coordinator once Attach answered
+        #: The host's clock offset estimated before the release (tracing/clock.py)
+        self.clock_before: ClockEstimate | None = None
 
     def exited(self) -> str | None:
         """Why the agent's container is gone (None while it runs), with its log's last lines."""
