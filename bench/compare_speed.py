@@ -99,6 +99,7 @@ def make_run(root: Path, name: str, n: int, seed: int, speed: float, size_shift:
         "dev": pa.nulls(n, pa.string()),
         "in_container": np.ones(n, dtype=bool),
         "container": _dict(np.zeros(n), ["main"]).cast(pa.string()),
+        "host": _dict(np.zeros(n), ["bench"]).cast(pa.string()),
     }
     pq.write_table(
         pa.table(columns, schema=arrow_schema(EVENTS_COLUMNS)), run_dir / "events.parquet"
@@ -117,6 +118,7 @@ def make_run(root: Path, name: str, n: int, seed: int, speed: float, size_shift:
             "value": np.concatenate(list(metrics.values())),
             "unit": np.repeat(["percent", "bytes", "bytes"], len(t)),
             "container": np.repeat(["main"], len(metrics) * len(t)),
+            "host": np.repeat(["bench"], len(metrics) * len(t)),
         },
         schema=arrow_schema(SAMPLES_COLUMNS),
     )
@@ -148,6 +150,7 @@ def make_run(root: Path, name: str, n: int, seed: int, speed: float, size_shift:
             ).astype(np.int32),
             "value": ["null"] * m,
             "container": ["main"] * m,
+            "host": ["bench"] * m,
         },
         schema=arrow_schema(PHASES_COLUMNS),
     )

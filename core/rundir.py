@@ -37,8 +37,13 @@ from core.errors import UserError
 #: ``container`` column (the role of the run's container an event, sample or phase came from)
 #: and the manifest's ``containers`` list, for runs of several containers. Version 3 added
 #: aggregated syscall rows (``count`` calls in one row; ``bytes`` and ``latency_ns`` their totals)
-#: and the ``latency_max_ns`` column.
-SCHEMA_VERSION = 3
+#: and the ``latency_max_ns`` column. Version 4 added the ``host`` column (the name of the host
+#: an event, sample or phase came from: runs over several hosts) and the manifest's ``hosts``.
+SCHEMA_VERSION = 4
+#: Older versions this code still reads, each with how it is brought up to date
+#: (:func:`migrate_table`): version 3 lacks only ``host``, which is the manifest's one host.
+READABLE_VERSIONS: tuple[int, ...] = (3, SCHEMA_VERSION)
+_READABLE = " or ".join(map(str, READABLE_VERSIONS))
 
 #: Event kinds by what they do (``kind`` column of events).
 READ_KINDS: tuple[str, ...] = ("read", "pread64", "readv")
@@ -80,6 +85,7 @@ EVENTS_COLUMNS: Mapping[str, str] = {
     "dev": "string",
     "in_container": "bool",
     "container": "string",
+    "host": "string",
 }
 
 SAMPLES_COLUMNS: Mapping[str, str] = {
@@ -88,6 +94,7 @@ SAMPLES_COLUMNS: Mapping[str, str] = {
     "value": "float64",
     "unit": "string",
     "container": "string",
+    "host": "string",
 }
 
 PHASES_COLUMNS: Mapping[str, str] = {
@@ -102,6 +109,7 @@ PHASES_COLUMNS: Mapping[str, str] = {
     "step": "int32",
     "value": "string",
     "container": "string",
+    "host": "string",
 }
 
 #: Table name -> (file name, columns), in the order the run directory documents them.
@@ -190,8 +198,11 @@ def conform(frame: pd.DataFrame, columns: Mapping[str, str], where: str) -> pd.D
     return frame
 
 
-def read_table(path: Path, columns: Mapping[str, str]) -> pd.DataFrame:
-    """Read one Parquet table of a run and conform it to ``columns``."""
+def read_table(
+    path: Path, columns: Mapping[str, str], fill: Mapping[str, Any] | None = None
+) -> pd.DataFrame:
+    """Read one Parquet table of a run and conform it to ``columns``; ``fill``: values of
+    columns an older schema lacks (:func:`migrate_table`)."""
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
@@ -199,7 +210,18 @@ def read_table(path: Path, columns: Mapping[str, str]) -> pd.DataFrame:
             f"cannot read {path}: {exc}; the run may have been interrupted while writing it"
         ) from None
     frame = table.to_pandas(types_mapper=_STRING_MAPPER, split_blocks=True, self_destruct=True)
+    for name, value in (fill or {}).items():
+        if name not in frame.columns:
+            frame[name] = pd.Series(value, index=frame.index, dtype=columns[name])
     return conform(frame, columns, str(path))
+
+
+def migrate_table(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns a run's tables lack for its schema version, with their values: a
+    version-3 run (one host) gets ``host``, the manifest's host name."""
+    if manifest.get("schema_version") == 3:
+        return {"host": (manifest.get("host") or {}).get("hostname")}
+    return {}
 
 
 def write_table(path: Path, frame: pd.DataFrame | pa.Table, columns: Mapping[str, str]) -> None:
@@ -244,7 +266,7 @@ def load_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{path} is damaged (not a JSON object): re-create it")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         made_by = data.get("twintrace_version")
         which = (
             f"use twintrace {made_by}, which made it"
@@ -253,7 +275,7 @@ def load_json(path: Path, what: str) -> dict[str, Any]:
         )
         raise UserError(
             f"{what} {path} has schema_version {version!r}, but twintrace "
-            f"{TWINTRACE_VERSION} reads only schema_version {SCHEMA_VERSION}: {which}"
+            f"{TWINTRACE_VERSION} reads schema_version {_READABLE}: {which}"
         )
     return data
 
@@ -355,7 +377,7 @@ class Run:
         file_name, columns = TABLES[name]
         if name in self.missing:
             return empty_frame(columns)
-        return read_table(self.path / file_name, columns)
+        return read_table(self.path / file_name, columns, migrate_table(self.manifest))
 
     # cached_property writes to the instance __dict__ directly, so it works on a frozen
     # dataclass; eq=False keeps instances hashable by identity (the manifest is a dict).

@@ -431,6 +431,7 @@ def build_events(
         if roots
         else pd.Series(pd.NA, index=events.index, dtype="string")
     )
+    events["host"] = pd.Series(pd.NA, index=events.index, dtype="string")
     table = pa.Table.from_pandas(events, preserve_index=False)
     table = table.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
     return table, stats
@@ -456,6 +457,7 @@ def build_samples(raw_dir: Path) -> pd.DataFrame:
     df["value"] = pd.to_numeric(df["value"], errors="coerce")
     df = df.dropna(subset=["ts_ns", "metric", "value", "unit"])
     df["container"] = df["container"].where(df["container"] != "", pd.NA)
+    df["host"] = pd.Series(pd.NA, index=df.index, dtype="string")
     return df.astype(columns)
 
 
@@ -471,6 +473,7 @@ def build_phases(raw_dir: Path, roles: Sequence[str] = ()) -> pd.DataFrame:
     for path, role in sources:
         frame = parse_mllog(path)
         frame["container"] = pd.Series(role, index=frame.index, dtype="string")
+        frame["host"] = pd.Series(pd.NA, index=frame.index, dtype="string")
         frames.append(conform(frame, PHASES_COLUMNS, str(path.relative_to(raw_dir.parent))))
     phases = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     return phases.sort_values("ts_ns", kind="stable", ignore_index=True)

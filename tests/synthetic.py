@@ -49,6 +49,7 @@ EVENT_DEFAULTS: dict[str, Any] = {
     "dev": None,
     "in_container": True,
     "container": "main",
+    "host": "test",
 }
 
 #: Sample metrics that are host-wide (null ``container``) rather than a container's.
@@ -109,6 +110,7 @@ def fold_calls(calls: pd.DataFrame) -> pd.DataFrame:
         latency_ns=("latency_ns", "sum"),
         latency_max_ns=("latency_max_ns", "max"),
         in_container=("in_container", "first"),
+        host=("host", "first"),
     ).reset_index(level=[0, 1, 2, 3, 4, 5])
     aggregated = aggregated.reset_index(drop=True).assign(
         ret=lambda f: f["bytes"], offset=-1, dev=None
@@ -125,7 +127,7 @@ def samples_frame(rows: Iterable[tuple[Any, ...]]) -> pd.DataFrame:
     for t, metric, value, unit, *container in rows:
         default = None if metric.startswith(HOST_METRIC_PREFIXES) else "main"
         role = container[0] if container else default
-        records.append((START_NS + round(t * SEC), metric, value, unit, role))
+        records.append((START_NS + round(t * SEC), metric, value, unit, role, "test"))
     frame = pd.DataFrame(records, columns=list(SAMPLES_COLUMNS))
     return frame.astype(dict(SAMPLES_COLUMNS))
 
@@ -149,6 +151,7 @@ def phases_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
                 "step": row.get("step", -1),
                 "value": json.dumps(row.get("value")),
                 "container": row.get("container", "main"),
+                "host": row.get("host", "test"),
             }
         )
     return pd.DataFrame(records, columns=list(PHASES_COLUMNS)).astype(dict(PHASES_COLUMNS))

@@ -80,7 +80,10 @@ def test_our_au_agrees_with_dlios(tmp_path: Path) -> None:
     """The AU of the analyses (compute / step time, each epoch's first step left out) over
     DLIO's steps is DLIO's own within 1 percentage point."""
     phases = dlio.parse_dlio(OUT, OFFSET)
-    phases = phases.assign(container=pd.Series("main", index=phases.index, dtype="string"))
+    phases = phases.assign(
+        container=pd.Series("main", index=phases.index, dtype="string"),
+        host=pd.Series("test", index=phases.index, dtype="string"),
+    )
     run = load_run(make_run(tmp_path, "20261126-130427-unet3d-dlio-f2f7", phases=phases))
     steps = step_table(run)
     assert len(steps) == 14 and steps["first_in_epoch"].sum() == 2

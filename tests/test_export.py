@@ -231,6 +231,7 @@ def test_many_events_in_many_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "dev": pd.array(np.where(is_block, "8:0", None), dtype="string"),
             "in_container": rng.random(n) < 0.5,
             "container": "main",
+            "host": "test",
         }
     ).astype(dict(EVENTS_COLUMNS))  # fmt: skip
     run_dir = make_run(tmp_path, events=frame)

@@ -81,6 +81,7 @@ def test_write_table_conforms_and_reads_back(tmp_path: Path) -> None:
             "value": [50.0, 10.0],
             "unit": ["percent", "percent"],
             "container": ["rank0", None],
+            "host": ["node-1", "node-1"],
             "extra": [1, 2],
         }
     )
@@ -92,6 +93,27 @@ def test_write_table_conforms_and_reads_back(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="lacks column 'container'"):
         rundir.write_table(path, frame.drop(columns="container"), rundir.SAMPLES_COLUMNS)
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_version_3_run_loads_with_its_one_host(tmp_path: Path) -> None:
+    """Schema 4 added the ``host`` column: a version-3 run's tables read with the manifest's
+    host name in it; its JSON files load as they are; a version it never had is refused."""
+    run_dir = rundir.new_run_dir(tmp_path, "x", None)
+    manifest = rundir.initial_manifest(run_dir, host={"hostname": "box"})
+    manifest["schema_version"] = 3
+    rundir.write_manifest(run_dir, manifest)
+    frame = pd.DataFrame({"ts_ns": [1], "metric": ["m"], "value": [1.0], "unit": ["u"]})
+    frame["container"] = pd.Series([None], dtype="string")
+    columns_v3 = {k: v for k, v in rundir.SAMPLES_COLUMNS.items() if k != "host"}
+    rundir.write_table(run_dir / "samples.parquet", frame, columns_v3)
+    run = rundir.load_run(run_dir)
+    assert list(run.samples.columns) == list(rundir.SAMPLES_COLUMNS)
+    assert run.samples["host"].tolist() == ["box"]
+    assert run.events.empty and "host" in run.events.columns  # absent table: empty, documented
+    manifest["schema_version"] = 2
+    rundir.write_manifest(run_dir, manifest)
+    with pytest.raises(UserError, match="reads schema_version 3 or 4"):
+        rundir.load_run(run_dir)
 
 
 @pytest.mark.parametrize("name", [rundir.MANIFEST, rundir.SUMMARY])

@@ -111,6 +111,7 @@ def events_frame(columns: Mapping[str, Any]) -> pd.DataFrame:
         "dev": [None] * n,
         "in_container": np.ones(n, dtype=bool),
         "container": ["main"] * n,
+        "host": ["test"] * n,
         **columns,
     }
     data.setdefault("tid", data["pid"])
@@ -121,7 +122,7 @@ def events_frame(columns: Mapping[str, Any]) -> pd.DataFrame:
 
 def samples_frame(rows: Iterable[tuple[int, str, float, str]]) -> pd.DataFrame:
     """Samples from (ts_ns, metric, value, unit), of the container ``main``."""
-    frame = pd.DataFrame([(*row, "main") for row in rows], columns=list(SAMPLES_COLUMNS))
+    frame = pd.DataFrame([(*row, "main", "test") for row in rows], columns=list(SAMPLES_COLUMNS))
     return frame.astype(dict(SAMPLES_COLUMNS))
 
 
@@ -140,6 +141,7 @@ def phases_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
             "step": r.get("step", -1),
             "value": json.dumps(r.get("value")),
             "container": r.get("container", "main"),
+            "host": "test",
         }
         for r in rows
     ]
@@ -868,7 +870,7 @@ def test_different_containers_are_warned_about(tmp_path: Path) -> None:
     samples = synthetic.two_container_samples()
     totals = samples.groupby(["ts_ns", "metric", "unit"], as_index=False)["value"].sum()
     host = totals["metric"].str.startswith("host_")
-    merged["samples"] = totals.assign(container=np.where(host, None, "main"))
+    merged["samples"] = totals.assign(container=np.where(host, None, "main"), host="test")
     one = load_run(
         synthetic.make_run(
             tmp_path / "b",

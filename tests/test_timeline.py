@@ -168,6 +168,7 @@ def test_loader_conforms_plain_arrow_types(tmp_path: Path) -> None:
             "dev": pa.array([None], pa.string()),
             "in_container": pa.array([True]),
             "container": pa.array(["main"], pa.large_string()),
+            "host": pa.array(["test"], pa.large_string()),
             "extra": pa.array([1.5]),
         }
     )
@@ -188,7 +189,7 @@ def test_missing_column_is_a_user_error(tmp_path: Path) -> None:
 
 def test_null_in_integer_column_is_a_user_error() -> None:
     frame = empty_frame(SAMPLES_COLUMNS).astype({"ts_ns": "float64"})
-    frame.loc[0] = [np.nan, "container_cpu", 1.0, "percent", "main"]
+    frame.loc[0] = [np.nan, "container_cpu", 1.0, "percent", "main", "test"]
     with pytest.raises(UserError, match=r"samples: column 'ts_ns' cannot be read as int64"):
         conform(frame, SAMPLES_COLUMNS, "samples")
 
@@ -199,7 +200,7 @@ def test_unknown_schema_version_names_the_version_to_use(tmp_path: Path) -> None
         load_run(run_dir)
     message = str(info.value)
     assert f"schema_version {SCHEMA_VERSION + 1}" in message
-    assert f"reads only schema_version {SCHEMA_VERSION}" in message
+    assert f"reads schema_version 3 or {SCHEMA_VERSION}" in message
     assert "use twintrace 0.7.0" in message
 
 
@@ -537,6 +538,7 @@ def test_two_million_events_are_merged_not_dropped(tmp_path: Path) -> None:
         "dev": pa.nulls(n, pa.string()),
         "in_container": np.ones(n, dtype=bool),
         "container": pa.array(["main"] * n, pa.string()),
+        "host": pa.array(["test"] * n, pa.string()),
     }
     run_dir = make_run(tmp_path, skip=("events",), end_ns=START_NS + 60 * SEC)
     table = pa.table(columns, schema=arrow_schema(EVENTS_COLUMNS))

@@ -78,7 +78,7 @@ EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
 #: The string columns written as dictionaries (the file's Arrow schema still says string:
 #: readers get EVENTS_SCHEMA), and the schema of the tables written: thread names, devices and
 #: containers are codes of their few names, a path the code of its round's distinct paths.
-_ENCODED = ("comm", "path", "dev", "container")
+_ENCODED = ("comm", "path", "dev", "container", "host")
 _WRITE_SCHEMA = pa.schema(
     [
         pa.field(f.name, pa.dictionary(pa.int32(), pa.string()), nullable=f.nullable)
@@ -2327,11 +2327,21 @@ class _Merge:
     """The events of a raw directory as tables in time order (see the module doc)."""
 
     def __init__(
-        self, raw_dir: Path, roots: Mapping[int, str] | None, stats: ParseStats, window: int
+        self,
+        raw_dir: Path,
+        roots: Mapping[int, str] | None,
+        stats: ParseStats,
+        window: int,
+        host: str | None = None,
+        shift_ns: int = 0,
     ) -> None:
         self.raw_dir = raw_dir
         self.stats = stats
         self.window = window
+        # the ``host`` column's one value, and what is added to every time on output (a host's
+        # clock brought onto the coordinator's: tracing/clock.py)
+        self.host = pa.array([] if host is None else [host], type=pa.string())
+        self.shift_ns = shift_ns
         self.kinds = _Names(KINDS)
         self.comms = _Names()
         self.devs = _Names()
@@ -2584,8 +2594,10 @@ class _Merge:
         present = np.flatnonzero(np.bincount(kind, minlength=128))
         codes = np.zeros(128, dtype=np.int8)
         codes[present] = np.arange(len(present))
+        ts = out64[_O_TS] + self.shift_ns if self.shift_ns else out64[_O_TS]
+        host = np.full(len(ts), 0 if len(self.host) else -1, dtype=np.int32)
         columns = [
-            pa.array(out64[_O_TS]),
+            pa.array(ts),
             pa.DictionaryArray.from_arrays(
                 pa.array(codes[kind]), kinds.take(pa.array(present)), safe=False
             ),
@@ -2603,6 +2615,7 @@ class _Merge:
             encoded(out32[_O_DEV], devs),
             pa.array(inside),
             encoded(out32[_O_CONTAINER], roles),
+            encoded(host, self.host),
         ]
         return pa.Table.from_arrays(columns, schema=_WRITE_SCHEMA)
 
@@ -2744,15 +2757,19 @@ def write_events(
     path: Path,
     roots: Mapping[int, str] | None = None,
     window_ns: int = REORDER_NS,
+    host: str | None = None,
+    shift_ns: int = 0,
 ) -> tuple[EventTotals, ParseStats]:
     """Parse every raw tracer file of a run into ``path`` (events.parquet, sorted by time),
     streaming: memory stays bounded whatever the trace's length. Returns what the summary
     needs (:func:`summarize`) and what the parser skipped.
 
     ``roots`` maps each container's first process (host pid) to its role, for the
-    ``container`` column; None (raw files without a manifest) leaves the column null."""
+    ``container`` column; None (raw files without a manifest) leaves the column null.
+    ``host``: the ``host`` column; ``shift_ns``: added to every time (the host's clock offset
+    to the coordinator's, negated)."""
     stats = ParseStats()
-    merge = _Merge(Path(raw_dir), roots, stats, window_ns)
+    merge = _Merge(Path(raw_dir), roots, stats, window_ns, host, shift_ns)
     with atomic_path(path) as tmp:
         sink = _ParquetSink(tmp)
         try:
@@ -2773,12 +2790,15 @@ def write_events(
 
 
 def build_events(
-    raw_dir: Path, roots: Mapping[int, str] | None = None, window_ns: int = REORDER_NS
+    raw_dir: Path,
+    roots: Mapping[int, str] | None = None,
+    window_ns: int = REORDER_NS,
+    host: str | None = None,
 ) -> tuple[pa.Table, ParseStats]:
     """Parse every raw tracer file of a run into one events table sorted by time, in memory
     (:func:`write_events` writes the same rows to a file, streaming)."""
     stats = ParseStats()
-    merge = _Merge(Path(raw_dir), roots, stats, window_ns)
+    merge = _Merge(Path(raw_dir), roots, stats, window_ns, host)
     tables = [table.cast(EVENTS_SCHEMA) for table in merge.tables()]
     if merge.late:
         batches = (b for t in tables for b in t.to_batches())
@@ -2792,9 +2812,10 @@ def build_events(
 # Samples, phases, summary
 
 
-def build_samples(raw_dir: Path) -> pd.DataFrame:
+def build_samples(raw_dir: Path, host: str | None = None, shift_ns: int = 0) -> pd.DataFrame:
     """Read raw/samples.csv (long format) written by tracing.samplers. ``container`` is the
-    role of a container's metric, null for host-wide metrics."""
+    role of a container's metric, null for host-wide metrics; ``host`` the host column;
+    ``shift_ns`` is added to every time (as :func:`write_events`)."""
     path = raw_dir / "samples.csv"
     columns = SAMPLES_COLUMNS
     if not path.exists() or path.stat().st_size == 0:
@@ -2812,6 +2833,9 @@ def build_samples(raw_dir: Path) -> pd.DataFrame:
     df["value"] = pd.to_numeric(df["value"], errors="coerce")
     df = df.dropna(subset=["ts_ns", "metric", "value", "unit"])
     df["container"] = df["container"].where(df["container"] != "", pd.NA)
+    df["host"] = pd.Series(host, index=df.index, dtype="string")
+    if shift_ns:
+        df["ts_ns"] = df["ts_ns"] + shift_ns
     return df.astype(columns)
 
 
@@ -2820,9 +2844,13 @@ def build_phases(
     roles: Sequence[str] = (),
     realtime_offset_ns: int | None = None,
     peer: Mapping[str, Any] | None = None,
+    host: str | None = None,
+    placement: Mapping[str, tuple[str, int]] | None = None,
 ) -> pd.DataFrame:
     """Parse each container's MLLOG events (``raw/<role>/mllog.log``), or ``raw/mllog.log``
-    when no roles are given, into one phases table with the ``container`` column. A container
+    when no roles are given, into one phases table with the ``container`` column and the
+    ``host`` column (``host``, or a role's host from ``placement``: role -> (host, ns added to
+    its times, as :func:`write_events`)). A container
     that ran DLIO has its outputs in ``raw/<role>/dlio/`` instead (:mod:`tracing.dlio`: its
     wall-clock times placed with ``realtime_offset_ns``, CLOCK_REALTIME - CLOCK_MONOTONIC;
     ``peer``: the manifest's record of the DLIO run)."""
@@ -2842,6 +2870,10 @@ def build_phases(
         else:
             frame = parse_mllog(path)
         frame["container"] = pd.Series(role, index=frame.index, dtype="string")
+        where, shift = (placement or {}).get(role or "", (host, 0))
+        frame["host"] = pd.Series(where, index=frame.index, dtype="string")
+        if shift:
+            frame[["ts_ns", "end_ns"]] += shift
         frames.append(conform(frame, PHASES_COLUMNS, str(path.relative_to(raw_dir.parent))))
     phases = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     return phases.sort_values("ts_ns", kind="stable", ignore_index=True)

@@ -35,8 +35,10 @@ from core.rundir import PHASES_COLUMNS
 MARKER = ":::MLLOG"
 
 # The documented columns and dtypes of phases.parquet (the one definition is in core.rundir),
-# but ``container``: one MLLOG file is one container's, and ingest says which.
-COLUMNS: Mapping[str, str] = {k: v for k, v in PHASES_COLUMNS.items() if k != "container"}
+# but ``container`` and ``host``: one MLLOG file is one container's, and ingest says which.
+COLUMNS: Mapping[str, str] = {
+    k: v for k, v in PHASES_COLUMNS.items() if k not in ("container", "host")
+}
 
 
 def empty_phases() -> pd.DataFrame:

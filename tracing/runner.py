@@ -534,10 +534,11 @@ def _process(
     roles = [m.spec.role for m in members]
     try:
         roots = {m.main_pid: m.spec.role for m in members if m.main_pid}
-        events, stats = ingest.write_events(raw, run_dir / "events.parquet", roots)
-        samples = ingest.build_samples(raw)
+        host = manifest["host"]["hostname"]
+        events, stats = ingest.write_events(raw, run_dir / "events.parquet", roots, host=host)
+        samples = ingest.build_samples(raw, host)
         phases = ingest.build_phases(
-            raw, roles, manifest.get("realtime_offset_ns"), manifest.get("peer")
+            raw, roles, manifest.get("realtime_offset_ns"), manifest.get("peer"), host
         )
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
