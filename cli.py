@@ -550,6 +550,20 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     default=None,
     help="Remote dataset: CPU limit of the run's storage container (default: --cpus).",
 )
+@click.option(
+    "--nodes",
+    type=int,
+    default=None,
+    help="Run across K nodes of a cluster (./cli.py cluster up): the containers dealt "
+    "round-robin over its first K nodes, an agent tracing each (docs/cluster.md).",
+)
+@click.option(
+    "--cluster",
+    "cluster_name",
+    default="twintrace",
+    show_default=True,
+    help="With --nodes: the cluster's name.",
+)
 @runs_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @user_errors
@@ -585,6 +599,8 @@ def trace(
     storage_host: str | None,
     prep_workers: int | None,
     storage_cpus: float | None,
+    nodes: int | None,
+    cluster_name: str,
     runs_root: Path,
     command: tuple[str, ...],
 ) -> None:
@@ -598,6 +614,7 @@ def trace(
       ./cli.py trace --workload unet3d --variant original --data data/unet3d --accelerators 2 --rank-containers
       ./cli.py trace --image twintrace/base:latest --mount /srv/data:/data -- python3 -c "print(1)"
       ./cli.py trace --compose topology.yml --service client --service server
+      ./cli.py trace --workload unet3d --variant sleep --data data/unet3d --accelerators 3 --rank-containers --nodes 3
       ./cli.py trace --workload resnet18 --variant sleep --data data/oi --set dataset=remote-sophon --net-bandwidth 430mbit --prep-workers 2
     """
     from tracing.container import BindMount
@@ -634,6 +651,8 @@ def trace(
         timeout_s=timeout,
         echo=not quiet,
         net_bandwidth_bits_s=parse_rate(net_bandwidth) if net_bandwidth is not None else None,
+        nodes=nodes,
+        cluster=cluster_name,
     )
     extra_mounts = [BindMount.parse(m) for m in mounts]
     if variant in PEER_VARIANTS and workload is None:

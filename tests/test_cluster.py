@@ -295,3 +295,82 @@ def test_an_agent_started_through_a_nodes_engine_traces_that_nodes_container(
         assert reads["bytes"].sum() == path.stat().st_size, path
     assert vc.down(cli, NAME)  # type: ignore[arg-type]
     assert _left(cli) == []
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_a_traced_run_across_three_nodes(
+    docker_cli: object, images: dict[str, str], tiny_unet3d: Path, tmp_path: Path
+) -> None:
+    """`trace --accelerators 3 --rank-containers --nodes 3` on a 3-node cluster: rank r on
+    node-(r+1), traced by that node's agent; one run directory whose events carry the three
+    hosts, each rank's opens and bytes exact for its shard of the shared dataset, every host's
+    clock bound within 1 ms and the joint release's skew within 5 ms; nothing of the run is
+    left on any node, and nothing of the cluster after `cluster down`."""
+    import pandas as pd
+
+    from core.rundir import READ_KINDS, load_run
+    from tests.conftest import traced_events
+    from tests.test_multicontainer import _expected_shards
+    from tracing.container import RUN_LABEL
+    from tracing.request import RunOptions, workload_request
+    from tracing.runner import trace
+
+    require_tracing()
+    cli = docker_cli
+    share = tiny_unet3d.parent.parent  # the session's folder: the dataset and tmp_path in it
+    assert tmp_path.is_relative_to(share)
+    vc.down(cli, NAME)  # type: ignore[arg-type]
+    vc.up(cli, 3, [share], NAME)  # type: ignore[arg-type]
+    request = workload_request(
+        "unet3d",
+        "sleep",
+        tiny_unet3d,
+        tmp_path / "runs",
+        settings={"epochs": 1, "batch_size": 1, "workers": 1, "accelerators": 3, "seed": 0},
+        options={"patch_size": "32"},
+        rank_containers=True,
+        run=RunOptions(nodes=3, cluster=NAME),
+    )
+    run_dir = trace(request, print).check()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    events = traced_events(run_dir)
+    placed = {c["role"]: c["host"] for c in manifest["containers"]}
+    assert placed == {"rank0": "node-1", "rank1": "node-2", "rank2": "node-3"}
+    assert set(events["host"].dropna()) == {"node-1", "node-2", "node-3"}
+    mine = events[events["container"].notna()]
+    assert (mine["host"] == mine["container"].map(placed)).all()  # each rank on its node
+    cases = sorted(p.name[: -len("_x.npy")] for p in tiny_unet3d.glob("case_*_x.npy"))
+    for role, indices in _expected_shards(len(cases), 3, seed=0).items():
+        rows = mine[(mine["container"] == role) & mine["path"].str.startswith("/data/case_")]
+        expected = {f"/data/{cases[i]}_{xy}.npy" for i in indices for xy in "xy"}
+        assert set(rows.loc[rows["kind"] == "openat", "path"]) == expected, role
+        for path in expected:
+            size = (tiny_unet3d / path.removeprefix("/data/")).stat().st_size
+            read = rows.loc[rows["kind"].isin(READ_KINDS) & (rows["path"] == path), "bytes"]
+            assert size <= read.sum() <= size + 16384, (role, path)
+    hosts = manifest["hosts"]
+    assert set(hosts) == {"node-1", "node-2", "node-3"}
+    for name, record in hosts.items():
+        clock = record["clock"]
+        assert clock["bound_ns"] <= 1_000_000 and abs(clock["offset_ns"]) <= clock["bound_ns"]
+        assert (run_dir / "raw" / name / "syscalls.txt").is_file()
+    print(f"release skew {manifest['release_skew_ns'] / 1e6:.2f} ms")
+    assert 0 <= manifest["release_skew_ns"] <= 5_000_000
+    run = load_run(run_dir)
+    assert set(run.samples["host"]) == {"node-1", "node-2", "node-3"}
+    steps = run.phases[run.phases["key"] == "step_end"]
+    per_rank = -(-len(cases) // 3)  # the sampler pads the last rank's shard
+    assert dict(steps.groupby("host").size()) == {f"node-{i}": per_rank for i in (1, 2, 3)}
+    assert isinstance(run.events, pd.DataFrame)
+    label = {"label": f"{RUN_LABEL}={run_dir.name}"}
+    for node in vc.nodes(cli, NAME):  # type: ignore[arg-type]
+        engine = vc.node_client(node)
+        try:
+            assert engine.containers.list(all=True, filters=label) == [], node.hostname
+            assert engine.networks.list(filters=label) == [], node.hostname
+        finally:
+            engine.close()
+    assert vc.down(cli, NAME)  # type: ignore[arg-type]
+    assert _left(cli) == []

@@ -14,10 +14,11 @@ code. A run goes Hello -> Attach -> Release -> Status* -> Stop -> Fetch* -> Shut
 - ``Hello {}`` -> ``{protocol, sources, pid, state}``: ``sources`` is the digest of
   the tracing code in the image, checked by the client against its own (:func:`sources_digest`).
 - ``Attach {run_id, run_dir, containers: [{role, container_id, barrier}], scripts,
-  sample_interval, network}`` -> ``{containers: {role: {main_pid, cgroup_id}}, tracer_pids,
-  memory_file_systems}``:
+  sample_interval, network, host_dir}`` -> ``{containers: {role: {main_pid, cgroup_id}},
+  tracer_pids, memory_file_systems}``:
   finds each container's first process (held at its barrier), starts the samplers and the
-  bpftrace scripts over the containers' cgroups and answers once every probe is attached.
+  bpftrace scripts over the containers' cgroups and answers once every probe is attached;
+  its outputs go to ``raw/`` (``raw/<host_dir>/`` in a run over several hosts).
 - ``Release {}`` -> ``{released_ns}``: lets every container go (its barrier FIFO); the time is
   the host's CLOCK_MONOTONIC, the clock of every event.
 - ``Status {}`` -> ``{state, failed}``: ``failed`` says why a bpftrace script or the sampler
@@ -192,6 +193,9 @@ class RunSide:
             self.scripts = tuple(request.get("scripts", bpftrace.SCRIPTS))
             self.interval = float(request.get("sample_interval", 0.1))
             self.network = bool(request.get("network", False))
+            # A run over several hosts: this host's outputs in raw/<host_dir>/ (and its
+            # tracer's control files in ctl/<host_dir>/), beside the other hosts'.
+            self.host_dir = str(request.get("host_dir") or "")
         except (KeyError, TypeError, ValueError) as exc:
             raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"bad Attach: {exc!r}") from None
         if not self.members:
@@ -201,13 +205,15 @@ class RunSide:
             raise CallError(
                 grpc.StatusCode.INVALID_ARGUMENT, f"unknown scripts: {', '.join(sorted(unknown))}"
             )
-        if not (self.run_dir / "raw").is_dir():
+        if "/" in self.host_dir or self.host_dir in (".", ".."):
+            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"bad host_dir {self.host_dir!r}")
+        self.raw = self.run_dir / "raw" / self.host_dir
+        self.ctl = self.run_dir / "ctl" / self.host_dir
+        if not self.raw.is_dir() or not self.ctl.is_dir():
             raise CallError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"{self.run_dir}/raw is not a folder this agent can see (its writable mount)",
+                f"{self.raw} is not a folder this agent can see (its writable mount)",
             )
-        self.raw = self.run_dir / "raw"
-        self.ctl = self.run_dir / "ctl"
         self.sampler: Sampler | None = None
         self.tracer: bpftrace.Tracer | None = None
         self.stopped: dict[str, Any] | None = None
@@ -279,7 +285,10 @@ class RunSide:
             for ext in ("bt", "txt", "stdout", "stderr")
         ]
         files = [
-            {"path": f"raw/{name}", "size": (self.raw / name).stat().st_size}
+            {
+                "path": str((self.raw / name).relative_to(self.run_dir)),
+                "size": (self.raw / name).stat().st_size,
+            }
             for name in names
             if (self.raw / name).is_file()
         ]

@@ -128,13 +128,16 @@ def gpu_request(text: str) -> DeviceRequest:
     return DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
 
 
-def create_network(cli: docker.DockerClient, run_id: str) -> Any:
-    """A private, internal bridge network for the run's containers (no route out)."""
+def create_network(cli: docker.DockerClient, run_id: str, overlay: bool = False) -> Any:
+    """A private, internal network for the run's containers (no route out): a bridge on one
+    host; with ``overlay``, a swarm's overlay network that containers of every node can join
+    (``cli``: a manager's engine)."""
     try:
         return cli.networks.create(
             network_name(run_id),
-            driver="bridge",
+            driver="overlay" if overlay else "bridge",
             internal=True,
+            attachable=overlay or None,
             labels={RUN_LABEL: run_id, OWNER_LABEL: str(os.getpid())},
         )
     except docker.errors.APIError as exc:

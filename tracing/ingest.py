@@ -158,6 +158,14 @@ class ParseStats:
     #: lines): a map was being written again before its clear, so events may be missing.
     behind: int = 0
 
+    def merge(self, other: ParseStats) -> None:
+        """Add ``other``'s counts (another host's)."""
+        self.lost_events += other.lost_events
+        self.late_rows += other.late_rows
+        self.behind += other.behind
+        self.skipped_lines += other.skipped_lines
+        self.skipped_examples = (self.skipped_examples + other.skipped_examples)[:5]
+
     def skip(self, text: str) -> None:
         """Count one line that is no event (and keep the first few)."""
         self.skipped_lines += 1
@@ -191,6 +199,11 @@ class EventTotals:
     @property
     def containers(self) -> set[str]:
         return {c for c, _ in self.by_key if c is not None}
+
+    def merge(self, other: EventTotals) -> None:
+        """Add ``other``'s rows (another host's)."""
+        for (container, kind), (rows, count, nbytes) in other.by_key.items():
+            self.add(container, kind, rows, count, nbytes)
 
     def per_kind(self, container: str | None = ..., /) -> dict[str, tuple[int, int]]:  # type: ignore[assignment]
         """kind -> (count, bytes), over every row (no argument) or the rows of one container."""
@@ -2787,6 +2800,24 @@ def write_events(
                 finally:
                     sink.close()
     return merge.event_totals(), stats
+
+
+def merge_events(parts: Sequence[Path], path: Path) -> None:
+    """Several hosts' events files (each sorted by time, on one clock) as one ``path``, sorted
+    by time (ties: in the parts' order), row groups of :data:`ROW_GROUP_ROWS`. Each part is
+    read whole: a run's hosts' events must fit in memory together (a streamed merge is left for
+    when they do not; docs/cluster.md)."""
+    tables = [pq.read_table(part, schema=EVENTS_SCHEMA) for part in parts]
+    table = pa.concat_tables(tables) if tables else EVENTS_SCHEMA.empty_table()
+    order = pc.sort_indices(table, sort_keys=[("ts_ns", "ascending")])  # stable
+    table = table.take(order)
+    with atomic_path(path) as tmp:
+        sink = _ParquetSink(tmp)
+        try:
+            for batch in table.to_batches(ROW_GROUP_ROWS):
+                sink.put(pa.Table.from_batches([batch]))
+        finally:
+            sink.close()
 
 
 def build_events(

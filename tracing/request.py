@@ -151,8 +151,16 @@ class RunOptions:
     echo: bool = False
     # A cap on what each container receives (bits per second; tracing.shaper, --net-bandwidth).
     net_bandwidth_bits_s: int | None = None
+    # Across hosts: the containers dealt over the first ``nodes`` nodes of ``cluster``
+    # (tracing/placement.py); None: this host.
+    nodes: int | None = None
+    cluster: str = "twintrace"
 
     def __post_init__(self) -> None:
+        if self.nodes is not None and self.nodes < 1:
+            raise UserError(f"--nodes must be 1 or more, got {self.nodes}")
+        if self.nodes is not None and self.net_bandwidth_bits_s is not None:
+            raise UserError("--net-bandwidth is for runs on this host: leave out --nodes")
         if self.sample_interval <= 0:
             raise UserError(f"--sample-interval must be positive, got {self.sample_interval}")
         if self.timeout_s is not None and self.timeout_s <= 0:

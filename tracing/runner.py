@@ -32,14 +32,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import pyarrow.parquet as pq
+
 from core import rundir
 from core.errors import UserError
-from tracing import barrier, bpftrace, container, dlio, host, ingest
+from tracing import barrier, bpftrace, container, dlio, host, ingest, placement
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.clock import host_clock
+from tracing.placement import Host
 from tracing.request import ContainerSpec, RunRequest
 from tracing.shaper import Shaper, require_tc
 from tracing.tracer_container import LocalAgent, start_agent
+from workloads.config import TRACER_IMAGE
 
 Progress = Callable[[str], None]
 
@@ -86,6 +91,7 @@ class _Member:
     spec: ContainerSpec
     ctr: Any
     barrier: Path
+    host: Host
     main_pid: int = 0
     cgroups: ProcessCgroups | None = None
     logs: container.LogFollower | None = None
@@ -125,6 +131,17 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
         spec.role: list(spec.command or container.default_command(found[spec.image], spec.image))
         for spec in request.containers
     }
+    metadata = host.host_metadata(cli.version().get("Version"))
+    hosts, manager = [Host(metadata["hostname"], cli)], None
+    if request.run.nodes is not None:  # before the run directory: bad input leaves none
+        tags = sorted(found) + ([TRACER_IMAGE] if request.run.tracing else [])
+        sources = [m.source for spec in request.containers for m in spec.mounts]
+        hosts, manager = placement.cluster_hosts(
+            cli, request.run.nodes, request.run.cluster, tags, [request.runs_root, *sources],
+            progress,
+        )  # fmt: skip
+    placed = placement.deal([spec.role for spec in request.containers], hosts)
+    hosts = [h for h in hosts if h in placed.values()]  # those that run a container
 
     run_dir = rundir.new_run_dir(request.runs_root, request.label, request.variant)
     raw, ctl, out = (run_dir / sub for sub in rundir.RUN_SUBDIRS)
@@ -140,13 +157,23 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
             "network": _network_kind(request),
             "net_bandwidth_bits_s": request.run.net_bandwidth_bits_s,
         },
-        host=host.host_metadata(cli.version().get("Version")),
+        host=metadata,
         containers=[],
         peer=dict(request.peer) if request.peer is not None else None,
         # CLOCK_REALTIME - CLOCK_MONOTONIC: places a tool's wall-clock log times (DLIO's) on
         # the trace's clock
         realtime_offset_ns=time.time_ns() - time.monotonic_ns(),
     )
+    if manager is not None:
+        manifest["cluster"] = {"name": request.run.cluster, "nodes": [h.name for h in hosts]}
+    manifest["hosts"] = {
+        h.name: {"address": h.address, "containers": [r for r, p in placed.items() if p is h]}
+        for h in hosts
+    }
+    for h in hosts:
+        if h.host_dir:
+            for sub in (raw, ctl):
+                (sub / h.host_dir).mkdir()
     members: list[_Member] = []
     for spec in request.containers:
         for sub in (raw, ctl, out):
@@ -166,6 +193,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
         manifest["containers"].append(
             {
                 "role": spec.role,
+                "host": placed[spec.role].name,
                 "image": spec.image,
                 "image_id": images[spec.role],
                 "command": commands[spec.role],
@@ -187,49 +215,56 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
             }
         )
         members.append(
-            _Member(dataclasses.replace(spec, mounts=(*mounts, *control)), None, ctl / spec.role)
+            _Member(
+                dataclasses.replace(spec, mounts=(*mounts, *control)),
+                None,
+                ctl / spec.role,
+                placed[spec.role],
+            )
         )
     rundir.write_manifest(run_dir, manifest)
     progress(f"run directory {run_dir}")
 
     status, error, pending = "failed", None, None
-    agent: LocalAgent | None = None
-    # The agent's container starts (about 1.4 s to its first answer) while the run's
-    # containers start: on a client of its own, in a thread.
-    starting: concurrent.futures.Future[LocalAgent] | None = None
+    # The agents' containers start (about 1.4 s to a first answer) while the run's containers
+    # start: in threads, each on its host's engine.
+    starting: dict[str, concurrent.futures.Future[LocalAgent]] = {}
     container_ended = threading.Event()  # set by a container's log stream as it ends
     shaper = Shaper(request.run.net_bandwidth_bits_s) if request.run.net_bandwidth_bits_s else None
     try:
         with _sigterm_as_interrupt():
             try:
                 if request.run.tracing:
-                    pool = concurrent.futures.ThreadPoolExecutor(1, "twintrace-agent-start")
-                    starting = pool.submit(
-                        start_agent, container.client(), run_dir, gpus=_run_gpus(request)
-                    )
-                    pool.shutdown(wait=False)  # the one task still runs; the thread ends with it
+                    pool = concurrent.futures.ThreadPoolExecutor(len(hosts), "twintrace-agent")
+                    for h in hosts:
+                        starting[h.name] = pool.submit(
+                            start_agent,
+                            container.client() if manager is None else h.cli,
+                            run_dir,
+                            gpus=_run_gpus(request),
+                            image=h.ref(TRACER_IMAGE),
+                            address=h.address,
+                            log_name=f"{h.host_dir}/agent.log" if h.host_dir else "agent.log",
+                        )
+                    pool.shutdown(wait=False)  # the tasks still run; the threads end with them
                 if len(members) > 1:
-                    container.create_network(cli, run_dir.name)
-                _start_all(
-                    cli, members, commands, run_dir, manifest, request.run.echo, container_ended
-                )
+                    container.create_network(manager or cli, run_dir.name, manager is not None)
+                _start_all(members, commands, run_dir, manifest, request.run.echo, container_ended)
                 networked = len(members) > 1 or members[0].spec.external_network
                 if shaper is not None:
                     for m in members:  # held at the barrier: capped before a byte is sent
                         shaper.add(m.spec.role, m.main_pid)
                     manifest["net_shaping"] = shaper.record()
                     progress(f"capped each container's network at {shaper.describe()}")
-                if starting is not None:
+                if starting:
                     progress("attaching bpftrace probes")
-                    agent = starting.result()
-                    _attach(agent, members, run_dir, request, networked, manifest)
-                    agent.clock_before = agent.client.clock()
-                    manifest["hosts"] = {
-                        manifest["host"]["hostname"]: {
-                            "clock": host_clock(agent.clock_before, None)
-                        }
-                    }
-                    manifest["start_ns"] = agent.client.call("Release")["released_ns"]
+                    for h in hosts:
+                        h.agent = starting[h.name].result()
+                    _on_every(
+                        hosts,
+                        lambda h: _attach(h, members, run_dir, request, networked, manifest),
+                    )
+                    manifest["start_ns"] = _release(hosts, manifest)
                 else:
                     for m in members:  # back to back: every container starts within ~1 ms
                         barrier.release(m.barrier)
@@ -237,7 +272,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                 rundir.write_manifest(run_dir, manifest)  # still running, now with ids
                 progress(f"released {', '.join(m.spec.role for m in members)}")
                 status, error = _wait(
-                    members, agent, request.run.timeout_s, manifest, container_ended
+                    members, hosts, request.run.timeout_s, manifest, container_ended
                 )
                 manifest["end_ns"] = time.monotonic_ns()
             except KeyboardInterrupt as exc:
@@ -247,16 +282,17 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
             except BaseException as exc:  # a bug: record it, finish the directory, re-raise
                 status, error, pending = "failed", f"internal error: {exc!r}", exc
             finally:
-                if agent is None and starting is not None:  # it may still come up: close it
-                    with contextlib.suppress(BaseException):
-                        agent = starting.result()
+                for h in hosts:  # an agent may still come up: close it
+                    if h.agent is None and h.name in starting:
+                        with contextlib.suppress(BaseException):
+                            h.agent = starting[h.name].result()
                 try:
-                    _shutdown(cli, members, agent, run_dir, manifest, shaper)
+                    _shutdown(members, hosts, manager, run_dir, manifest, shaper)
                 except UserError as exc:  # the tracer's output is incomplete: say so
                     status = "failed" if status == "completed" else status
                     error = f"{error}; {exc}" if error else str(exc)
             progress("processing the trace")
-            status, error = _process(run_dir, manifest, members, status, error)
+            status, error = _process(run_dir, manifest, members, hosts, status, error)
     except KeyboardInterrupt as exc:  # a second Ctrl-C while shutting down or processing
         status, error, pending = "interrupted", "interrupted by the user", exc
     finally:
@@ -270,22 +306,47 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     return outcome
 
 
+def _on_every(hosts: list[Host], call: Callable[[Host], Any]) -> list[Any]:
+    """``call`` on every host, at once when there are several; the first error raised."""
+    if len(hosts) == 1:
+        return [call(hosts[0])]
+    with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
+        futures = [pool.submit(call, h) for h in hosts]
+        return [f.result() for f in futures]
+
+
+def _release(hosts: list[Host], manifest: dict) -> int:
+    """Each host's clock offset, then every agent releases its containers at once (the joint
+    release); returns the earliest release on the coordinator's clock."""
+    for h in hosts:
+        h.agent.clock_before = h.agent.client.clock()
+        manifest["hosts"][h.name]["clock"] = host_clock(h.agent.clock_before, None)
+    released = _on_every(hosts, lambda h: h.agent.client.call("Release")["released_ns"])
+    starts = []
+    for h, at in zip(hosts, released, strict=True):
+        start = at - (h.agent.clock_before.offset_ns if len(hosts) > 1 else 0)
+        manifest["hosts"][h.name]["released_ns"] = start
+        starts.append(start)
+    return min(starts)
+
+
 def _run_gpus(request: RunRequest) -> str | None:
     """The GPUs the run's containers ask for (the agent samples them through NVML)."""
     return next((spec.gpus for spec in request.containers if spec.gpus), None)
 
 
 def _attach(
-    agent: LocalAgent,
+    h: Host,
     members: list[_Member],
     run_dir: Path,
     request: RunRequest,
     networked: bool,
     manifest: dict,
 ) -> None:
-    """The agent attaches its samplers and bpftrace scripts to the held containers; each one
-    it found must be the process and cgroup docker names."""
-    reply = agent.client.call(
+    """Host ``h``'s agent attaches its samplers and bpftrace scripts to its held containers;
+    each one it found must be the process and cgroup docker names."""
+    mine = [m for m in members if m.host is h]
+    reply = h.agent.client.call(
         "Attach",
         {
             "run_id": run_dir.name,
@@ -296,23 +357,26 @@ def _attach(
                     "container_id": m.ctr.id,
                     "barrier": str(m.barrier.relative_to(run_dir)),
                 }
-                for m in members
+                for m in mine
             ],
             "scripts": list(bpftrace.SCRIPTS),
             "sample_interval": request.run.sample_interval,
             "network": networked,
+            "host_dir": h.host_dir,
         },
     )
-    agent.attached = True
-    manifest["trace"]["memory_file_systems"] = reply["memory_file_systems"]
-    for m in members:
+    h.agent.attached = True
+    manifest["hosts"][h.name]["memory_file_systems"] = reply["memory_file_systems"]
+    if not h.host_dir:  # one host: where it always was
+        manifest["trace"]["memory_file_systems"] = reply["memory_file_systems"]
+    for m in mine:
         found = reply["containers"][m.spec.role]
         assert m.cgroups is not None
         if (found["main_pid"], found["cgroup_id"]) != (m.main_pid, m.cgroups.v2_id):
             raise UserError(
-                f"the tracer agent found container {m.spec.role} as process "
+                f"the tracer agent of {h.name} found container {m.spec.role} as process "
                 f"{found['main_pid']} in cgroup {found['cgroup_id']}, docker says process "
-                f"{m.main_pid} in cgroup {m.cgroups.v2_id}: is the agent on this host?"
+                f"{m.main_pid} in cgroup {m.cgroups.v2_id}: is the agent on that host?"
             )
 
 
@@ -325,7 +389,6 @@ def _network_kind(request: RunRequest) -> str:
 
 
 def _start_all(
-    cli: Any,
     members: list[_Member],
     commands: dict[str, list[str]],
     run_dir: Path,
@@ -333,16 +396,16 @@ def _start_all(
     echo: bool,
     container_ended: threading.Event,
 ) -> None:
-    """Start every container held at its barrier and record its ids; each one's log stream
-    sets ``container_ended`` as it ends."""
+    """Start every container held at its barrier, on its host's engine, and record its ids;
+    each one's log stream sets ``container_ended`` as it ends."""
     network = container.network_name(run_dir.name) if len(members) > 1 else None
     if network is None and members[0].spec.external_network:
         network = container.DEFAULT_BRIDGE
     for i, m in enumerate(members):
         spec = m.spec
         m.ctr = container.start_held(
-            cli,
-            spec.image,
+            m.host.cli,
+            m.host.ref(spec.image),
             commands[spec.role],
             m.barrier,
             spec.mounts,
@@ -376,7 +439,7 @@ def _start_all(
 
 def _wait(
     members: list[_Member],
-    agent: LocalAgent | None,
+    hosts: list[Host],
     timeout_s: float | None,
     manifest: dict,
     container_ended: threading.Event,
@@ -406,9 +469,10 @@ def _wait(
         if all(m.spec.role in codes for m in members if not m.spec.daemon):
             manifest["exit_code"] = 0
             return "completed", None
-        failure = agent.client.call("Status")["failed"] if agent is not None else None
-        if failure:
-            raise UserError(failure)
+        for h in hosts:
+            failure = h.agent.client.call("Status")["failed"] if h.agent is not None else None
+            if failure:
+                raise UserError(f"{h.name}: {failure}" if h.host_dir else failure)
         if deadline and time.monotonic() > deadline:
             raise UserError(f"the run did not finish within {timeout_s:.0f} s (--timeout)")
         # Asking the engine for every container's state costs the engine and this process
@@ -429,9 +493,9 @@ def _log_tail(ctr: Any, lines: int = 8) -> str:
 
 
 def _shutdown(
-    cli: Any,
     members: list[_Member],
-    agent: LocalAgent | None,
+    hosts: list[Host],
+    manager: Any,
     run_dir: Path,
     manifest: dict,
     shaper: Shaper | None = None,
@@ -441,30 +505,41 @@ def _shutdown(
     steps: list[Callable[[], Any]] = [shaper.remove] if shaper is not None else []
     steps += [(lambda m=m: container.stop_and_remove(m.ctr)) for m in members if m.ctr is not None]
     steps += [(lambda m=m: m.logs.join()) for m in members if m.logs is not None]
-    if agent is not None and agent.attached:
 
-        def stop_tracer() -> None:
-            reply = agent.client.call("Stop")
-            manifest["missed_probes"] = reply["missed_probes"]
-            manifest["bpftrace_exit_codes"] = reply["exit_codes"]
-            if reply.get("sampler_error"):
-                manifest["sampler_error"] = reply["sampler_error"]
-            agent.client.collect(run_dir, reply["files"])
-            if agent.clock_before is not None:  # the clock after the run: its drift
-                manifest["hosts"][manifest["host"]["hostname"]]["clock"] = host_clock(
-                    agent.clock_before, agent.client.clock()
-                )
+    def stop_tracer(h: Host) -> None:
+        reply = h.agent.client.call("Stop")
+        record = manifest if not h.host_dir else manifest["hosts"][h.name]
+        record["missed_probes"] = reply["missed_probes"]
+        record["bpftrace_exit_codes"] = reply["exit_codes"]
+        if reply.get("sampler_error"):
+            record["sampler_error"] = reply["sampler_error"]
+        h.agent.client.collect(run_dir, reply["files"])
+        if h.agent.clock_before is not None:  # the clock after the run: its drift
+            manifest["hosts"][h.name]["clock"] = host_clock(
+                h.agent.clock_before, h.agent.client.clock()
+            )
 
-        steps.append(stop_tracer)
-    if agent is not None:
-        steps.append(agent.close)
-    steps.append(lambda: container.remove_run_resources(cli, run_dir.name))
+    for h in hosts:
+        if h.agent is not None and h.agent.attached:
+            steps.append(lambda h=h: stop_tracer(h))
+        if h.agent is not None:
+            steps.append(h.agent.close)
+    steps += [(lambda h=h: container.remove_run_resources(h.cli, run_dir.name)) for h in hosts]
+    if manager is not None:  # the run's overlay network
+        steps.append(lambda: container.remove_run_resources(manager, run_dir.name))
+        steps.append(lambda: placement.close(hosts, manager))
     first_error = None
     for step in steps:
         try:
             step()
         except BaseException as exc:
             first_error = first_error or exc
+    if len(hosts) > 1:  # every host's missed probes, for the run's status
+        manifest["missed_probes"] = {
+            f"{h.name}/{script}": n
+            for h in hosts
+            for script, n in (manifest["hosts"][h.name].get("missed_probes") or {}).items()
+        }
     started = manifest.get("start_ns")
     for m in members:
         peer_out = run_dir / "out" / m.spec.role / "dlio"  # a DLIO run's own outputs
@@ -493,6 +568,19 @@ def _copy_own_mllog(spec: ContainerSpec, target: Path, start_ns: int) -> None:
         age_ns = time.time_ns() - written
         if time.monotonic_ns() - age_ns >= start_ns:
             shutil.copyfile(source, target)
+
+
+def _release_skew(events: Path, manifest: dict) -> None:
+    """The joint release's skew: the spread of the hosts' first exec events (each host's
+    containers run their command as they are released), on the coordinator's clock."""
+    table = pq.read_table(events, columns=["ts_ns", "kind", "container", "host"])
+    frame = table.to_pandas()
+    execs = frame[(frame["kind"] == "exec") & frame["container"].notna()]
+    first = execs.groupby("host", observed=True)["ts_ns"].min()
+    for name, ts in first.items():
+        manifest["hosts"][str(name)]["first_exec_ns"] = int(ts)
+    if len(first) == len(manifest["hosts"]):
+        manifest["release_skew_ns"] = int(first.max() - first.min())
 
 
 def lost_message(lost: int, missed: int = 0, behind: int = 0) -> str:
@@ -527,18 +615,52 @@ def _peer_summary(raw: Path, roles: list[str]) -> dict:
 
 
 def _process(
-    run_dir: Path, manifest: dict, members: list[_Member], status: str, error: str | None
+    run_dir: Path,
+    manifest: dict,
+    members: list[_Member],
+    hosts: list[Host],
+    status: str,
+    error: str | None,
 ) -> tuple[str, str | None]:
-    """Write events/samples/phases parquet and summary.json from raw/. Returns (status, error)."""
+    """Write events/samples/phases parquet and summary.json from raw/ (each host's part of it,
+    its times brought onto the coordinator's clock). Returns (status, error)."""
     raw = run_dir / "raw"
     roles = [m.spec.role for m in members]
     try:
-        roots = {m.main_pid: m.spec.role for m in members if m.main_pid}
-        host = manifest["host"]["hostname"]
-        events, stats = ingest.write_events(raw, run_dir / "events.parquet", roots, host=host)
-        samples = ingest.build_samples(raw, host)
+        # A host's time t is the coordinator's t - offset (tracing/clock.py); one host is the
+        # coordinator's own, its offset 0 by definition.
+        shifts = {
+            h.name: -int(manifest["hosts"][h.name].get("clock", {}).get("offset_ns", 0))
+            if len(hosts) > 1
+            else 0
+            for h in hosts
+        }
+        events, stats = ingest.EventTotals(), ingest.ParseStats()
+        parts = []
+        for h in hosts:
+            part = raw / h.host_dir / "events.parquet" if h.host_dir else run_dir / "events.parquet"
+            roots = {m.main_pid: m.spec.role for m in members if m.host is h and m.main_pid}
+            totals, parsed = ingest.write_events(
+                raw / h.host_dir, part, roots, host=h.name, shift_ns=shifts[h.name]
+            )
+            events.merge(totals)
+            stats.merge(parsed)
+            parts.append(part)
+        if len(hosts) > 1:
+            ingest.merge_events(parts, run_dir / "events.parquet")
+            for part in parts:
+                part.unlink()
+            _release_skew(run_dir / "events.parquet", manifest)
+        samples = pd.concat(
+            [ingest.build_samples(raw / h.host_dir, h.name, shifts[h.name]) for h in hosts],
+            ignore_index=True,
+        ).sort_values("ts_ns", kind="stable", ignore_index=True)
         phases = ingest.build_phases(
-            raw, roles, manifest.get("realtime_offset_ns"), manifest.get("peer"), host
+            raw,
+            roles,
+            manifest.get("realtime_offset_ns"),
+            manifest.get("peer"),
+            placement={m.spec.role: (m.host.name, shifts[m.host.name]) for m in members},
         )
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)

@@ -1,0 +1,141 @@
+"""Where a run's containers go: the hosts of a run, one (this host) or several (the nodes of a
+cluster, ``trace --nodes K``: docs/cluster.md).
+
+A :class:`Host` is what the runner (tracing/runner.py) needs of each: its name (the ``host``
+column of the run's tables), an engine to start its containers and its agent through, the
+address the agent's port is published on, and the subfolder of ``raw/`` its agent writes to.
+
+On a cluster (:func:`cluster_hosts`): the first K running nodes of the virtual cluster
+(tracing/cluster.py) in order, the containers dealt round-robin (rank r on node r mod K, so
+uneven shares are allowed); the run's images come from the cluster's registry (pushed once,
+pulled by every node that runs one); the run directory and every bind mount must be on a path
+the nodes share (``cluster up --share``): the run's files are written by each node's
+containers and agent in place, as on a shared file system.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from core.errors import UserError
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class Host:
+    """One host of a run."""
+
+    name: str
+    cli: docker.DockerClient
+    #: The address its agent's port is published on, and dialled.
+    address: str = "127.0.0.1"
+    #: Its agent's outputs: ``raw/<host_dir>/`` ("" on a run of one host: ``raw/``).
+    host_dir: str = ""
+    #: The image references its engine knows the run's images by (tag -> reference).
+    refs: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Set by the runner: its agent (tracing.tracer_container.LocalAgent).
+    agent: Any = None
+
+    def ref(self, tag: str) -> str:
+        return self.refs.get(tag, tag)
+
+
+def this_host(cli: docker.DockerClient) -> Host:
+    return Host(socket.gethostname(), cli)
+
+
+def _under(path: Path, shares: Sequence[str]) -> bool:
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(Path(share)) for share in shares)
+
+
+def cluster_hosts(
+    cli: docker.DockerClient,
+    count: int,
+    cluster_name: str,
+    tags: Sequence[str],
+    paths: Sequence[Path],
+    progress: Progress,
+) -> tuple[list[Host], Any]:
+    """The first ``count`` nodes of cluster ``cluster_name`` as hosts, with the run's images
+    (``tags``) pushed to its registry and pulled on every node, and the manager's engine.
+    ``paths``: the run directory's parent and the mounts, which every node must see."""
+    from tracing import cluster
+
+    found = [n for n in cluster.nodes(cli, cluster_name) if n.state == "running"]
+    if not found:
+        raise UserError(
+            f"no cluster {cluster_name!r} is up: run `./cli.py cluster up --nodes {count}`"
+        )
+    if count < 1 or count > len(found):
+        raise UserError(
+            f"--nodes {count}: cluster {cluster_name!r} has {len(found)} node(s) up; "
+            f"run `./cli.py cluster down` then `./cli.py cluster up --nodes {count}`"
+        )
+    shares = found[0].shares
+    for path in paths:
+        if not _under(path, shares):
+            raise UserError(
+                f"{path} is not on a path the cluster's nodes share ({', '.join(shares)}): "
+                f"`./cli.py cluster up --share DIR` with a folder that holds it"
+            )
+    chosen = found[:count]
+    progress(f"placing the run on {', '.join(n.hostname for n in chosen)} of {cluster_name}")
+    refs = dict(zip(tags, cluster.push(cli, list(tags), cluster_name, progress), strict=True))
+    hosts = [
+        Host(node.hostname, cluster.node_client(node), str(node.address), node.hostname, refs)
+        for node in chosen
+    ]
+    manager = cluster.node_client(cluster.manager(cli, cluster_name))
+    try:
+        _pull(hosts, list(refs.values()), progress)
+    except BaseException:
+        close(hosts, manager)
+        raise
+    return hosts, manager
+
+
+def _pull(hosts: Sequence[Host], refs: Sequence[str], progress: Progress) -> None:
+    """Every image on every host that lacks it, the hosts at once."""
+
+    def pull(host: Host) -> None:
+        for ref in refs:
+            try:
+                host.cli.images.get(ref)
+                continue
+            except docker.errors.ImageNotFound:
+                pass
+            progress(f"{host.name}: pulling {ref}")
+            try:
+                host.cli.images.pull(ref)
+            except docker.errors.APIError as exc:
+                raise UserError(
+                    f"{host.name} could not pull {ref}: {exc.explanation or exc}"
+                ) from None
+
+    with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
+        for done in [pool.submit(pull, host) for host in hosts]:
+            done.result()
+
+
+def deal(roles: Sequence[str], hosts: Sequence[Host]) -> dict[str, Host]:
+    """Role -> host, round-robin in the roles' order (rank r on host r mod K)."""
+    return {role: hosts[i % len(hosts)] for i, role in enumerate(roles)}
+
+
+def close(hosts: Sequence[Host], *more: Any) -> None:
+    """Close the engine clients of a cluster's hosts (not this host's own)."""
+    for cli in [h.cli for h in hosts if h.host_dir] + [m for m in more if m is not None]:
+        try:
+            cli.close()
+        except Exception:
+            pass
