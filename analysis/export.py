@@ -61,7 +61,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -182,9 +182,20 @@ class _Groups:
     """Process groups by container: a run of several containers gets, per container, its own
     application and samples pseudo-processes next to its real processes (process sort index
     ``3 i - 3`` to ``3 i - 1`` for container ``i``), and host-wide samples a group of their
-    own; a run of one container is one group, laid out as before containers existed."""
+    own; a run of one container is one group, laid out as before containers existed. A run
+    across hosts names each group after its host and container (``node-2/rank1``), the
+    containers ordered by host, so that a host's groups sit together."""
 
     roles: tuple[str, ...]
+    placement: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, run: Run) -> _Groups:
+        roles, placed = run_roles(run), run.placement
+        if placed:
+            hosts = list(dict.fromkeys(placed.values()))
+            roles = sorted(roles, key=lambda r: hosts.index(placed.get(r, hosts[0])))
+        return cls(tuple(roles), placed)
 
     @property
     def several(self) -> bool:
@@ -198,7 +209,10 @@ class _Groups:
 
     def role(self, group: int) -> str:
         """The container of a group; ``host`` for host-wide rows."""
-        return self.roles[group] if group < len(self.roles) else "host"
+        if group >= len(self.roles):
+            return "hosts" if self.placement else "host"
+        role = self.roles[group]
+        return f"{self.placement[role]}/{role}" if role in self.placement else role
 
     def label(self, base: str, group: int) -> str:
         """A pseudo-process's name: ``base``, with the container when there are several."""
@@ -587,7 +601,7 @@ def export_perfetto(run: Run, out_path: Path) -> Path:
     """
     origin = _origin(run)
     events, samples, phases = run.events, run.samples, run.phases
-    groups_of = _Groups(tuple(run_roles(run)))
+    groups_of = _Groups.of(run)
     meta = _process_names(events, groups_of)
     groups = [*_syscall_groups(events, origin), _process_group(events, origin)]
     block, block_meta = _block_group(events, origin)

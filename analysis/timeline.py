@@ -605,24 +605,33 @@ class LaneGroup:
     events: pd.DataFrame
     samples: pd.DataFrame
     phases: pd.DataFrame
+    #: The host the container ran on, in a run across several hosts (else None).
+    host: str | None = None
 
 
 def lane_groups(run: Run) -> list[LaneGroup]:
     """One :class:`LaneGroup` per container of ``run``, in the manifest's order; a single
-    group of the whole run when it has one container (or none recorded)."""
+    group of the whole run when it has one container (or none recorded). A run across
+    several hosts has its groups grouped by host (the hosts in the manifest's order), each
+    with the host-wide rows of its own host."""
     roles = run_roles(run)
     if len(roles) <= 1:
         return [LaneGroup(None, run.events, run.samples, run.phases)]
-    parts = {
-        name: [frame[rows] for _, rows in container_rows(frame, roles, host=True)]
-        for name, frame in (
-            ("events", run.events),
-            ("samples", run.samples),
-            ("phases", run.phases),
-        )
-    }
+    placed = run.placement
+    if placed:
+        hosts = list(dict.fromkeys(placed.values()))
+        roles = sorted(roles, key=lambda r: hosts.index(placed[r]) if r in placed else len(hosts))
+    parts = {}
+    for name, frame in (("events", run.events), ("samples", run.samples), ("phases", run.phases)):
+        parts[name] = []
+        for role, rows in container_rows(frame, roles, host=True):
+            if role in placed:  # host-wide rows of the container's own host only
+                rows = rows & (frame["host"] == placed[role]).fillna(False).to_numpy()
+            parts[name].append(frame[rows])
     return [
-        LaneGroup(role, parts["events"][i], parts["samples"][i], parts["phases"][i])
+        LaneGroup(
+            role, parts["events"][i], parts["samples"][i], parts["phases"][i], placed.get(role)
+        )
         for i, role in enumerate(roles)
     ]
 
@@ -652,11 +661,12 @@ def _group_lanes(group: LaneGroup, clock: _Clock, bin_s: float) -> list[_Lane]:
     return lanes
 
 
-def _run_heading(run: Run, role: str | None) -> str:
+def _run_heading(run: Run, role: str | None, host: str | None = None) -> str:
     status = "" if run.status == "completed" else f" · status {run.status}"
     missing = f" · missing {', '.join(sorted(run.missing))}" if run.missing else ""
+    where = "" if host is None else f" · host <b>{host}</b>"
     container = "" if role is None else f" · container <b>{role}</b>"
-    return f"<b>{run.run_id}</b> ({run.workload}, {run.variant}){container}{status}{missing}"
+    return f"<b>{run.run_id}</b> ({run.workload}, {run.variant}){where}{container}{status}{missing}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -669,9 +679,10 @@ def timeline_figure(runs: Sequence[Run], bin_s: float | None = None) -> go.Figur
     ``bin_s`` is the bin of the bandwidth lanes; by default one round size for all runs giving
     ~1000 bins over the longest run (see :func:`default_bin_s`), so runs compare bin for bin.
     ``fig.layout.meta`` records ``bin_s`` and ``lanes``: per subplot row, top to bottom,
-    ``{"row", "run", "container", "lane", "xaxis", "yaxis", "yaxis2"}`` (axis references
-    such as ``"x3"``, ``yaxis2`` null when the lane has no secondary axis; ``container`` the
-    role of the lane group, null for a run of one container). A run of several containers has
+    ``{"row", "run", "container", "host", "lane", "xaxis", "yaxis", "yaxis2"}`` (axis
+    references such as ``"x3"``, ``yaxis2`` null when the lane has no secondary axis;
+    ``container`` the role of the lane group, null for a run of one container; ``host`` its
+    host in a run across hosts, else null). A run of several containers has
     one group of :data:`LANES` per container. Empty tables give labelled empty lanes; no runs
     gives an empty figure.
     """
@@ -688,15 +699,15 @@ def timeline_figure(runs: Sequence[Run], bin_s: float | None = None) -> go.Figur
         raise UserError(f"bin size must be a positive number of seconds, got {bin_s!r}")
     lanes: list[_Lane] = []
     titles: list[str] = []
-    owners: list[tuple[str, str | None]] = []
+    owners: list[tuple[str, str | None, str | None]] = []
     for run, clock in zip(runs, clocks, strict=True):
         # A run of several containers: one group of lanes per container, on the run's clock.
         for group in lane_groups(run):
-            heading = _run_heading(run, group.role)
+            heading = _run_heading(run, group.role, group.host)
             for i, lane in enumerate(_group_lanes(group, clock, bin_s)):
                 title = f"{lane.name} · {lane.note}" if lane.note else lane.name
                 titles.append(f"{heading} — {title}" if i == 0 else title)
-                owners.append((run.run_id, group.role))
+                owners.append((run.run_id, group.role, group.host))
                 lanes.append(lane)
     t0 = min(c.t0 for c in clocks)
     t1 = max(c.t1 for c in clocks)
@@ -711,12 +722,13 @@ def timeline_figure(runs: Sequence[Run], bin_s: float | None = None) -> go.Figur
 def _stack_lanes(
     lanes: Sequence[_Lane],
     titles: Sequence[str],
-    owners: Sequence[tuple[str, str | None]],
+    owners: Sequence[tuple[str, str | None, str | None]],
     x_range: tuple[float, float],
 ) -> tuple[list[BaseTraceType], dict[str, Any]]:
     """Lay lanes out as rows of one column: row ``r`` uses axes ``x<r>``/``y<r>``; secondary y
     axes are numbered after the rows. Row heights are in pixels, so a lane keeps its height
-    whatever the number of runs. ``owners``: (run id, container role or None) per lane."""
+    whatever the number of runs. ``owners``: (run id, container role or None, host or None)
+    per lane."""
     n = len(lanes)
     plot_px = sum(lane.height_px for lane in lanes) + _TITLE_GAP_PX * (n - 1)
     x_domain = [0.0, 0.94]  # room on the right for secondary axes, the same for every row
@@ -813,6 +825,7 @@ def _stack_lanes(
                 "row": row,
                 "run": owners[row - 1][0],
                 "container": owners[row - 1][1],
+                "host": owners[row - 1][2],
                 "lane": lane.name,
                 "xaxis": x_ref,
                 "yaxis": y_ref,

@@ -455,6 +455,17 @@ class Run:
         return [str(c.get("role")) for c in self.manifest.get("containers") or []]
 
     @property
+    def placement(self) -> dict[str, str]:
+        """Role -> host of a run across several hosts (``trace --nodes``); empty for a run of
+        one host."""
+        placed = {
+            str(c.get("role")): str(c["host"])
+            for c in self.manifest.get("containers") or []
+            if c.get("host")
+        }
+        return placed if len(set(placed.values())) > 1 else {}
+
+    @property
     def label(self) -> str:
         """``run id (workload, variant)``, the heading used by plots."""
         return f"{self.run_id} ({self.workload}, {self.variant})"

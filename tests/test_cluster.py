@@ -364,6 +364,23 @@ def test_a_traced_run_across_three_nodes(
     per_rank = -(-len(cases) // 3)  # the sampler pads the last rank's shard
     assert dict(steps.groupby("host").size()) == {f"node-{i}": per_rank for i in (1, 2, 3)}
     assert isinstance(run.events, pd.DataFrame)
+    # The analyses work on it: the timeline's lane groups by host, a Perfetto process group
+    # per host and container, and the CLI's show, breakdown, compare and export.
+    from analysis.export import export_perfetto
+    from analysis.timeline import timeline_figure
+
+    lanes = timeline_figure([run]).layout.meta["lanes"]
+    assert [lane["host"] for lane in lanes[:: len(lanes) // 3]] == ["node-1", "node-2", "node-3"]
+    trace_json = json.loads(export_perfetto(run, tmp_path / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace_json["traceEvents"] if e.get("ph") == "M"}
+    assert {"node-2/rank1", "node-3/rank2"} <= {n.split(" · ")[-1] for n in names}, names
+    for args in (["show", str(run_dir)], ["plot", "breakdown", str(run_dir)],
+                 ["compare", str(run_dir), str(run_dir)],
+                 ["plot", "timeline", str(run_dir), "--out", str(tmp_path / "t.html")]):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True
+        )
+        assert done.returncode == 0, (args, done.stderr)
     label = {"label": f"{RUN_LABEL}={run_dir.name}"}
     for node in vc.nodes(cli, NAME):  # type: ignore[arg-type]
         engine = vc.node_client(node)

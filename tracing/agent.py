@@ -209,7 +209,7 @@ class RunSide:
             raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"bad host_dir {self.host_dir!r}")
         self.raw = self.run_dir / "raw" / self.host_dir
         self.ctl = self.run_dir / "ctl" / self.host_dir
-        if not self.raw.is_dir() or not self.ctl.is_dir():
+        if not self.raw.is_dir():
             raise CallError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{self.raw} is not a folder this agent can see (its writable mount)",

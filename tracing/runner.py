@@ -28,7 +28,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -292,7 +292,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                     status = "failed" if status == "completed" else status
                     error = f"{error}; {exc}" if error else str(exc)
             progress("processing the trace")
-            status, error = _process(run_dir, manifest, members, hosts, status, error)
+            status, error = _process(run_dir, manifest, members, status, error, hosts)
     except KeyboardInterrupt as exc:  # a second Ctrl-C while shutting down or processing
         status, error, pending = "interrupted", "interrupted by the user", exc
     finally:
@@ -618,19 +618,23 @@ def _process(
     run_dir: Path,
     manifest: dict,
     members: list[_Member],
-    hosts: list[Host],
     status: str,
     error: str | None,
+    hosts: Sequence[Host] = (),
 ) -> tuple[str, str | None]:
     """Write events/samples/phases parquet and summary.json from raw/ (each host's part of it,
-    its times brought onto the coordinator's clock). Returns (status, error)."""
+    its times brought onto the coordinator's clock; no ``hosts``: raw/ is this host's).
+    Returns (status, error)."""
     raw = run_dir / "raw"
     roles = [m.spec.role for m in members]
+    if not hosts:
+        hosts = [Host((manifest.get("host") or {}).get("hostname"), None)]
     try:
         # A host's time t is the coordinator's t - offset (tracing/clock.py); one host is the
         # coordinator's own, its offset 0 by definition.
+        records = manifest.get("hosts") or {}
         shifts = {
-            h.name: -int(manifest["hosts"][h.name].get("clock", {}).get("offset_ns", 0))
+            h.name: -int(records[h.name].get("clock", {}).get("offset_ns", 0))
             if len(hosts) > 1
             else 0
             for h in hosts
