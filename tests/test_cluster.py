@@ -372,7 +372,9 @@ def test_a_traced_run_across_three_nodes(
     lanes = timeline_figure([run]).layout.meta["lanes"]
     assert [lane["host"] for lane in lanes[:: len(lanes) // 3]] == ["node-1", "node-2", "node-3"]
     trace_json = json.loads(export_perfetto(run, tmp_path / "trace.json").read_text())
-    names = {e["args"]["name"] for e in trace_json["traceEvents"] if e.get("ph") == "M"}
+    names = {
+        e["args"]["name"] for e in trace_json["traceEvents"] if e.get("name") == "process_name"
+    }
     assert {"node-2/rank1", "node-3/rank2"} <= {n.split(" · ")[-1] for n in names}, names
     for args in (["show", str(run_dir)], ["plot", "breakdown", str(run_dir)],
                  ["compare", str(run_dir), str(run_dir)],
