@@ -77,6 +77,7 @@ from analysis.tables import (
     SYSCALL_KINDS,
     container_codes,
     kind_mask,
+    roles_by_host,
     run_roles,
 )
 from core import __version__ as TWINTRACE_VERSION
@@ -191,11 +192,7 @@ class _Groups:
 
     @classmethod
     def of(cls, run: Run) -> _Groups:
-        roles, placed = run_roles(run), run.placement
-        if placed:
-            hosts = list(dict.fromkeys(placed.values()))
-            roles = sorted(roles, key=lambda r: hosts.index(placed.get(r, hosts[0])))
-        return cls(tuple(roles), placed)
+        return cls(tuple(roles_by_host(run)), run.placement)
 
     @property
     def several(self) -> bool:

@@ -71,6 +71,14 @@ def run_roles(run: Run) -> list[str]:
     return sorted(seen)
 
 
+def roles_by_host(run: Run) -> list[str]:
+    """:func:`run_roles`, those of a run across hosts grouped by host (the hosts in the
+    manifest's order; a role with no host last)."""
+    roles, placed = run_roles(run), run.placement
+    hosts = list(dict.fromkeys(placed.values()))
+    return sorted(roles, key=lambda r: hosts.index(placed[r]) if r in placed else len(hosts))
+
+
 def container_codes(frame: pd.DataFrame, roles: Sequence[str]) -> np.ndarray:
     """Per row, the position of its container in ``roles``; ``len(roles)`` for a null or an
     unknown container (host-wide rows)."""

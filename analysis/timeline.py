@@ -58,7 +58,7 @@ from analysis.tables import (
     container_rows,
     interval_rows,
     kind_mask,
-    run_roles,
+    roles_by_host,
     step_intervals,
 )
 from core.atomic import atomic_write_text
@@ -614,13 +614,10 @@ def lane_groups(run: Run) -> list[LaneGroup]:
     group of the whole run when it has one container (or none recorded). A run across
     several hosts has its groups grouped by host (the hosts in the manifest's order), each
     with the host-wide rows of its own host."""
-    roles = run_roles(run)
+    roles = roles_by_host(run)
     if len(roles) <= 1:
         return [LaneGroup(None, run.events, run.samples, run.phases)]
     placed = run.placement
-    if placed:
-        hosts = list(dict.fromkeys(placed.values()))
-        roles = sorted(roles, key=lambda r: hosts.index(placed[r]) if r in placed else len(hosts))
     parts = {}
     for name, frame in (("events", run.events), ("samples", run.samples), ("phases", run.phases)):
         parts[name] = []

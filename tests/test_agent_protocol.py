@@ -74,6 +74,8 @@ def test_calls_out_of_order_are_refused_with_one_line(served, tmp_path: Path) ->
     _, client = served
     with pytest.raises(UserError, match="refused Release: the agent is idle, not attached"):
         client.call("Release")
+    with pytest.raises(UserError, match="refused Release: bad Release at_ns 'soon'"):
+        client.call("Release", {"at_ns": "soon"})
     with pytest.raises(UserError, match="refused Stop: no run to stop"):
         client.call("Stop")
     with pytest.raises(UserError, match="refused Fetch: Fetch comes after Stop"):

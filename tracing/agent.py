@@ -19,8 +19,10 @@ code. A run goes Hello -> Attach -> Release -> Status* -> Stop -> Fetch* -> Shut
   finds each container's first process (held at its barrier), starts the samplers and the
   bpftrace scripts over the containers' cgroups and answers once every probe is attached;
   its outputs go to ``raw/`` (``raw/<host_dir>/`` in a run over several hosts).
-- ``Release {}`` -> ``{released_ns}``: lets every container go (its barrier FIFO); the time is
-  the host's CLOCK_MONOTONIC, the clock of every event.
+- ``Release {at_ns?}`` -> ``{released_ns}``: lets every container go (its barrier FIFO), at
+  once or, with ``at_ns``, when the host's clock (as ``Clock`` reports it) reaches it: the
+  joint release of a run across hosts; the time is the host's CLOCK_MONOTONIC, the clock of
+  every event.
 - ``Status {}`` -> ``{state, failed}``: ``failed`` says why a bpftrace script or the sampler
   ended early (null while all run).
 - ``Stop {}`` -> ``{exit_codes, missed_probes, sampler_error, files: [{path, size}]}``: stops
@@ -255,7 +257,10 @@ class RunSide:
             "memory_file_systems": memory,
         }
 
-    def release(self) -> dict[str, Any]:
+    def release(self, at_ns: int | None = None) -> dict[str, Any]:
+        """Let every container go, at CLOCK_MONOTONIC ``at_ns`` when given (now if past)."""
+        while at_ns is not None and (left := at_ns - time.monotonic_ns()) > 0:
+            time.sleep(left / 1e9)
         for _, _, barrier in self.members:  # back to back: every container within ~1 ms
             release(barrier)
         return {"released_ns": time.monotonic_ns()}
@@ -352,9 +357,12 @@ class Agent:
         log.info("run %s: attached to %d containers", run.run_id, len(run.members))
         return reply
 
-    def release(self, _: dict) -> dict:
+    def release(self, request: dict) -> dict:
+        at = request.get("at_ns")
+        if at is not None and (not isinstance(at, int) or isinstance(at, bool)):
+            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"bad Release at_ns {at!r}")
         run = self._expect("attached")
-        reply = run.release()
+        reply = run.release(None if at is None else at - self.clock_offset_ns)
         self.state = "released"
         log.info("run %s: released", run.run_id)
         return reply

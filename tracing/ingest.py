@@ -2824,12 +2824,11 @@ def build_events(
     raw_dir: Path,
     roots: Mapping[int, str] | None = None,
     window_ns: int = REORDER_NS,
-    host: str | None = None,
 ) -> tuple[pa.Table, ParseStats]:
     """Parse every raw tracer file of a run into one events table sorted by time, in memory
     (:func:`write_events` writes the same rows to a file, streaming)."""
     stats = ParseStats()
-    merge = _Merge(Path(raw_dir), roots, stats, window_ns, host)
+    merge = _Merge(Path(raw_dir), roots, stats, window_ns)
     tables = [table.cast(EVENTS_SCHEMA) for table in merge.tables()]
     if merge.late:
         batches = (b for t in tables for b in t.to_batches())

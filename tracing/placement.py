@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,14 @@ import docker
 import docker.errors
 
 from core.errors import UserError
+from tracing.container import client
 
 Progress = Callable[[str], None]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Host:
-    """One host of a run."""
+    """One host of a run (compared by identity)."""
 
     name: str
     cli: docker.DockerClient
@@ -42,15 +42,20 @@ class Host:
     host_dir: str = ""
     #: The image references its engine knows the run's images by (tag -> reference).
     refs: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Its engine's URL (None: this host's, from the environment).
+    engine: str | None = None
     #: Set by the runner: its agent (tracing.tracer_container.LocalAgent).
     agent: Any = None
+    #: Set by the runner: what is added to its times to put them on the coordinator's clock
+    #: (minus its clock offset; 0 on a run of one host, the coordinator's own clock).
+    shift_ns: int = 0
 
     def ref(self, tag: str) -> str:
         return self.refs.get(tag, tag)
 
-
-def this_host(cli: docker.DockerClient) -> Host:
-    return Host(socket.gethostname(), cli)
+    def connect(self) -> docker.DockerClient:
+        """A new client of its engine (one per thread that uses it at the same time)."""
+        return client() if self.engine is None else docker.DockerClient(self.engine, timeout=120)
 
 
 def _under(path: Path, shares: Sequence[str]) -> bool:
@@ -72,7 +77,8 @@ def cluster_hosts(
     from tracing import cluster
 
     found = [n for n in cluster.nodes(cli, cluster_name) if n.state == "running"]
-    if not found:
+    lead = next((n for n in found if n.manager), None)
+    if lead is None:
         raise UserError(
             f"no cluster {cluster_name!r} is up: run `./cli.py cluster up --nodes {count}`"
         )
@@ -92,10 +98,10 @@ def cluster_hosts(
     progress(f"placing the run on {', '.join(n.hostname for n in chosen)} of {cluster_name}")
     refs = dict(zip(tags, cluster.push(cli, list(tags), cluster_name, progress), strict=True))
     hosts = [
-        Host(node.hostname, cluster.node_client(node), str(node.address), node.hostname, refs)
-        for node in chosen
+        Host(n.hostname, cluster.node_client(n), str(n.address), n.hostname, refs, n.engine)
+        for n in chosen
     ]
-    manager = cluster.node_client(cluster.manager(cli, cluster_name))
+    manager = cluster.node_client(lead)
     try:
         _pull(hosts, list(refs.values()), progress)
     except BaseException:

@@ -78,6 +78,8 @@ class RunInterrupted(KeyboardInterrupt):
         self.outcome = outcome
 
 
+#: How far ahead of the calls the joint release of a run across hosts is set (ns).
+RELEASE_LEAD_NS = 50_000_000
 #: How often a run's containers' states are read while it runs (seconds), and how often for a
 #: second after one of their log streams ended.
 _POLL_S = 0.5
@@ -141,7 +143,9 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
             progress,
         )  # fmt: skip
     placed = placement.deal([spec.role for spec in request.containers], hosts)
-    hosts = [h for h in hosts if h in placed.values()]  # those that run a container
+    idle = [h for h in hosts if h not in placed.values()]  # more nodes than containers
+    placement.close(idle)
+    hosts = [h for h in hosts if h not in idle]
 
     run_dir = rundir.new_run_dir(request.runs_root, request.label, request.variant)
     raw, ctl, out = (run_dir / sub for sub in rundir.RUN_SUBDIRS)
@@ -239,7 +243,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                     for h in hosts:
                         starting[h.name] = pool.submit(
                             start_agent,
-                            container.client() if manager is None else h.cli,
+                            h.connect(),  # a client of its own: it runs in another thread
                             run_dir,
                             gpus=_run_gpus(request),
                             image=h.ref(TRACER_IMAGE),
@@ -321,13 +325,27 @@ def _release(hosts: list[Host], manifest: dict) -> int:
     for h in hosts:
         h.agent.clock_before = h.agent.client.clock()
         manifest["hosts"][h.name]["clock"] = host_clock(h.agent.clock_before, None)
-    released = _on_every(hosts, lambda h: h.agent.client.call("Release")["released_ns"])
-    starts = []
+        _set_shift(h, manifest, len(hosts))
+    # Across hosts, one instant named on each host's clock: the skew is the clocks' error
+    # and the hosts' scheduling, not the calls' spread (tens of ms lead: every call arrives
+    # before it; a late one releases at once, and the skew says so).
+    at = time.monotonic_ns() + RELEASE_LEAD_NS
+
+    def release(h: Host) -> int:
+        body = {"at_ns": at - h.shift_ns} if len(hosts) > 1 else {}  # t - shift: its clock
+        return h.agent.client.call("Release", body)["released_ns"]
+
+    released = _on_every(hosts, release)
     for h, at in zip(hosts, released, strict=True):
-        start = at - (h.agent.clock_before.offset_ns if len(hosts) > 1 else 0)
-        manifest["hosts"][h.name]["released_ns"] = start
-        starts.append(start)
-    return min(starts)
+        manifest["hosts"][h.name]["released_ns"] = at + h.shift_ns
+    return min(manifest["hosts"][h.name]["released_ns"] for h in hosts)
+
+
+def _set_shift(h: Host, manifest: dict, n_hosts: int) -> None:
+    """Host ``h``'s times on the coordinator's clock: t - offset, the offset its clock record
+    applies (tracing/clock.py); a run of one host is on the coordinator's own clock."""
+    clock = manifest["hosts"][h.name].get("clock")
+    h.shift_ns = -int(clock["offset_ns"]) if clock and n_hosts > 1 else 0
 
 
 def _run_gpus(request: RunRequest) -> str | None:
@@ -366,9 +384,8 @@ def _attach(
         },
     )
     h.agent.attached = True
-    manifest["hosts"][h.name]["memory_file_systems"] = reply["memory_file_systems"]
-    if not h.host_dir:  # one host: where it always was
-        manifest["trace"]["memory_file_systems"] = reply["memory_file_systems"]
+    record = manifest["trace"] if not h.host_dir else manifest["hosts"][h.name]
+    record["memory_file_systems"] = reply["memory_file_systems"]
     for m in mine:
         found = reply["containers"][m.spec.role]
         assert m.cgroups is not None
@@ -518,6 +535,7 @@ def _shutdown(
             manifest["hosts"][h.name]["clock"] = host_clock(
                 h.agent.clock_before, h.agent.client.clock()
             )
+            _set_shift(h, manifest, len(hosts))  # the tighter estimate, now known
 
     for h in hosts:
         if h.agent is not None and h.agent.attached:
@@ -573,9 +591,12 @@ def _copy_own_mllog(spec: ContainerSpec, target: Path, start_ns: int) -> None:
 def _release_skew(events: Path, manifest: dict) -> None:
     """The joint release's skew: the spread of the hosts' first exec events (each host's
     containers run their command as they are released), on the coordinator's clock."""
-    table = pq.read_table(events, columns=["ts_ns", "kind", "container", "host"])
-    frame = table.to_pandas()
-    execs = frame[(frame["kind"] == "exec") & frame["container"].notna()]
+    execs = pq.read_table(
+        events,
+        columns=["ts_ns", "container", "host"],
+        filters=[("kind", "=", "exec")],  # decoded, but no other row reaches pandas
+    ).to_pandas()
+    execs = execs[execs["container"].notna()]
     first = execs.groupby("host", observed=True)["ts_ns"].min()
     for name, ts in first.items():
         manifest["hosts"][str(name)]["first_exec_ns"] = int(ts)
@@ -630,22 +651,13 @@ def _process(
     if not hosts:
         hosts = [Host((manifest.get("host") or {}).get("hostname"), None)]
     try:
-        # A host's time t is the coordinator's t - offset (tracing/clock.py); one host is the
-        # coordinator's own, its offset 0 by definition.
-        records = manifest.get("hosts") or {}
-        shifts = {
-            h.name: -int(records[h.name].get("clock", {}).get("offset_ns", 0))
-            if len(hosts) > 1
-            else 0
-            for h in hosts
-        }
         events, stats = ingest.EventTotals(), ingest.ParseStats()
         parts = []
         for h in hosts:
             part = raw / h.host_dir / "events.parquet" if h.host_dir else run_dir / "events.parquet"
             roots = {m.main_pid: m.spec.role for m in members if m.host is h and m.main_pid}
             totals, parsed = ingest.write_events(
-                raw / h.host_dir, part, roots, host=h.name, shift_ns=shifts[h.name]
+                raw / h.host_dir, part, roots, host=h.name, shift_ns=h.shift_ns
             )
             events.merge(totals)
             stats.merge(parsed)
@@ -656,7 +668,7 @@ def _process(
                 part.unlink()
             _release_skew(run_dir / "events.parquet", manifest)
         samples = pd.concat(
-            [ingest.build_samples(raw / h.host_dir, h.name, shifts[h.name]) for h in hosts],
+            [ingest.build_samples(raw / h.host_dir, h.name, h.shift_ns) for h in hosts],
             ignore_index=True,
         ).sort_values("ts_ns", kind="stable", ignore_index=True)
         phases = ingest.build_phases(
@@ -664,7 +676,8 @@ def _process(
             roles,
             manifest.get("realtime_offset_ns"),
             manifest.get("peer"),
-            placement={m.spec.role: (m.host.name, shifts[m.host.name]) for m in members},
+            host=hosts[0].name if len(hosts) == 1 else None,
+            placement={m.spec.role: (m.host.name, m.host.shift_ns) for m in members},
         )
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
