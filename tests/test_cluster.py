@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,9 +70,10 @@ def _processes_in_cluster_cgroups() -> list[str]:
     for cgroup in Path("/proc").glob("[0-9]*/cgroup"):
         try:
             text = cgroup.read_text()
+            zombie = (cgroup.parent / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
         except OSError:
             continue
-        if f"/{NAME}-node-" in text:
+        if f"/{NAME}-node-" in text and not zombie:  # a zombie has exited, its parent to reap it
             found.append(cgroup.parent.name)
     return found
 
@@ -89,6 +92,16 @@ def docker_cli() -> Iterator[object]:
     build_node(cli, print)  # type: ignore[arg-type]
     yield cli
     vc.down(cli, NAME)
+
+
+@pytest.fixture(scope="module")
+def three_nodes(docker_cli: object, tiny_unet3d: Path) -> Path:
+    """A 3-node cluster sharing the session's folder (the dataset, and every test's
+    tmp_path), for the runs across nodes; returns the shared folder."""
+    share = tiny_unet3d.parent.parent
+    vc.down(docker_cli, NAME)  # type: ignore[arg-type]
+    vc.up(docker_cli, 3, [share], NAME)  # type: ignore[arg-type]
+    return share
 
 
 @pytest.fixture(scope="module")
@@ -301,8 +314,9 @@ def test_an_agent_started_through_a_nodes_engine_traces_that_nodes_container(
 @pytest.mark.docker
 @pytest.mark.bpftrace
 def test_a_traced_run_across_three_nodes(
-    docker_cli: object, images: dict[str, str], tiny_unet3d: Path, tmp_path: Path
-) -> None:
+    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
     """`trace --accelerators 3 --rank-containers --nodes 3` on a 3-node cluster: rank r on
     node-(r+1), traced by that node's agent; one run directory whose events carry the three
     hosts, each rank's opens and bytes exact for its shard of the shared dataset, every host's
@@ -319,10 +333,6 @@ def test_a_traced_run_across_three_nodes(
 
     require_tracing()
     cli = docker_cli
-    share = tiny_unet3d.parent.parent  # the session's folder: the dataset and tmp_path in it
-    assert tmp_path.is_relative_to(share)
-    vc.down(cli, NAME)  # type: ignore[arg-type]
-    vc.up(cli, 3, [share], NAME)  # type: ignore[arg-type]
     request = workload_request(
         "unet3d",
         "sleep",
@@ -391,5 +401,209 @@ def test_a_traced_run_across_three_nodes(
             assert engine.networks.list(filters=label) == [], node.hostname
         finally:
             engine.close()
-    assert vc.down(cli, NAME)  # type: ignore[arg-type]
-    assert _left(cli) == []
+
+
+def _nothing_of_the_run_left(cli: object, run_dir: Path) -> None:
+    """No container or network of the run on any node still up, and no process of this host
+    that names the run (its agents' bpftrace and samplers)."""
+    from tracing.container import RUN_LABEL
+
+    label = {"label": f"{RUN_LABEL}={run_dir.name}"}
+    for node in vc.nodes(cli, NAME):  # type: ignore[arg-type]
+        if node.state != "running":
+            continue
+        engine = vc.node_client(node)
+        try:
+            assert engine.containers.list(all=True, filters=label) == [], node.hostname
+            assert engine.networks.list(filters=label) == [], node.hostname
+        finally:
+            engine.close()
+    naming = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if run_dir.name.encode() in cmdline.read_bytes():
+                naming.append(cmdline.parent.name)
+        except OSError:
+            continue
+    assert naming == []
+
+
+def _broken_run(
+    tiny_unet3d: Path, tmp_path: Path, nodes: int, breaks: Callable[[str], None]
+) -> tuple[Any, Path, float]:
+    """A long run of unet3d sleep ranks over ``nodes`` nodes, ``breaks(run_id)`` 2 s after
+    the release: (its outcome, its directory, seconds from the break to the run's end)."""
+    from tracing.request import RunOptions, workload_request
+    from tracing.runner import trace
+
+    run_dir: list[Path] = []
+    released = threading.Event()
+
+    def progress(message: str) -> None:
+        print(message)
+        if message.startswith("run directory "):
+            run_dir.append(Path(message.removeprefix("run directory ")))
+        if message.startswith("released "):
+            released.set()
+
+    broken: list[float] = []
+
+    def breaker() -> None:
+        if released.wait(300):
+            time.sleep(2)
+            breaks(run_dir[0].name)
+            broken.append(time.monotonic())
+
+    request = workload_request(
+        "unet3d",
+        "sleep",
+        tiny_unet3d,
+        tmp_path / "runs",
+        settings={"epochs": 200, "batch_size": 1, "workers": 1, "accelerators": nodes},
+        options={"patch_size": "32"},
+        rank_containers=True,
+        run=RunOptions(nodes=nodes, cluster=NAME, timeout_s=240),
+    )
+    thread = threading.Thread(target=breaker, daemon=True)
+    thread.start()
+    outcome = trace(request, progress)
+    thread.join(5)
+    assert broken, "the run ended before it was broken"
+    print(f"{outcome.status}: {outcome.error}")
+    return outcome, outcome.run_dir, time.monotonic() - broken[0]
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_an_agent_dying_mid_run_fails_the_run_keeps_its_trace_and_leaves_nothing(
+    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """node-3's agent killed 2 s into a 3-node run: the run is `failed`, its error and the
+    manifest name node-3 and why; the other nodes' traces are kept and processed; every
+    container, agent and network of the run is gone, on every node."""
+    from tests.conftest import traced_events
+
+    require_tracing()
+    node3 = vc.nodes(docker_cli, NAME)[2]  # type: ignore[arg-type]
+
+    def kill_agent(run_id: str) -> None:
+        engine = vc.node_client(node3)
+        try:
+            engine.containers.get(f"{run_id}-agent").kill()
+        finally:
+            engine.close()
+
+    outcome, run_dir, ended_s = _broken_run(tiny_unet3d, tmp_path, 3, kill_agent)
+    assert outcome.status == "failed"
+    assert "host node-3 left the run: its tracer agent died" in outcome.error
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["error"] == outcome.error
+    assert "tracer agent died" in manifest["hosts"]["node-3"]["lost"]
+    assert "lost" not in manifest["hosts"]["node-1"]
+    events = traced_events(run_dir)  # what was collected is kept, and processed
+    assert {"node-1", "node-2"} <= set(events["host"].dropna())
+    print(f"the run ended {ended_s:.1f} s after the agent was killed")
+    assert ended_s < 60
+    _nothing_of_the_run_left(docker_cli, run_dir)
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_ctrl_c_at_the_coordinator_of_a_run_across_nodes_leaves_nothing(
+    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Ctrl-C (SIGINT) at `./cli.py trace ... --nodes 3` 2 s after the release: exit 130, the
+    run `interrupted`, every node's trace kept and processed, nothing of the run left on any
+    node."""
+    import signal
+
+    from tests.conftest import traced_events
+
+    require_tracing()
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "trace", "--workload", "unet3d", "--variant",
+         "sleep", "--data", str(tiny_unet3d), "--epochs", "200", "--batch-size", "1",
+         "--workers", "1", "--accelerators", "3", "--rank-containers", "--set",
+         "patch_size=32", "--nodes", "3", "--cluster", NAME, "--out", str(runs), "--quiet"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "released " in line:
+                break
+        assert any("released " in line for line in seen), "".join(seen)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        stderr = proc.stderr.read()
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    (run_dir,) = (runs / "unet3d").glob("*") if (runs / "unet3d").is_dir() else runs.glob("*")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert set(traced_events(run_dir)["host"].dropna()) == {"node-1", "node-2", "node-3"}
+    _nothing_of_the_run_left(docker_cli, run_dir)
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_a_node_leaving_mid_run_fails_the_run_and_leaves_nothing_on_the_others(
+    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """node-3 crashed 2 s into a 3-node run (every process of it killed at once: its engine,
+    agent and ranks): the run is `failed` naming node-3; node-1's and node-2's traces are
+    kept and processed; nothing of the run is left on them, nor any process of the run on
+    this host, once the overlay network the swarm keeps for the lost node is freed the way
+    the run's error says. The last run on this cluster: it loses a node."""
+    from tests.conftest import traced_events
+
+    require_tracing()
+
+    def kill_node(run_id: str) -> None:
+        print(f"node-3 crashed: {vc.crash(docker_cli, NAME, 3)} processes killed")  # type: ignore[arg-type]
+
+    outcome, run_dir, ended_s = _broken_run(tiny_unet3d, tmp_path, 3, kill_node)
+    assert outcome.status == "failed"
+    assert "host node-3 left the run: its engine stopped answering" in outcome.error
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["hosts"]["node-3"]["lost"]
+    events = traced_events(run_dir)
+    assert {"node-1", "node-2"} <= set(events["host"].dropna())
+    print(f"the run ended {ended_s:.1f} s after the node was killed")
+    assert ended_s < 60
+    # The swarm keeps the overlay network's attachments of a node that is down until it is
+    # back or removed: the run says so, with the fix, and the fix works.
+    (network,) = manifest["left_behind"]
+    assert "docker node rm --force node-3" in outcome.error
+    manager = vc.node_client(vc.nodes(docker_cli, NAME)[0])  # type: ignore[arg-type]
+    try:
+        (node3,) = [
+            n for n in manager.nodes.list() if n.attrs["Description"]["Hostname"] == "node-3"
+        ]
+        node3.remove(force=True)
+        manager.networks.get(network.removeprefix("network ")).remove()
+    finally:
+        manager.close()
+    _nothing_of_the_run_left(docker_cli, run_dir)
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+def test_down_after_the_runs_leaves_nothing(docker_cli: object, three_nodes: Path) -> None:
+    """`cluster down` after the runs (one of them lost a node): no container, network,
+    volume, cgroup, socket folder or process of the cluster is left."""
+    assert vc.down(docker_cli, NAME)  # type: ignore[arg-type]
+    assert _left(docker_cli) == []

@@ -198,6 +198,33 @@ def _remove_cgroup_tree(top: Path, attempts: int = 50) -> bool:
     return False
 
 
+def crash(cli: docker.DockerClient, name: str, index: int) -> int:
+    """Crash node ``index`` of cluster ``name`` the way a machine fails: every process of it
+    (its engine, its containers, an agent's bpftrace) killed at once, not the node's
+    container alone (the nodes share the host's PID namespace: its containers' processes
+    would outlive it). Its container then exits; ``down`` removes it. Returns how many
+    processes were killed."""
+    check_name(name)
+    ctr = cli.containers.get(node_container(name, index))
+    tops = [
+        *CGROUP_ROOT.glob(f"*/docker/{ctr.id}"),
+        *CGROUP_ROOT.glob(f"*/{node_container(name, index)}"),
+    ]
+    killed: set[int] = set()
+    for _ in range(50):
+        pids = set().union(*(_cgroup_pids(top) for top in tops)) - {os.getpid()}
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed |= pids
+        time.sleep(0.05)
+    return len(killed)
+
+
 def node_client(node: Node, timeout: float = 120) -> docker.DockerClient:
     return docker.DockerClient(base_url=node.engine, timeout=timeout)
 

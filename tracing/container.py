@@ -400,11 +400,16 @@ def remove_run_resources(cli: docker.DockerClient, run_id: str) -> None:
             cli.api.remove_container(ctr["Id"], force=True)
         except docker.errors.APIError:
             pass
-    for net in cli.networks.list(filters={"label": f"{RUN_LABEL}={run_id}"}):
+    for net in run_networks(cli, run_id):
         try:
             net.remove()
         except docker.errors.APIError:
             pass
+
+
+def run_networks(cli: docker.DockerClient, run_id: str) -> list[Any]:
+    """The networks of run ``run_id`` on engine ``cli``."""
+    return cli.networks.list(filters={"label": f"{RUN_LABEL}={run_id}"})
 
 
 def run_to_completion(

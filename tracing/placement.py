@@ -49,6 +49,12 @@ class Host:
     #: Set by the runner: what is added to its times to put them on the coordinator's clock
     #: (minus its clock offset; 0 on a run of one host, the coordinator's own clock).
     shift_ns: int = 0
+    #: Set by the runner: why it left the run (its engine stopped answering, or its agent
+    #: died), None while it is part of it.
+    lost: str | None = None
+    #: Set by the runner with ``lost``: its engine still answers (only its agent died), so
+    #: the run's containers and agent there can still be removed.
+    engine_alive: bool = True
 
     def ref(self, tag: str) -> str:
         return self.refs.get(tag, tag)

@@ -8,9 +8,11 @@ Order of operations (docs/run-format.md describes the result):
    and have it attach the samplers and ONE set of bpftrace scripts filtered on the set of the
    run's cgroup ids; it answers once every probe is attached;
 4. the agent releases every container at once; wait until they have all exited (or one failed,
-   or Ctrl-C, or a tracer failure, or the agent stopped answering, or the timeout);
+   or Ctrl-C, or a tracer failure, or the agent stopped answering, or the timeout; across
+   hosts also a node leaving the run or its agent dying: :func:`_check_hosts`);
 5. on every exit path: stop every container; the agent stops bpftrace and the samplers and
-   hands its output back, and exits; remove the containers and the network;
+   hands its output back, and exits; remove the containers and the network (a host that
+   left is not asked: what its agent wrote to the shared run directory is kept);
 6. turn the raw output into tables and a summary, finalise the manifest.
 
 :func:`trace` returns a :class:`RunOutcome` (run directory, status, error) for a run that
@@ -119,6 +121,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutcome:
     """Run ``request`` (traced unless ``request.run.tracing`` is False); see the module doc."""
+    called_ns = time.monotonic_ns()  # the coordinator's own times: manifest "coordinator_s"
     if request.run.tracing:
         host.require_tracing_prerequisites()
     if request.run.net_bandwidth_bits_s is not None:
@@ -297,6 +300,11 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                     error = f"{error}; {exc}" if error else str(exc)
             progress("processing the trace")
             status, error = _process(run_dir, manifest, members, status, error, hosts)
+            if manifest.get("start_ns") and manifest.get("end_ns"):
+                manifest["coordinator_s"] = {  # bench/cluster_overhead.py
+                    "call_to_release": (manifest["start_ns"] - called_ns) / 1e9,
+                    "exit_to_processed": (time.monotonic_ns() - manifest["end_ns"]) / 1e9,
+                }
     except KeyboardInterrupt as exc:  # a second Ctrl-C while shutting down or processing
         status, error, pending = "interrupted", "interrupted by the user", exc
     finally:
@@ -472,13 +480,20 @@ def _wait(
         for i, m in enumerate(members):
             if m.spec.role in codes:
                 continue
-            code = container.exit_code(m.ctr)
+            try:
+                code = container.exit_code(m.ctr)
+            except UserError:
+                raise
+            except Exception as exc:  # the engine does not answer: the host left the run
+                raise _lost(m.host, manifest, f"its engine stopped answering ({exc})") from None
             if code is None:
                 continue
             codes[m.spec.role] = code
             manifest["containers"][i]["exit_code"] = code
             if code != 0 or m.spec.daemon:
                 manifest["exit_code"] = code
+                if len(hosts) > 1:  # a peer's host leaving makes a rank fail: that is the cause
+                    _check_hosts(hosts, manifest)
                 what = "daemon " if m.spec.daemon else ""
                 return "failed", (
                     f"{what}container {m.spec.role} exited with code {code}{_log_tail(m.ctr)}"
@@ -486,10 +501,7 @@ def _wait(
         if all(m.spec.role in codes for m in members if not m.spec.daemon):
             manifest["exit_code"] = 0
             return "completed", None
-        for h in hosts:
-            failure = h.agent.client.call("Status")["failed"] if h.agent is not None else None
-            if failure:
-                raise UserError(f"{h.name}: {failure}" if h.host_dir else failure)
+        _check_hosts(hosts, manifest, ping=False)
         if deadline and time.monotonic() > deadline:
             raise UserError(f"the run did not finish within {timeout_s:.0f} s (--timeout)")
         # Asking the engine for every container's state costs the engine and this process
@@ -499,6 +511,49 @@ def _wait(
             time.sleep(_POLL_QUICK_S)
         elif container_ended.wait(_POLL_S):
             quick_until = time.monotonic() + 1.0
+
+
+#: How long the coordinator waits for an agent's Status during the run before it counts the
+#: agent as dead (a live agent answers in about a millisecond).
+STATUS_TIMEOUT_S = 10.0
+
+
+def _check_hosts(hosts: list[Host], manifest: dict, ping: bool = True) -> None:
+    """A UserError for the first host that left the run (``ping``: its engine does not
+    answer) or whose agent died or failed; the host is marked lost (:class:`Host`)."""
+    for h in hosts:
+        if ping:
+            try:
+                h.cli.ping()
+            except Exception as exc:
+                raise _lost(h, manifest, f"its engine stopped answering ({exc})") from None
+        if h.agent is None:
+            continue
+        try:
+            failure = h.agent.client.call("Status", timeout=STATUS_TIMEOUT_S)["failed"]
+        except UserError as exc:
+            try:
+                why = h.agent.exited() or str(exc)
+            except Exception:  # its engine does not answer either: the host left
+                raise _lost(
+                    h, manifest, f"its engine and its agent stopped answering ({exc})"
+                ) from None
+            raise _lost(h, manifest, f"its tracer agent died: {why}", engine_alive=True) from None
+        if failure:
+            raise UserError(f"{h.name}: {failure}" if h.host_dir else failure)
+
+
+def _lost(h: Host, manifest: dict, why: str, engine_alive: bool = False) -> UserError:
+    """Mark host ``h`` lost (recorded in the manifest) and say so: the error of the run."""
+    h.lost, h.engine_alive = why, engine_alive
+    if h.name in manifest.get("hosts", {}):
+        manifest["hosts"][h.name]["lost"] = why
+    if not h.host_dir:  # the run's one host: its tracer is what was lost
+        return UserError(f"{why.replace('its ', 'the ', 1)}; what it traced is kept in raw/")
+    return UserError(
+        f"host {h.name} left the run: {why}; what its tracer wrote until then is kept in "
+        f"raw/{h.host_dir}/"
+    )
 
 
 def _log_tail(ctr: Any, lines: int = 8) -> str:
@@ -520,7 +575,12 @@ def _shutdown(
     """Stop everything the run started. Each step runs even if an earlier one failed."""
     # The bandwidth caps first: they are on the host's own interfaces.
     steps: list[Callable[[], Any]] = [shaper.remove] if shaper is not None else []
-    steps += [(lambda m=m: container.stop_and_remove(m.ctr)) for m in members if m.ctr is not None]
+    gone = {h for h in hosts if not h.engine_alive}  # left the run: nothing there to ask
+    steps += [
+        (lambda m=m: container.stop_and_remove(m.ctr))
+        for m in members
+        if m.ctr is not None and m.host not in gone
+    ]
     steps += [(lambda m=m: m.logs.join()) for m in members if m.logs is not None]
 
     def stop_tracer(h: Host) -> None:
@@ -538,13 +598,39 @@ def _shutdown(
             _set_shift(h, manifest, len(hosts))  # the tighter estimate, now known
 
     for h in hosts:
-        if h.agent is not None and h.agent.attached:
+        if h.agent is not None and h.agent.attached and h.lost is None:
             steps.append(lambda h=h: stop_tracer(h))
         if h.agent is not None:
-            steps.append(h.agent.close)
-    steps += [(lambda h=h: container.remove_run_resources(h.cli, run_dir.name)) for h in hosts]
+            steps.append(h.agent.client.close if h in gone else h.agent.close)
+    steps += [
+        (lambda h=h: container.remove_run_resources(h.cli, run_dir.name))
+        for h in hosts
+        if h not in gone
+    ]
     if manager is not None:  # the run's overlay network
-        steps.append(lambda: container.remove_run_resources(manager, run_dir.name))
+
+        def remove_network() -> None:
+            try:
+                container.remove_run_resources(manager, run_dir.name)
+                left = [n.name for n in container.run_networks(manager, run_dir.name)]
+            except Exception as exc:
+                if not gone:
+                    raise
+                raise UserError(  # the manager's node may be the one that left
+                    f"the cluster's manager did not answer ({exc}): the run's overlay network "
+                    "may remain; `./cli.py cluster down` removes it"
+                ) from None
+            if left:  # the swarm keeps a lost node's attachments until it is back or removed
+                lost = ", ".join(h.name for h in gone)
+                manifest["left_behind"] = [f"network {n}" for n in left]
+                raise UserError(
+                    f"the run's overlay network {', '.join(left)} stays in use by {lost}'s "
+                    f"containers until {lost} is back in the swarm or removed from it "
+                    f"(`docker node rm --force {lost}` on the manager; on the virtual cluster "
+                    "`./cli.py cluster down`), then `docker network rm` on the manager"
+                )
+
+        steps.append(remove_network)
         steps.append(lambda: placement.close(hosts, manager))
     first_error = None
     for step in steps:
