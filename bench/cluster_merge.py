@@ -7,12 +7,14 @@ synthetic raw trace of a busy training container, ``--lines`` lines, through
 ``tracing.ingest.write_events`` with a host), then copied as the output of N nodes: node i's
 rows with its own host name and its times shifted by i x 137 us, so that the nodes' rows
 interleave as theirs do in a run. Per round, every node count (1, 2, 3, 8, 16, 32, 64 by
-default; the order rotates every round) is merged with ``tracing.ingest.merge_events`` (what
-the runner calls once each host's part is ingested), timed alone. Prints per count the median
-time and its spread over the rounds, rows per second, the time per node and the ratio to one
-node's merge; then the peak RSS of a merge of each count alone in a fresh process (the merge
-reads every part whole: its memory grows with the run's rows, docs/cluster.md) and the least
-squares line through the medians, extrapolated to 100 nodes.
+default; the order rotates every round) is merged by ``tracing.ingest.merge_events`` (what the
+runner calls once each host's part is ingested: streamed, each part read a batch at a time)
+and by the merge it replaced (:func:`whole_merge`: every part read whole and sorted at once),
+alternated (their order flips every round), each timed alone. Prints per merge and count the
+median time and its spread over the rounds, rows per second, the time per node and the ratio
+to one node's merge, the least squares line through the medians extrapolated to 100 nodes, the
+ratio of the two merges' times per count, and the peak RSS of each merge of each count alone
+in a fresh process.
 
 Measured on the 2-vCPU AMD EPYC VM of the project (``--lines 200000 --rounds 3``, 213,754 rows
 per node): see docs/cluster.md, "What a run across nodes costs".
@@ -67,10 +69,28 @@ def node_parts(base: Path, lines: int, count: int) -> list[Path]:
     return parts
 
 
-def merge_time(parts: list[Path], out: Path) -> float:
+def whole_merge(parts: list[Path], out: Path) -> None:
+    """The merge as it was before it was streamed: every part read whole, sorted at once
+    (the same output: tests/test_ingest.py)."""
+    tables = [pq.read_table(part, schema=ingest.EVENTS_SCHEMA) for part in parts]
+    table = pa.concat_tables(tables)
+    table = table.take(pc.sort_indices(table, sort_keys=[("ts_ns", "ascending")]))
+    with ingest.atomic_path(out) as tmp:
+        sink = ingest._ParquetSink(tmp)
+        try:
+            for batch in table.to_batches(ingest.ROW_GROUP_ROWS):
+                sink.put(pa.Table.from_batches([batch]))
+        finally:
+            sink.close()
+
+
+MERGES = {"streamed": ingest.merge_events, "whole": whole_merge}
+
+
+def merge_time(parts: list[Path], out: Path, how: str = "streamed") -> float:
     out.unlink(missing_ok=True)
     t = time.perf_counter()
-    ingest.merge_events(parts, out)
+    MERGES[how](parts, out)
     return time.perf_counter() - t
 
 
@@ -88,16 +108,21 @@ def hwm():
 before = hwm()
 with open("/proc/self/clear_refs", "w") as fh:  # the peak so far (imports) is reset
     fh.write("5")
+sys.path.insert(0, {bench!r})
+from cluster_merge import MERGES
 t = time.perf_counter()
-ingest.merge_events([Path(p) for p in {parts!r}], Path({out!r}))
+MERGES[{how!r}]([Path(p) for p in {parts!r}], Path({out!r}))
 print(json.dumps({{"seconds": time.perf_counter() - t, "rss_mib": hwm(), "imports_mib": before}}))
 """
 
 
-def peak_rss(parts: list[Path], out: Path) -> dict:
+def peak_rss(parts: list[Path], out: Path, how: str) -> dict:
     """Peak RSS (MiB) and time of one merge alone in a fresh process."""
     out.unlink(missing_ok=True)
-    code = _PEAK_RSS.format(repo=str(REPO), parts=[str(p) for p in parts], out=str(out))
+    code = _PEAK_RSS.format(
+        repo=str(REPO), bench=str(REPO / "bench"), how=how, parts=[str(p) for p in parts],
+        out=str(out),
+    )  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -124,29 +149,44 @@ def main() -> None:
         )
         out = base / "events.parquet"
         merge_time(parts[: counts[-1]], out)  # warm: page cache, allocator
-        times: dict[int, list[float]] = {n: [] for n in counts}
+        times = {(n, how): [] for n in counts for how in MERGES}
         for r in range(args.rounds):
             order = counts[r % len(counts) :] + counts[: r % len(counts)]
+            hows = list(MERGES) if r % 2 == 0 else list(MERGES)[::-1]
             for n in order:
-                times[n].append(merge_time(parts[:n], out))
-            print(f"round {r + 1}: " + ", ".join(f"{n}: {times[n][-1]:.2f} s" for n in counts))
-        one = statistics.median(times[counts[0]]) / counts[0]
-        print("nodes  rows        merge time (median, spread)      M rows/s  s per node  vs 1")
-        for n in counts:
-            median = statistics.median(times[n])
+                for how in hows:
+                    times[n, how].append(merge_time(parts[:n], out, how))
             print(
-                f"{n:>5}  {n * rows:>10}  {median_spread(times[n], '.3f'):<32} "
-                f"{n * rows / median / 1e6:>8.2f}  {median / n:>10.4f}  {median / n / one:>4.2f}"
+                f"round {r + 1}: "
+                + ", ".join(
+                    f"{n}: {times[n, 'streamed'][-1]:.2f} s ({times[n, 'whole'][-1]:.2f} s whole)"
+                    for n in counts
+                ),
+                flush=True,
             )
-        slope, intercept = np.polyfit(counts, [statistics.median(times[n]) for n in counts], 1)
-        print(
-            f"least squares: {slope:.4f} s per node + {intercept:.3f} s; 100 nodes of "
-            f"{rows} rows: {100 * slope + intercept:.1f} s"
-        )
-        for n in counts:
-            alone = peak_rss(parts[:n], out)
+        for how in MERGES:
+            one = statistics.median(times[counts[0], how]) / counts[0]
+            print(f"{how} merge")
+            print("nodes  rows        merge time (median, spread)      M rows/s  s per node  vs 1")
+            for n in counts:
+                median = statistics.median(times[n, how])
+                print(
+                    f"{n:>5}  {n * rows:>10}  {median_spread(times[n, how], '.3f'):<32} "
+                    f"{n * rows / median / 1e6:>8.2f}  {median / n:>10.4f}  {median / n / one:>4.2f}"
+                )
+            medians = [statistics.median(times[n, how]) for n in counts]
+            slope, intercept = np.polyfit(counts, medians, 1)
             print(
-                f"{n} nodes alone in a fresh process: {alone['seconds']:.2f} s, peak RSS "
+                f"least squares: {slope:.4f} s per node + {intercept:.3f} s; 100 nodes of "
+                f"{rows} rows: {100 * slope + intercept:.1f} s"
+            )
+        for n in counts:
+            ratios = [w / s for s, w in zip(times[n, "streamed"], times[n, "whole"], strict=True)]
+            print(f"{n} nodes: time whole / streamed {median_spread(ratios, '.2f')}")
+        for n, how in [(n, how) for n in counts for how in MERGES]:
+            alone = peak_rss(parts[:n], out, how)
+            print(
+                f"{how}, {n} nodes alone in a fresh process: {alone['seconds']:.2f} s, peak RSS "
                 f"{alone['rss_mib']:.0f} MiB, {alone['rss_mib'] - alone['imports_mib']:.0f} MiB "
                 f"over the imports ({(alone['rss_mib'] - alone['imports_mib']) / (n * rows) * 2**20:.0f}"
                 " B per row)"

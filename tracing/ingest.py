@@ -2802,20 +2802,62 @@ def write_events(
     return merge.event_totals(), stats
 
 
-def merge_events(parts: Sequence[Path], path: Path) -> None:
+#: Rows read from each host's events file at a time by :func:`merge_events`.
+MERGE_BATCH_ROWS = 32 * 1024
+
+
+def merge_events(parts: Sequence[Path], path: Path, batch_rows: int = MERGE_BATCH_ROWS) -> None:
     """Several hosts' events files (each sorted by time, on one clock) as one ``path``, sorted
-    by time (ties: in the parts' order), row groups of :data:`ROW_GROUP_ROWS`. Each part is
-    read whole: a run's hosts' events must fit in memory together (a streamed merge is left for
-    when they do not; docs/cluster.md)."""
-    tables = [pq.read_table(part, schema=EVENTS_SCHEMA) for part in parts]
-    table = pa.concat_tables(tables) if tables else EVENTS_SCHEMA.empty_table()
-    order = pc.sort_indices(table, sort_keys=[("ts_ns", "ascending")])  # stable
-    table = table.take(order)
+    by time (ties: in the parts' order, as one stable sort of them all), row groups of about
+    :data:`ROW_GROUP_ROWS`. Streamed: each part is read ``batch_rows`` rows at a time, and the
+    rows before the earliest last time among the parts still being read are final (no part
+    has an earlier row to come), so memory grows with the number of parts, not with their
+    rows (bench/cluster_merge.py)."""
+    readers = [pq.ParquetFile(part).iter_batches(batch_rows) for part in parts]
+    pending = [EVENTS_SCHEMA.empty_table() for _ in parts]  # read, not yet written, per part
+    live = list(range(len(parts)))
+
+    def read_on(i: int) -> None:
+        batch = next(readers[i], None)
+        if batch is None:
+            live.remove(i)
+        else:
+            more = pa.Table.from_batches([batch]).cast(EVENTS_SCHEMA)
+            pending[i] = pa.concat_tables([pending[i], more]) if pending[i].num_rows else more
+
+    def last(i: int) -> int:
+        return pending[i]["ts_ns"][-1].as_py()
+
     with atomic_path(path) as tmp:
         sink = _ParquetSink(tmp)
         try:
-            for batch in table.to_batches(ROW_GROUP_ROWS):
-                sink.put(pa.Table.from_batches([batch]))
+            out: list[pa.Table] = []
+            while True:
+                for i in list(live):  # every part being read has rows in hand
+                    while i in live and not pending[i].num_rows:
+                        read_on(i)
+                if not live and not any(t.num_rows for t in pending):
+                    break
+                bound = min((last(i) for i in live), default=None)
+                taken = []
+                for i, table in enumerate(pending):
+                    n = table.num_rows
+                    if bound is not None and n:
+                        n = pc.sum(pc.less(table["ts_ns"], bound)).as_py() or 0
+                    if n:
+                        taken.append(table.slice(0, n))
+                        pending[i] = table.slice(n)
+                if taken:
+                    chunk = pa.concat_tables(taken)
+                    out.append(chunk.take(pc.sort_indices(chunk, [("ts_ns", "ascending")])))
+                    if sum(t.num_rows for t in out) >= ROW_GROUP_ROWS:
+                        sink.put(pa.concat_tables(out))
+                        out = []
+                for i in list(live):  # the parts at the bound read on
+                    if pending[i].num_rows and last(i) == bound:
+                        read_on(i)
+            if out:
+                sink.put(pa.concat_tables(out))
         finally:
             sink.close()
 

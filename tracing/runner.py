@@ -533,7 +533,8 @@ def _check_hosts(hosts: list[Host], manifest: dict, ping: bool = True) -> None:
             failure = h.agent.client.call("Status", timeout=STATUS_TIMEOUT_S)["failed"]
         except UserError as exc:
             try:
-                why = h.agent.exited() or str(exc)
+                gone = h.agent.exited()
+                why = f"{exc}; {gone}" if gone else str(exc)
             except Exception:  # its engine does not answer either: the host left
                 raise _lost(
                     h, manifest, f"its engine and its agent stopped answering ({exc})"
