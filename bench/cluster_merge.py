@@ -6,7 +6,7 @@ Method: one node's events.parquet made the way a run makes it (``bench/trace_ing
 synthetic raw trace of a busy training container, ``--lines`` lines, through
 ``tracing.ingest.write_events`` with a host), then copied as the output of N nodes: node i's
 rows with its own host name and its times shifted by i x 137 us, so that the nodes' rows
-interleave as theirs do in a run. Per round, every node count (1, 2, 3, 8, 16, 32, 64 by
+interleave as theirs do in a run, in row groups of the size ``write_events`` wrote. Per round, every node count (1, 2, 3, 8, 16, 32, 64 by
 default; the order rotates every round) is merged by ``tracing.ingest.merge_events`` (what the
 runner calls once each host's part is ingested: streamed, each part read a batch at a time)
 and by the merge it replaced (:func:`whole_merge`: every part read whole and sorted at once),
@@ -54,6 +54,7 @@ def node_parts(base: Path, lines: int, count: int) -> list[Path]:
     first = base / "node-1.parquet"
     ingest.write_events(raw, first, {MAIN_PID: "main"}, host="node-1")
     table = pq.read_table(first)
+    group = pq.ParquetFile(first).metadata.row_group(0).num_rows  # a row group per round
     parts = [first]
     for i in range(2, count + 1):
         shifted = table.set_column(
@@ -64,7 +65,7 @@ def node_parts(base: Path, lines: int, count: int) -> list[Path]:
         host = pa.array([f"node-{i}"] * len(shifted)).dictionary_encode()
         shifted = shifted.set_column(shifted.schema.get_field_index("host"), "host", host)
         parts.append(base / f"node-{i}.parquet")
-        pq.write_table(shifted, parts[-1], compression=ingest.COMPRESSION)
+        pq.write_table(shifted, parts[-1], row_group_size=group, compression=ingest.COMPRESSION)
     shutil.rmtree(raw)
     return parts
 

@@ -513,6 +513,9 @@ def _wait(
             quick_until = time.monotonic() + 1.0
 
 
+#: How long the coordinator retries removing a run's overlay network while the swarm still
+#: holds the attachments of the containers just removed.
+NETWORK_RELEASE_S = 15.0
 #: How long the coordinator waits for an agent's Status during the run before it counts the
 #: agent as dead (a live agent answers in about a millisecond).
 STATUS_TIMEOUT_S = 10.0
@@ -611,19 +614,32 @@ def _shutdown(
     if manager is not None:  # the run's overlay network
 
         def remove_network() -> None:
-            try:
-                container.remove_run_resources(manager, run_dir.name)
-                left = [n.name for n in container.run_networks(manager, run_dir.name)]
-            except Exception as exc:
-                if not gone:
-                    raise
-                raise UserError(  # the manager's node may be the one that left
-                    f"the cluster's manager did not answer ({exc}): the run's overlay network "
-                    "may remain; `./cli.py cluster down` removes it"
-                ) from None
+            # The swarm lets go of removed containers' attachments a moment later: retried.
+            deadline = time.monotonic() + (0 if gone else NETWORK_RELEASE_S)
+            while True:
+                try:
+                    container.remove_run_resources(manager, run_dir.name)
+                    left = [n.name for n in container.run_networks(manager, run_dir.name)]
+                except Exception as exc:
+                    if not gone:
+                        raise
+                    raise UserError(  # the manager's node may be the one that left
+                        f"the cluster's manager did not answer ({exc}): the run's overlay "
+                        "network may remain; `./cli.py cluster down` removes it"
+                    ) from None
+                if not left or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            if left:
+                manifest["left_behind"] = [f"network {n}" for n in left]
+            if left and not gone:
+                raise UserError(
+                    f"the run's overlay network {', '.join(left)} was still in use "
+                    f"{NETWORK_RELEASE_S:.0f} s after the run's containers were removed: "
+                    "`docker network rm` it on the manager"
+                )
             if left:  # the swarm keeps a lost node's attachments until it is back or removed
                 lost = ", ".join(h.name for h in gone)
-                manifest["left_behind"] = [f"network {n}" for n in left]
                 raise UserError(
                     f"the run's overlay network {', '.join(left)} stays in use by {lost}'s "
                     f"containers until {lost} is back in the swarm or removed from it "
