@@ -319,7 +319,10 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
 
 
 def _on_every(hosts: list[Host], call: Callable[[Host], Any]) -> list[Any]:
-    """``call`` on every host, at once when there are several; the first error raised."""
+    """``call`` on every host, at once when there are several; the first error raised (once
+    every call has ended)."""
+    if not hosts:
+        return []
     if len(hosts) == 1:
         return [call(hosts[0])]
     with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
@@ -601,11 +604,16 @@ def _shutdown(
             )
             _set_shift(h, manifest, len(hosts))  # the tighter estimate, now known
 
-    for h in hosts:
-        if h.agent is not None and h.agent.attached and h.lost is None:
-            steps.append(lambda h=h: stop_tracer(h))
-        if h.agent is not None:
-            steps.append(h.agent.client.close if h in gone else h.agent.close)
+    def finish_agent(h: Host) -> None:
+        try:
+            if h.agent.attached and h.lost is None:
+                stop_tracer(h)
+        finally:
+            (h.agent.client.close if h in gone else h.agent.close)()
+
+    # Every host's agent stopped, collected and closed at once (each waits for its bpftrace
+    # and its container to exit: about 1 s a host in turn, bench/cluster_overhead.py).
+    steps.append(lambda: _on_every([h for h in hosts if h.agent is not None], finish_agent))
     steps += [
         (lambda h=h: container.remove_run_resources(h.cli, run_dir.name))
         for h in hosts
