@@ -23,10 +23,8 @@ per node): see docs/cluster.md, "What a run across nodes costs".
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +38,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from bench import spread  # noqa: E402
 from bench.spread import median_spread  # noqa: E402
 from bench.trace_ingest import MAIN_PID, make_raw  # noqa: E402
 from tracing import ingest  # noqa: E402
@@ -95,37 +94,13 @@ def merge_time(parts: list[Path], out: Path, how: str = "streamed") -> float:
     return time.perf_counter() - t
 
 
-_PEAK_RSS = """
-import json, sys, time
-from pathlib import Path
-sys.path.insert(0, {repo!r})
-from tracing import ingest
-
-def hwm():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-
-before = hwm()
-with open("/proc/self/clear_refs", "w") as fh:  # the peak so far (imports) is reset
-    fh.write("5")
-sys.path.insert(0, {bench!r})
-from cluster_merge import MERGES
-t = time.perf_counter()
-MERGES[{how!r}]([Path(p) for p in {parts!r}], Path({out!r}))
-print(json.dumps({{"seconds": time.perf_counter() - t, "rss_mib": hwm(), "imports_mib": before}}))
-"""
-
-
 def peak_rss(parts: list[Path], out: Path, how: str) -> dict:
     """Peak RSS (MiB) and time of one merge alone in a fresh process."""
     out.unlink(missing_ok=True)
-    code = _PEAK_RSS.format(
-        repo=str(REPO), bench=str(REPO / "bench"), how=how, parts=[str(p) for p in parts],
-        out=str(out),
-    )  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return spread.peak_rss(
+        "from pathlib import Path\nfrom cluster_merge import MERGES",
+        f"MERGES[{how!r}]([Path(p) for p in {[str(p) for p in parts]!r}], Path({str(out)!r}))",
+    )
 
 
 def main() -> None:

@@ -3,8 +3,12 @@ its spread."""
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -24,3 +28,32 @@ def warm_rounds(rounds: int, measure: Callable[[], T], show: Callable[[T], str])
         kept.append(measure())
         print(f"round {i + 1}: {show(kept[-1])}", flush=True)
     return kept
+
+
+_PEAK_RSS = """
+import json, sys, time
+sys.path[:0] = {paths!r}
+{setup}
+
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
+before = hwm()
+with open("/proc/self/clear_refs", "w") as fh:  # the peak so far (imports) is reset
+    fh.write("5")
+t = time.perf_counter()
+{call}
+print(json.dumps({{"seconds": time.perf_counter() - t, "rss_mib": hwm(), "imports_mib": before}}))
+"""
+
+
+def peak_rss(setup: str, call: str) -> dict:
+    """Run ``setup`` (imports, warm-up) then ``call`` (one statement) in a fresh Python with the
+    project and bench/ importable: ``seconds`` of the call, ``rss_mib`` its peak RSS (VmHWM
+    reset after the setup) and ``imports_mib`` the RSS the setup left."""
+    bench = Path(__file__).resolve().parent
+    code = _PEAK_RSS.format(paths=[str(bench.parent), str(bench)], setup=setup, call=call)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -66,10 +66,8 @@ Usage: python bench/trace_ingest.py [--events 5000000] [--rounds 5] [--dir DIR] 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -83,6 +81,7 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
+from bench import spread  # noqa: E402
 from tracing import aggregates, ingest  # noqa: E402
 
 MAIN_PID = 4000
@@ -413,34 +412,14 @@ def run_pandas(raw: Path) -> float:
     return time.perf_counter() - t
 
 
-_PEAK_RSS = """
-import json, sys, time
-from pathlib import Path
-sys.path.insert(0, {repo!r})
-from tracing import ingest
-
-def hwm():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-
-ingest._compile()
-before = hwm()
-with open("/proc/self/clear_refs", "w") as fh:  # the peak so far (imports) is reset
-    fh.write("5")
-t = time.perf_counter()
-ingest.write_events(Path({raw!r}), Path({out!r}), {{{pid}: "main"}})
-print(json.dumps({{"seconds": time.perf_counter() - t, "rss_mib": hwm(), "imports_mib": before}}))
-"""
-
-
 def peak_rss(raw: Path, out: Path) -> dict:
     """Peak RSS (MiB, VmHWM reset after the imports) and time of one write_events alone in a
     fresh process."""
-    code = _PEAK_RSS.format(repo=str(REPO), raw=str(raw), out=str(out), pid=MAIN_PID)
     out.unlink(missing_ok=True)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return spread.peak_rss(
+        "from pathlib import Path\nfrom tracing import ingest\ningest._compile()",
+        f"ingest.write_events(Path({str(raw)!r}), Path({str(out)!r}), {{{MAIN_PID}: 'main'}})",
+    )
 
 
 def main() -> None:
