@@ -71,7 +71,7 @@ def node_parts(base: Path, lines: int, count: int) -> list[Path]:
 
 def whole_merge(parts: list[Path], out: Path) -> None:
     """The merge as it was before it was streamed: every part read whole, sorted at once
-    (the same output: tests/test_ingest.py)."""
+    (the same output as one stable sort: tests/test_merge_events.py)."""
     tables = [pq.read_table(part, schema=ingest.EVENTS_SCHEMA) for part in parts]
     table = pa.concat_tables(tables)
     table = table.take(pc.sort_indices(table, sort_keys=[("ts_ns", "ascending")]))

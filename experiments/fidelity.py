@@ -33,8 +33,8 @@ runs' median step and epoch time (and ``overall_noise``: the lowest ``compare`` 
 ``original`` run against an ``instrumented`` one, the real job against its own rerun, which
 the analyzer's rate factor lowers when the host's speed drifts between runs; beside it each
 pair's ``closest_overall``, the emulated run against the real run closest to it), every
-``instrumented`` and ``original`` run of the measurement: the same model computing on the same data, run again minutes apart. The profile
-comes from some of those runs and the error is measured against others, so an error within
+``instrumented`` and ``original`` run of the measurement: the same model computing on the
+same data, run again minutes apart. The profile comes from some of those runs and the error is measured against others, so an error within
 the spread cannot be told from the machine's own variation (on the 2-core build machines a
 single-process compute loop varies by 10-20 % from one few-second window to the next).
 
@@ -266,7 +266,7 @@ def measure_workload(
         log(f"{workload}: profile fit: {warning}")
     profile_path = work / f"{workload}-profile.json"
     profile.save(profile_path)
-    pairs = []
+    pairs, emulated = [], []
     real = list(instrumented)
     for i in range(rounds):
         order = ("original", "sleep") if i % 2 == 0 else ("sleep", "original")
@@ -275,6 +275,7 @@ def measure_workload(
             for v in order
         }
         real.append(done["original"])
+        emulated.append(done["sleep"])
         pair = pair_figures(done["original"], done["sleep"], profile)
         log(
             f"{workload} round {i + 1}/{rounds}: "
@@ -282,13 +283,12 @@ def measure_workload(
         )
         pairs.append(pair)
     source = float(np.median(np.concatenate([step_times(r) for r in instrumented])))
-    for pair in pairs:
+    for pair, run in zip(pairs, emulated, strict=True):
         pair["fit_step_error"] = pair["emulated_step_s"] / source - 1
         # The emulated run against the real run closest to it: the real job's runs drift
         # between themselves (BERT's median step 0.53-0.70 s minutes apart on 2 cores), so
         # one pair's overall carries that drift; ``overall_noise`` is its measure.
-        emulated = load_run(pair["runs"][1])
-        pair["closest_overall"] = max(compare_runs(r, emulated).overall for r in real)
+        pair["closest_overall"] = max(compare_runs(r, run).overall for r in real)
     originals = real[len(instrumented) :]
     return {
         "workload": workload,

@@ -174,16 +174,23 @@ def _cgroup_pids(top: Path) -> set[int]:
     return pids
 
 
+def _kill_processes(tops: list[Path]) -> set[int]:
+    """SIGKILL every process in the cgroup trees ``tops`` (not this one); the pids signalled."""
+    pids = set().union(*(_cgroup_pids(top) for top in tops)) - {os.getpid()}
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 def _remove_cgroup_tree(top: Path, attempts: int = 50) -> bool:
     """Kill every process left in ``top`` (the nodes share the host's PID namespace, so their
     containers' processes outlive them), then rmdir it and its sub-folders, deepest first; a
     folder whose processes are still exiting is busy for a moment, so retry. True when gone."""
     for _ in range(attempts):
-        for pid in _cgroup_pids(top):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_processes([top])
         dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
         for path in [*dirs, top]:
             try:
@@ -211,15 +218,10 @@ def crash(cli: docker.DockerClient, name: str, index: int) -> int:
         *CGROUP_ROOT.glob(f"*/{node_container(name, index)}"),
     ]
     killed: set[int] = set()
-    for _ in range(50):
-        pids = set().union(*(_cgroup_pids(top) for top in tops)) - {os.getpid()}
+    for _ in range(50):  # forks racing the kill are killed on the next pass
+        pids = _kill_processes(tops)
         if not pids:
             break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         killed |= pids
         time.sleep(0.05)
     return len(killed)

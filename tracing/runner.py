@@ -488,7 +488,7 @@ def _wait(
             except UserError:
                 raise
             except Exception as exc:  # the engine does not answer: the host left the run
-                raise _lost(m.host, manifest, f"its engine stopped answering ({exc})") from None
+                raise _lost(m.host, manifest, f"engine stopped answering ({exc})") from None
             if code is None:
                 continue
             codes[m.spec.role] = code
@@ -532,7 +532,7 @@ def _check_hosts(hosts: list[Host], manifest: dict, ping: bool = True) -> None:
             try:
                 h.cli.ping()
             except Exception as exc:
-                raise _lost(h, manifest, f"its engine stopped answering ({exc})") from None
+                raise _lost(h, manifest, f"engine stopped answering ({exc})") from None
         if h.agent is None:
             continue
         try:
@@ -542,23 +542,22 @@ def _check_hosts(hosts: list[Host], manifest: dict, ping: bool = True) -> None:
                 gone = h.agent.exited()
                 why = f"{exc}; {gone}" if gone else str(exc)
             except Exception:  # its engine does not answer either: the host left
-                raise _lost(
-                    h, manifest, f"its engine and its agent stopped answering ({exc})"
-                ) from None
-            raise _lost(h, manifest, f"its tracer agent died: {why}", engine_alive=True) from None
+                raise _lost(h, manifest, f"engine and agent stopped answering ({exc})") from None
+            raise _lost(h, manifest, f"tracer agent died: {why}", engine_alive=True) from None
         if failure:
             raise UserError(f"{h.name}: {failure}" if h.host_dir else failure)
 
 
 def _lost(h: Host, manifest: dict, why: str, engine_alive: bool = False) -> UserError:
-    """Mark host ``h`` lost (recorded in the manifest) and say so: the error of the run."""
+    """Mark host ``h`` lost (recorded in the manifest) and say so: the error of the run.
+    ``why`` names what of the host failed ("engine stopped answering ...")."""
     h.lost, h.engine_alive = why, engine_alive
     if h.name in manifest.get("hosts", {}):
         manifest["hosts"][h.name]["lost"] = why
     if not h.host_dir:  # the run's one host: its tracer is what was lost
-        return UserError(f"{why.replace('its ', 'the ', 1)}; what it traced is kept in raw/")
+        return UserError(f"the {why}; what it traced is kept in raw/")
     return UserError(
-        f"host {h.name} left the run: {why}; what its tracer wrote until then is kept in "
+        f"host {h.name} left the run: its {why}; what its tracer wrote until then is kept in "
         f"raw/{h.host_dir}/"
     )
 
@@ -635,25 +634,25 @@ def _shutdown(
                         f"the cluster's manager did not answer ({exc}): the run's overlay "
                         "network may remain; `./cli.py cluster down` removes it"
                     ) from None
-                if not left or time.monotonic() > deadline:
+                if not left:
+                    return
+                if time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
-            if left:
-                manifest["left_behind"] = [f"network {n}" for n in left]
-            if left and not gone:
+            manifest["left_behind"] = [f"network {n}" for n in left]
+            if not gone:
                 raise UserError(
                     f"the run's overlay network {', '.join(left)} was still in use "
                     f"{NETWORK_RELEASE_S:.0f} s after the run's containers were removed: "
                     "`docker network rm` it on the manager"
                 )
-            if left:  # the swarm keeps a lost node's attachments until it is back or removed
-                lost = ", ".join(h.name for h in gone)
-                raise UserError(
-                    f"the run's overlay network {', '.join(left)} stays in use by {lost}'s "
-                    f"containers until {lost} is back in the swarm or removed from it "
-                    f"(`docker node rm --force {lost}` on the manager; on the virtual cluster "
-                    "`./cli.py cluster down`), then `docker network rm` on the manager"
-                )
+            lost = ", ".join(h.name for h in gone)  # the swarm keeps a lost node's attachments
+            raise UserError(
+                f"the run's overlay network {', '.join(left)} stays in use by {lost}'s "
+                f"containers until {lost} is back in the swarm or removed from it "
+                f"(`docker node rm --force {lost}` on the manager; on the virtual cluster "
+                "`./cli.py cluster down`), then `docker network rm` on the manager"
+            )
 
         steps.append(remove_network)
         steps.append(lambda: placement.close(hosts, manager))
