@@ -75,9 +75,9 @@ OS_TAG = "twintrace/os:bookworm"
 #: The tracer's image (TRACER_IMAGE): a Debian root with a bpftrace that has raw tracepoints.
 TRACER_SUITE = "trixie"
 # libre2-11: provides the virtual package python3-grpcio depends on, which debootstrap does not
-# resolve by itself.
-TRACER_PACKAGES = ("bpftrace", "python3", "python3-grpcio", "libre2-11")
-TRACER_RECIPE = 1  # bumped when the image's recipe changes (rebuilds it)
+# resolve by itself. python3-docker: the agent's launcher on a swarm's node (tracing/launcher.py).
+TRACER_PACKAGES = ("bpftrace", "python3", "python3-grpcio", "libre2-11", "python3-docker")
+TRACER_RECIPE = 2  # bumped when the image's recipe changes (rebuilds it)
 REGISTRY_BASE = "python:3.11-slim"
 HASH_LABEL = "twintrace.inputs-hash"
 # The Dockerfile of every workload image, relative to the repository root (the build context).
@@ -552,8 +552,8 @@ def build_tracer(cli: docker.DockerClient, log: Log) -> BuildResult:
             "ENV PYTHONPATH=/opt/twintrace PYTHONDONTWRITEBYTECODE=1\n"
             "WORKDIR /opt/twintrace\n"
             f"LABEL {HASH_LABEL}={inputs}\n"
-            # fails the build should the agent not import (grpcio, the code)
-            "RUN python3 -c 'import tracing.agent'\n"
+            # fails the build should the agent or its launcher not import (grpcio, docker)
+            "RUN python3 -c 'import tracing.agent, tracing.launcher'\n"
         )
         image_id = _stream_build(cli, log, path=str(context), tag=TRACER_IMAGE)
     return BuildResult(TRACER_IMAGE, image_id, True)

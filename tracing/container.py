@@ -320,7 +320,7 @@ class LogFollower:
         self.path = path
         self.prefix = prefix.encode()
         self.echo = echo
-        self.sink = sink or _stderr_sink
+        self.sink = sink or stderr_sink
         self._thread = threading.Thread(target=self._run, name=f"logs-{path.stem}", daemon=True)
         self._thread.start()
 
@@ -351,7 +351,7 @@ class LogFollower:
         self._thread.join(timeout)
 
 
-def _stderr_sink(data: bytes) -> None:
+def stderr_sink(data: bytes) -> None:
     out: BinaryIO = sys.stderr.buffer
     out.write(data)
     out.flush()

@@ -15,7 +15,6 @@ containers and agent in place, as on a shared file system.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,6 +43,9 @@ class Host:
     refs: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Its engine's URL (None: this host's, from the environment).
     engine: str | None = None
+    #: A node of a swarm: ``cli`` and ``engine`` are the manager's, which places its
+    #: containers as services (tracing/swarm.py); its own engine is not asked.
+    swarm: bool = False
     #: Set by the runner: its agent (tracing.tracer_container.LocalAgent).
     agent: Any = None
     #: Set by the runner: what is added to its times to put them on the coordinator's clock
@@ -80,7 +82,7 @@ def cluster_hosts(
     """The first ``count`` nodes of cluster ``cluster_name`` as hosts, with the run's images
     (``tags``) pushed to its registry and pulled on every node, and the manager's engine.
     ``paths``: the run directory's parent and the mounts, which every node must see."""
-    from tracing import cluster
+    from tracing import cluster, swarm
 
     found = [n for n in cluster.nodes(cli, cluster_name) if n.state == "running"]
     lead = next((n for n in found if n.manager), None)
@@ -103,40 +105,19 @@ def cluster_hosts(
     chosen = found[:count]
     progress(f"placing the run on {', '.join(n.hostname for n in chosen)} of {cluster_name}")
     refs = dict(zip(tags, cluster.push(cli, list(tags), cluster_name, progress), strict=True))
+    # Each host a client of the manager's engine of its own (the runner's threads use them at
+    # once); a node pulls an image from the registry as the swarm starts a task of it there.
     hosts = [
-        Host(n.hostname, cluster.node_client(n), str(n.address), n.hostname, refs, n.engine)
+        Host(
+            n.hostname, cluster.node_client(lead), str(n.address), n.hostname, refs,
+            lead.engine, swarm=True,
+        )
         for n in chosen
-    ]
+    ]  # fmt: skip
     manager = cluster.node_client(lead)
-    try:
-        _pull(hosts, list(refs.values()), progress)
-    except BaseException:
-        close(hosts, manager)
-        raise
+    for run_id in swarm.remove_orphans(manager):
+        progress(f"removed the services of run {run_id}, left behind by a killed tracer")
     return hosts, manager
-
-
-def _pull(hosts: Sequence[Host], refs: Sequence[str], progress: Progress) -> None:
-    """Every image on every host that lacks it, the hosts at once."""
-
-    def pull(host: Host) -> None:
-        for ref in refs:
-            try:
-                host.cli.images.get(ref)
-                continue
-            except docker.errors.ImageNotFound:
-                pass
-            progress(f"{host.name}: pulling {ref}")
-            try:
-                host.cli.images.pull(ref)
-            except docker.errors.APIError as exc:
-                raise UserError(
-                    f"{host.name} could not pull {ref}: {exc.explanation or exc}"
-                ) from None
-
-    with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
-        for done in [pool.submit(pull, host) for host in hosts]:
-            done.result()
 
 
 def deal(roles: Sequence[str], hosts: Sequence[Host]) -> dict[str, Host]:

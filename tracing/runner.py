@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from core import rundir
 from core.errors import UserError
-from tracing import barrier, bpftrace, container, dlio, host, ingest, placement
+from tracing import barrier, bpftrace, container, dlio, host, ingest, placement, swarm
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.clock import host_clock
 from tracing.placement import Host
@@ -139,6 +139,10 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     metadata = host.host_metadata(cli.version().get("Version"))
     hosts, manager = [Host(metadata["hostname"], cli)], None
     if request.run.nodes is not None:  # before the run directory: bad input leaves none
+        swarm.refuse(
+            any(s.device_read_bps for s in request.containers),
+            any(s.gpus for s in request.containers),
+        )
         tags = sorted(found) + ([TRACER_IMAGE] if request.run.tracing else [])
         sources = [m.source for spec in request.containers for m in spec.mounts]
         hosts, manager = placement.cluster_hosts(
@@ -244,19 +248,34 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                 if request.run.tracing:
                     pool = concurrent.futures.ThreadPoolExecutor(len(hosts), "twintrace-agent")
                     for h in hosts:
+                        if manager is not None:  # through its launcher service
+                            starting[h.name] = pool.submit(
+                                swarm.launch_agent,
+                                h.connect(),  # a client of its own: it runs in another thread
+                                h.name,
+                                h.address,
+                                run_dir,
+                                h.host_dir,
+                                h.ref(TRACER_IMAGE),
+                            )
+                            continue
                         starting[h.name] = pool.submit(
                             start_agent,
-                            h.connect(),  # a client of its own: it runs in another thread
+                            h.connect(),
                             run_dir,
                             gpus=_run_gpus(request),
                             image=h.ref(TRACER_IMAGE),
                             address=h.address,
-                            log_name=f"{h.host_dir}/agent.log" if h.host_dir else "agent.log",
                         )
                     pool.shutdown(wait=False)  # the tasks still run; the threads end with them
                 if len(members) > 1:
                     container.create_network(manager or cli, run_dir.name, manager is not None)
-                _start_all(members, commands, run_dir, manifest, request.run.echo, container_ended)
+                if manager is not None:
+                    _start_services(members, commands, run_dir, manifest, request.run.echo)
+                else:
+                    _start_all(
+                        members, commands, run_dir, manifest, request.run.echo, container_ended
+                    )
                 networked = len(members) > 1 or members[0].spec.external_network
                 if shaper is not None:
                     for m in members:  # held at the barrier: capped before a byte is sent
@@ -399,13 +418,17 @@ def _attach(
     record["memory_file_systems"] = reply["memory_file_systems"]
     for m in mine:
         found = reply["containers"][m.spec.role]
-        assert m.cgroups is not None
-        if (found["main_pid"], found["cgroup_id"]) != (m.main_pid, m.cgroups.v2_id):
+        # A swarm's task: its node's cgroups are the agent's to read (the swarm says its pid).
+        cgroup = m.cgroups.v2_id if m.cgroups is not None else found["cgroup_id"]
+        if (found["main_pid"], found["cgroup_id"]) != (m.main_pid, cgroup):
             raise UserError(
                 f"the tracer agent of {h.name} found container {m.spec.role} as process "
                 f"{found['main_pid']} in cgroup {found['cgroup_id']}, docker says process "
-                f"{m.main_pid} in cgroup {m.cgroups.v2_id}: is the agent on that host?"
+                f"{m.main_pid} in cgroup {cgroup}: is the agent on that host?"
             )
+        for record in manifest["containers"]:
+            if record["role"] == m.spec.role:
+                record["cgroup_id"] = cgroup
 
 
 def _network_kind(request: RunRequest) -> str:
@@ -465,6 +488,47 @@ def _start_all(
         )
 
 
+def _start_services(
+    members: list[_Member],
+    commands: dict[str, list[str]],
+    run_dir: Path,
+    manifest: dict,
+    echo: bool,
+) -> None:
+    """Across nodes: every container as the task of a service on its node (tracing/swarm.py),
+    held at its barrier; once every task runs, record its ids."""
+    network = container.network_name(run_dir.name) if len(members) > 1 else None
+    for m in members:  # every service first: the nodes pull and start them at once
+        spec = m.spec
+        m.ctr = swarm.start_role(
+            m.host.cli,
+            m.host.ref(spec.image),
+            commands[spec.role],
+            m.barrier,
+            spec.mounts,
+            run_dir.name,
+            spec.role,
+            m.host.name,
+            network=network,
+            memory_bytes=spec.memory_bytes,
+            cpus=spec.cpus,
+            environment=dict(spec.environment),
+            shm_bytes=spec.shm_bytes,
+            working_dir=spec.working_dir,
+        )
+    for i, m in enumerate(members):
+        task = m.ctr
+        task.wait_running()
+        m.main_pid = task.main_pid
+        if echo:
+            task.echo(f"[{m.spec.role}] " if len(members) > 1 else "", container.stderr_sink)
+        manifest["containers"][i].update(
+            container_id=task.id,
+            main_pid=m.main_pid,
+            memlock_unlimited=task.memlock_raised,
+        )
+
+
 def _wait(
     members: list[_Member],
     hosts: list[Host],
@@ -484,10 +548,12 @@ def _wait(
             if m.spec.role in codes:
                 continue
             try:
-                code = container.exit_code(m.ctr)
+                code = _exit_code(m)
             except UserError:
                 raise
             except Exception as exc:  # the engine does not answer: the host left the run
+                if isinstance(m.ctr, swarm.RoleTask):
+                    raise UserError(f"the swarm's manager stopped answering: {exc}") from None
                 raise _lost(m.host, manifest, f"engine stopped answering ({exc})") from None
             if code is None:
                 continue
@@ -499,7 +565,7 @@ def _wait(
                     _check_hosts(hosts, manifest)
                 what = "daemon " if m.spec.daemon else ""
                 return "failed", (
-                    f"{what}container {m.spec.role} exited with code {code}{_log_tail(m.ctr)}"
+                    f"{what}container {m.spec.role} exited with code {code}{_log_tail(m)}"
                 )
         if all(m.spec.role in codes for m in members if not m.spec.daemon):
             manifest["exit_code"] = 0
@@ -528,16 +594,15 @@ def _check_hosts(hosts: list[Host], manifest: dict, ping: bool = True) -> None:
     """A UserError for the first host that left the run (``ping``: its engine does not
     answer) or whose agent died or failed; the host is marked lost (:class:`Host`)."""
     for h in hosts:
-        if ping:
-            try:
-                h.cli.ping()
-            except Exception as exc:
-                raise _lost(h, manifest, f"engine stopped answering ({exc})") from None
+        if ping and (silent := _engine_silent(h)):
+            raise _lost(h, manifest, f"engine stopped answering ({silent})")
         if h.agent is None:
             continue
         try:
             failure = h.agent.client.call("Status", timeout=STATUS_TIMEOUT_S)["failed"]
         except UserError as exc:
+            if silent := _engine_silent(h):  # the node went, its agent with it
+                raise _lost(h, manifest, f"engine stopped answering ({silent})") from None
             try:
                 gone = h.agent.exited()
                 why = f"{exc}; {gone}" if gone else str(exc)
@@ -546,6 +611,20 @@ def _check_hosts(hosts: list[Host], manifest: dict, ping: bool = True) -> None:
             raise _lost(h, manifest, f"tracer agent died: {why}", engine_alive=True) from None
         if failure:
             raise UserError(f"{h.name}: {failure}" if h.host_dir else failure)
+
+
+def _engine_silent(h: Host) -> str | None:
+    """Why host ``h``'s engine does not answer, None when it does. A swarm's node is asked at
+    its gossip port (the coordinator has only the manager's engine); this host, by a ping."""
+    if h.swarm:
+        if swarm.engine_answers(h.address):
+            return None
+        return f"nothing listens on its swarm port {h.address}:{swarm.GOSSIP_PORT}"
+    try:
+        h.cli.ping()
+        return None
+    except Exception as exc:
+        return str(exc)
 
 
 def _lost(h: Host, manifest: dict, why: str, engine_alive: bool = False) -> UserError:
@@ -562,9 +641,14 @@ def _lost(h: Host, manifest: dict, why: str, engine_alive: bool = False) -> User
     )
 
 
-def _log_tail(ctr: Any, lines: int = 8) -> str:
+def _exit_code(m: _Member) -> int | None:
+    """Member ``m``'s exit code once it exited, else None."""
+    return m.ctr.exit_code() if isinstance(m.ctr, swarm.RoleTask) else container.exit_code(m.ctr)
+
+
+def _log_tail(m: _Member, lines: int = 8) -> str:
     try:
-        text = ctr.logs(tail=lines).decode(errors="replace").strip()
+        text = m.ctr.logs(tail=lines).decode(errors="replace").strip()
     except Exception:
         return ""
     return f"; its output ends with:\n{text}" if text else ""
@@ -582,12 +666,21 @@ def _shutdown(
     # The bandwidth caps first: they are on the host's own interfaces.
     steps: list[Callable[[], Any]] = [shaper.remove] if shaper is not None else []
     gone = {h for h in hosts if not h.engine_alive}  # left the run: nothing there to ask
+    tasks = [m for m in members if isinstance(m.ctr, swarm.RoleTask)]  # a swarm's
     steps += [
         (lambda m=m: container.stop_and_remove(m.ctr))
         for m in members
-        if m.ctr is not None and m.host not in gone
+        if m.ctr is not None and m.host not in gone and m not in tasks
     ]
     steps += [(lambda m=m: m.logs.join()) for m in members if m.logs is not None]
+    # A swarm's task: its output as the swarm gathered it, then its service removed (its
+    # container with it; on a node that left, once the node is back or removed).
+    steps += [
+        (lambda m=m: m.ctr.save_logs(run_dir / "raw" / m.spec.role / "container.log"))
+        for m in tasks
+        if m.host not in gone
+    ]
+    steps += [(lambda m=m: m.ctr.remove()) for m in tasks]
 
     def stop_tracer(h: Host) -> None:
         reply = h.agent.client.call("Stop")
@@ -608,7 +701,7 @@ def _shutdown(
             if h.agent.attached and h.lost is None:
                 stop_tracer(h)
         finally:
-            (h.agent.client.close if h in gone else h.agent.close)()
+            (h.agent.abandon if h in gone else h.agent.close)()
 
     # Every host's agent stopped, collected and closed at once (each waits for its bpftrace
     # and its container to exit: about 1 s a host in turn, bench/cluster_overhead.py).
@@ -616,9 +709,10 @@ def _shutdown(
     steps += [
         (lambda h=h: container.remove_run_resources(h.cli, run_dir.name))
         for h in hosts
-        if h not in gone
+        if h not in gone and not h.swarm
     ]
-    if manager is not None:  # the run's overlay network
+    if manager is not None:  # the run's services and its overlay network
+        steps.append(lambda: swarm.remove_run(manager, run_dir.name))
 
         def remove_network() -> None:
             # The swarm lets go of removed containers' attachments a moment later: retried.

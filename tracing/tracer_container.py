@@ -37,22 +37,14 @@ import docker
 import docker.errors
 
 from core.errors import UserError
-from tracing.agent import LEASE_S, PORT, AgentClient, sources_digest
+from tracing.agent import LEASE_S, AgentClient, sources_digest
 from tracing.clock import ClockEstimate
-from tracing.container import AGENT_LABEL, OWNER_LABEL, RUN_LABEL, gpu_request
+from tracing.container import AGENT_LABEL, OWNER_LABEL
+from tracing.launcher import CAPABILITIES, agent_container, volumes
 from workloads.config import TRACER_IMAGE
 
-CAPABILITIES: tuple[str, ...] = ("SYS_ADMIN",)
-READ_ONLY: tuple[str, ...] = ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/cgroup")
-#: The project's root in this checkout and in the image.
+#: The project's root in this checkout.
 ROOT = Path(__file__).resolve().parent.parent
-IMAGE_ROOT = "/opt/twintrace"
-
-
-def _volumes(out: Path) -> dict[str, dict[str, str]]:
-    volumes = {path: {"bind": path, "mode": "ro"} for path in READ_ONLY if Path(path).exists()}
-    volumes[str(out)] = {"bind": str(out), "mode": "rw"}
-    return volumes
 
 
 def start_tracer(
@@ -75,7 +67,7 @@ def start_tracer(
         detach=True,
         pid_mode="host",
         cap_add=list(CAPABILITIES),
-        volumes=_volumes(out),
+        volumes=volumes(out),
         working_dir=str(Path(workdir).resolve() if workdir else out),
         environment=environment or {},
         # The owner's pid: a container whose owner is gone is removed by remove_orphans.
@@ -117,6 +109,10 @@ class LocalAgent:
             why = "its container is gone"
         return why + log_tail(self.log)
 
+    def abandon(self) -> None:
+        """Close the client only (the agent's host left the run: nothing there to ask)."""
+        self.client.close()
+
     def close(self, timeout: float = 30.0) -> None:
         """Shut the agent down and make sure its container is gone (it removes itself)."""
         try:
@@ -132,6 +128,16 @@ class LocalAgent:
             self.container.remove(force=True)
         except docker.errors.APIError:
             pass  # auto-removed: the usual case
+
+
+def check_sources(hello: dict, image: str) -> None:
+    """A UserError unless the agent that said ``hello`` runs this checkout's tracing code."""
+    mine = sources_digest(ROOT)
+    if hello.get("sources") != mine:
+        raise UserError(
+            f"{image} holds other tracing code than this checkout (image "
+            f"{hello.get('sources')}, checkout {mine}): run `./cli.py build`"
+        )
 
 
 def start_agent(
@@ -153,50 +159,15 @@ def start_agent(
     ``image`` then the name the node pulls the tracer by). ``args``: more agent options."""
     run_dir = Path(run_dir).resolve()
     log = run_dir / "raw" / log_name
-    kwargs: dict[str, Any] = {}
-    if gpus:  # NVML's counters only
-        kwargs["device_requests"] = [gpu_request(gpus)]
-        kwargs["environment"] = {"NVIDIA_DRIVER_CAPABILITIES": "utility"}
-    try:
-        ctr = cli.containers.run(
-            image,
-            # Its stderr (its log, and a traceback should it fail) into the run directory: the
-            # container removes itself as it exits, its own log with it.
-            [
-                "sh", "-c", 'exec python3 -m tracing.agent "$@" 2>> "$0"', str(log),
-                "--listen", f"0.0.0.0:{PORT}",
-                "--lease", str(lease_s),
-                *args,
-            ],
-            name=f"{run_dir.name}-agent",
-            detach=True,
-            auto_remove=True,
-            pid_mode="host",
-            cgroupns="host",
-            cap_add=list(CAPABILITIES),
-            volumes=_volumes(run_dir),
-            working_dir=IMAGE_ROOT,
-            ports={f"{PORT}/tcp": (address, None)},
-            labels={AGENT_LABEL: "1", OWNER_LABEL: str(os.getpid()), RUN_LABEL: run_dir.name},
-            **kwargs,
-        )  # fmt: skip
-    except docker.errors.ImageNotFound:
-        raise UserError(f"{image} is not built: run `./cli.py build`") from None
+    ctr, port = agent_container(
+        cli, run_dir, image=image, address=address, log=log, lease_s=lease_s, gpus=gpus, args=args
+    )
     agent = None
     try:
-        ctr.reload()
-        bound = (ctr.attrs["NetworkSettings"]["Ports"] or {}).get(f"{PORT}/tcp") or []
-        if not bound:
-            raise UserError("the tracer agent's port was not published")
-        client = AgentClient(f"{address}:{bound[0]['HostPort']}")
+        client = AgentClient(f"{address}:{port}")
         agent = LocalAgent(ctr, client, log)
         agent.hello = client.wait_ready(timeout, agent.exited)
-        mine = sources_digest(ROOT)
-        if agent.hello.get("sources") != mine:
-            raise UserError(
-                f"{image} holds other tracing code than this checkout (image "
-                f"{agent.hello.get('sources')}, checkout {mine}): run `./cli.py build`"
-            )
+        check_sources(agent.hello, image)
         return agent
     except BaseException:
         if agent is not None:
