@@ -712,43 +712,47 @@ def _shutdown(
         if h not in gone and not h.swarm
     ]
     if manager is not None:  # the run's services and its overlay network
-        steps.append(lambda: swarm.remove_run(manager, run_dir.name))
 
-        def remove_network() -> None:
-            # The swarm lets go of removed containers' attachments a moment later: retried.
+        def release_swarm() -> None:
+            lost = [h.name for h in gone]
+            # The swarm lets go of removed tasks' network attachments a moment later: retried.
             deadline = time.monotonic() + (0 if gone else NETWORK_RELEASE_S)
-            while True:
-                try:
+            try:
+                left = swarm.remove_run(manager, run_dir.name, lost)
+                while True:
                     container.remove_run_resources(manager, run_dir.name)
-                    left = [n.name for n in container.run_networks(manager, run_dir.name)]
-                except Exception as exc:
-                    if not gone:
-                        raise
-                    raise UserError(  # the manager's node may be the one that left
-                        f"the cluster's manager did not answer ({exc}): the run's overlay "
-                        "network may remain; `./cli.py cluster down` removes it"
-                    ) from None
-                if not left:
-                    return
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            manifest["left_behind"] = [f"network {n}" for n in left]
+                    networks = [n.name for n in container.run_networks(manager, run_dir.name)]
+                    if not networks or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
+            except UserError:
+                raise
+            except Exception as exc:  # requests' errors too: the manager does not answer
+                if not gone:
+                    raise
+                raise UserError(  # the manager's node may be the one that left
+                    f"the cluster's manager did not answer ({exc}): the run's services and "
+                    "overlay network may remain; `./cli.py cluster down` removes them"
+                ) from None
+            left += [f"network {n}" for n in networks]
+            if not left:
+                return
+            manifest["left_behind"] = left
             if not gone:
                 raise UserError(
-                    f"the run's overlay network {', '.join(left)} was still in use "
-                    f"{NETWORK_RELEASE_S:.0f} s after the run's containers were removed: "
+                    f"the run's overlay network {', '.join(networks)} was still in use "
+                    f"{NETWORK_RELEASE_S:.0f} s after the run's services were removed: "
                     "`docker network rm` it on the manager"
                 )
-            lost = ", ".join(h.name for h in gone)  # the swarm keeps a lost node's attachments
+            names = ", ".join(lost)  # the swarm keeps what a lost node held
             raise UserError(
-                f"the run's overlay network {', '.join(left)} stays in use by {lost}'s "
-                f"containers until {lost} is back in the swarm or removed from it "
-                f"(`docker node rm --force {lost}` on the manager; on the virtual cluster "
-                "`./cli.py cluster down`), then `docker network rm` on the manager"
+                f"the swarm keeps {', '.join(left)} of the run until {names} is back in the "
+                f"swarm or removed from it (`docker node rm --force {names}` on the manager, "
+                "then `docker network rm` should the run's network remain; on the virtual "
+                "cluster `./cli.py cluster down`)"
             )
 
-        steps.append(remove_network)
+        steps.append(release_swarm)
         steps.append(lambda: placement.close(hosts, manager))
     first_error = None
     for step in steps:

@@ -449,20 +449,29 @@ def launch_agent(
 REMOVE_TIMEOUT_S = 15.0
 
 
-def remove_run(manager: docker.DockerClient, run_id: str) -> None:
-    """Remove every service of run ``run_id`` (belt and braces on every exit path), and wait
-    until the swarm has no task of them left (their containers removed from their nodes)."""
+def remove_run(manager: docker.DockerClient, run_id: str, gone: Sequence[str] = ()) -> list[str]:
+    """Remove every service of run ``run_id`` (belt and braces on every exit path) and wait
+    until the swarm has no task of them left (their containers removed from their nodes), but
+    for tasks on nodes ``gone`` (they left the run): the swarm removes those once their node is
+    back or removed. Returns those: "task NAME on NODE"."""
     for service in manager.services.list(filters={"label": f"{RUN_LABEL}={run_id}"}):
         try:
             service.remove()
         except docker.errors.NotFound:
             pass
+    names = {n.id: n.attrs["Description"]["Hostname"] for n in manager.nodes.list()}
     deadline = time.monotonic() + REMOVE_TIMEOUT_S
-    while time.monotonic() < deadline:
+    while True:
         # Every task of the swarm: a removed service's tasks cannot be asked for by service
         # or label, but their containers' labels name the run.
-        if not [t for t in manager.api.tasks() if _run_of(t) == run_id]:
-            return
+        left = [t for t in manager.api.tasks() if _run_of(t) == run_id]
+        if all(names.get(t.get("NodeID")) in gone for t in left):
+            return [f"task {t['ID'][:12]} on {names.get(t.get('NodeID'))}" for t in left]
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"the swarm did not remove {len(left)} task(s) of the run within "
+                f"{REMOVE_TIMEOUT_S:.0f} s: `docker service ls` on the manager"
+            )
         time.sleep(0.1)
 
 
