@@ -396,6 +396,59 @@ def test_a_traced_run_across_three_nodes(
     _nothing_of_the_run_left(cli, run_dir)
 
 
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_a_compose_run_across_nodes_keeps_its_placement_constraints(
+    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """`trace --compose FILE --nodes 3`: a service whose deploy.placement.constraints fit only
+    node-3 runs there (the swarm enforcing them too), the other is dealt round-robin; each
+    reads its file, and the trace shows each open and its bytes on the service's node."""
+    from core.rundir import READ_KINDS
+    from tests.conftest import traced_events
+    from tracing.request import RunOptions
+    from tracing.runner import trace
+    from tracing.topology import topology_request
+
+    require_tracing()
+    first, second = sorted(tiny_unet3d.glob("case_*_x.npy"))[:2]
+    compose = tmp_path / "two.yml"
+    compose.write_text(
+        f"""
+services:
+  client:
+    image: twintrace/unet3d:sleep
+    entrypoint: ["sh", "-c", "cat /data/{first.name} > /dev/null"]
+    volumes: ["{tiny_unet3d}:/data:ro"]
+  storage:
+    image: twintrace/unet3d:sleep
+    entrypoint: ["sh", "-c", "cat /data/{second.name} > /dev/null"]
+    volumes: ["{tiny_unet3d}:/data:ro"]
+    deploy:
+      placement:
+        constraints: [node.role == worker, node.hostname != node-2]
+"""
+    )
+    request = topology_request(
+        compose, tmp_path / "runs", run=RunOptions(nodes=3, cluster=NAME), warn=print
+    )
+    run_dir = trace(request, print).check()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert {c["role"]: c["host"] for c in manifest["containers"]} == {
+        "client": "node-1", "storage": "node-3",
+    }  # fmt: skip
+    assert set(manifest["hosts"]) == {"node-1", "node-3"}  # no agent where nothing runs
+    events = traced_events(run_dir)
+    for role, host, path in (("client", "node-1", first), ("storage", "node-3", second)):
+        rows = events[(events["container"] == role) & (events["path"] == f"/data/{path.name}")]
+        assert set(rows["host"]) == {host}, role
+        assert (rows["kind"] == "openat").sum() == 1, role
+        assert rows.loc[rows["kind"].isin(READ_KINDS), "bytes"].sum() == path.stat().st_size
+    _nothing_of_the_run_left(docker_cli, run_dir)
+
+
 def _nothing_of_the_run_left(cli: object, run_dir: Path) -> None:
     """No container, network, service or task of the run on any node still up, and no process
     of this host that names the run (its agents' bpftrace and samplers)."""

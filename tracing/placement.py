@@ -16,6 +16,7 @@ containers and agent in place, as on a shared file system.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ class Host:
     #: A node of a swarm: ``cli`` and ``engine`` are the manager's, which places its
     #: containers as services (tracing/swarm.py); its own engine is not asked.
     swarm: bool = False
+    #: A swarm node's attributes, as placement constraints name them (:func:`node_attributes`).
+    attributes: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Set by the runner: its agent (tracing.tracer_container.LocalAgent).
     agent: Any = None
     #: Set by the runner: what is added to its times to put them on the coordinator's clock
@@ -115,14 +118,89 @@ def cluster_hosts(
         for n in chosen
     ]  # fmt: skip
     manager = cluster.node_client(lead)
+    described = {n["Description"]["Hostname"]: node_attributes(n) for n in manager.api.nodes()}
+    for h in hosts:
+        h.attributes = described.get(h.name, {})
     for run_id in swarm.remove_orphans(manager):
         progress(f"removed the services of run {run_id}, left behind by a killed tracer")
     return hosts, manager
 
 
-def deal(roles: Sequence[str], hosts: Sequence[Host]) -> dict[str, Host]:
-    """Role -> host, round-robin in the roles' order (rank r on host r mod K)."""
-    return {role: hosts[i % len(hosts)] for i, role in enumerate(roles)}
+#: A swarm placement constraint (docs.docker.com/engine/swarm/services/#placement-constraints):
+#: a node attribute, == or !=, a value.
+CONSTRAINT = re.compile(
+    r"^\s*(node\.id|node\.hostname|node\.role|node\.platform\.os|node\.platform\.arch"
+    r"|node\.labels\.[^\s=!]+|engine\.labels\.[^\s=!]+)\s*(==|!=)\s*(\S+)\s*$"
+)
+
+
+def parse_constraint(text: str, where: str) -> tuple[str, str, str]:
+    """(attribute, operator, value) of a placement constraint; a UserError naming ``where``."""
+    found = CONSTRAINT.match(text)
+    if found is None:
+        raise UserError(
+            f"{where}: {text!r} is not a swarm placement constraint (node.hostname, node.role, "
+            "node.id, node.platform.os, node.platform.arch, node.labels.KEY or engine.labels.KEY, "
+            "then == or !=, then a value)"
+        )
+    return found.group(1), found.group(2), found.group(3)
+
+
+def node_attributes(node: dict) -> dict[str, str]:
+    """What constraints name, of a swarm node as its manager describes it (``docker node
+    inspect``)."""
+    spec, desc = node.get("Spec", {}), node.get("Description", {})
+    found = {
+        "node.id": node.get("ID", ""),
+        "node.hostname": desc.get("Hostname", ""),
+        "node.role": spec.get("Role", ""),
+        "node.platform.os": desc.get("Platform", {}).get("OS", ""),
+        "node.platform.arch": desc.get("Platform", {}).get("Architecture", ""),
+    }
+    found |= {f"node.labels.{k}": v for k, v in (spec.get("Labels") or {}).items()}
+    engine = desc.get("Engine", {}).get("Labels") or {}
+    return found | {f"engine.labels.{k}": v for k, v in engine.items()}
+
+
+def meets(attributes: dict[str, str], constraints: Sequence[str]) -> bool:
+    """Whether a node meets every constraint, compared as the swarm compares (ignoring case;
+    an attribute the node lacks equals nothing)."""
+    for text in constraints:
+        key, op, value = parse_constraint(text, "constraint")
+        equal = attributes.get(key, "\0").casefold() == value.casefold()
+        if equal != (op == "=="):
+            return False
+    return True
+
+
+def deal(
+    roles: Sequence[str],
+    hosts: Sequence[Host],
+    constraints: dict[str, Sequence[str]] | None = None,
+) -> dict[str, Host]:
+    """Role -> host: round-robin in the roles' order (rank r on host r mod K); a role with
+    placement ``constraints`` goes to the least loaded host that meets them (by its
+    ``attributes``), the first of them on a tie. The swarm enforces the constraints too: they
+    go with the role's service."""
+    constraints = constraints or {}
+    placed: dict[str, Host] = {}
+    load = dict.fromkeys(hosts, 0)
+    free = iter(range(len(roles)))
+    for role in roles:
+        if constraints.get(role):
+            fit = [h for h in hosts if meets(h.attributes, constraints[role])]
+            if not fit:
+                raise UserError(
+                    f"no node of the run meets {role}'s placement constraints "
+                    f"({', '.join(constraints[role])}): the run's nodes are "
+                    f"{', '.join(h.name for h in hosts)}; change the constraints or --nodes"
+                )
+            host = min(fit, key=lambda h: load[h])
+        else:
+            host = hosts[next(free) % len(hosts)]
+        placed[role] = host
+        load[host] += 1
+    return placed
 
 
 def close(hosts: Sequence[Host], *more: Any) -> None:

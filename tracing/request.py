@@ -82,6 +82,10 @@ class ContainerSpec:
     # --storage-host): it joins docker's default bridge network, which routes out, instead of
     # having no network.
     external_network: bool = False
+    # Across nodes (``--nodes``): the swarm's placement constraints (compose's
+    # ``deploy.placement.constraints``): the container goes to a node of the run that meets
+    # them (tracing/placement.py: deal). Runs on one host have no use for them.
+    constraints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in self.ctl_files:

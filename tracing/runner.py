@@ -149,7 +149,11 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
             cli, request.run.nodes, request.run.cluster, tags, [request.runs_root, *sources],
             progress,
         )  # fmt: skip
-    placed = placement.deal([spec.role for spec in request.containers], hosts)
+    placed = placement.deal(
+        [spec.role for spec in request.containers],
+        hosts,
+        {spec.role: spec.constraints for spec in request.containers} if manager else None,
+    )
     idle = [h for h in hosts if h not in placed.values()]  # more nodes than containers
     placement.close(idle)
     hosts = [h for h in hosts if h not in idle]
@@ -509,6 +513,7 @@ def _start_services(
             run_dir.name,
             spec.role,
             m.host.name,
+            constraints=spec.constraints,
             network=network,
             memory_bytes=spec.memory_bytes,
             cpus=spec.cpus,

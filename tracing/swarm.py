@@ -237,6 +237,7 @@ def start_role(
     role: str,
     node: str,
     *,
+    constraints: Sequence[str] = (),
     network: str | None,
     memory_bytes: int | None = None,
     cpus: float | None = None,
@@ -279,7 +280,7 @@ def start_role(
                 mem_limit=int(memory_bytes) if memory_bytes else None,
             ),
             restart_policy=RestartPolicy(condition="none"),
-            placement=Placement(constraints=[f"node.hostname=={node}"]),
+            placement=Placement(constraints=[f"node.hostname=={node}", *constraints]),
             networks=[NetworkAttachmentConfig(network, aliases=[role])] if network else [],
         )
         try:

@@ -14,7 +14,8 @@ read-write unless ``:ro``, as compose has it), ``working_dir``, ``mem_limit`` or
 ``shm_size``, the GPU reservation ``deploy.resources.reservations.devices`` (an entry with
 ``capabilities: [gpu]`` and ``count`` (a number or ``all``; neither count nor ``device_ids``
 means all, as in compose) or ``device_ids``: what docker's ``--gpus`` would ask for, see
-:func:`service_gpus`), and ``labels`` ``twintrace.daemon: "true"`` for a service that runs until
+:func:`service_gpus`), ``deploy.placement.constraints`` (on a run across nodes, ``--nodes``:
+tracing/placement.py), and ``labels`` ``twintrace.daemon: "true"`` for a service that runs until
 the others are done. Every run has a private internal network of its own on which services reach
 each other by name, so ``networks``, ``ports`` and ``network_mode`` are ignored, with a
 warning, as are keys that do not apply to a traced run (``build``, ``depends_on``,
@@ -111,6 +112,11 @@ def topology_request(
         service = defined[name] or {}
         ignored |= set(service) - USED_KEYS
         containers.append(service_spec(name, service, run, Path(compose_file).parent))
+    if run.nodes is None and any(c.constraints for c in containers) and warn is not None:
+        warn(
+            f"ignored in {compose_file}: deploy.placement (it places services on the nodes of "
+            "a run across nodes, --nodes)"
+        )
     if ignored and warn is not None:
         warn(
             f"ignored in {compose_file} (a traced run has its own network and starts every "
@@ -161,7 +167,22 @@ def service_spec(
         out=not any(m.target == OUT_MOUNT for m in mounts),
         daemon=str(labels.get(DAEMON_LABEL, "")).lower() in ("1", "true", "yes"),
         gpus=service_gpus(service, where) or run.gpus,
+        constraints=_constraints(service, where),
     )
+
+
+def _constraints(service: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """``deploy.placement.constraints``, each checked to be a constraint the swarm knows
+    (tracing/placement.py: CONSTRAINT)."""
+    from tracing.placement import parse_constraint
+
+    placement = (service.get("deploy") or {}).get("placement") or {}
+    found = placement.get("constraints") or []
+    if not isinstance(found, list):
+        raise UserError(f"{where}: deploy.placement.constraints must be a list")
+    for text in found:
+        parse_constraint(str(text), f"{where}: deploy.placement.constraints")
+    return tuple(str(text) for text in found)
 
 
 def service_gpus(service: Mapping[str, Any], where: str) -> str | None:
