@@ -155,6 +155,14 @@ def container_name(run_id: str, role: str) -> str:
     return f"{run_id}-{role}"
 
 
+def barrier_mount(barrier_dir: Path) -> BindMount:
+    """The barrier's mount of a held container: its folder, with the release FIFO made."""
+    fifo = barrier_dir / RELEASE_FIFO
+    if not fifo.exists():
+        os.mkfifo(fifo, 0o600)
+    return BindMount(barrier_dir, BARRIER_MOUNT, True)
+
+
 def start_held(
     cli: docker.DockerClient,
     image: str,
@@ -177,10 +185,7 @@ def start_held(
 
     ``network`` None: no network at all (least privilege for a single-container run);
     :data:`DEFAULT_BRIDGE`: docker's default bridge network (a route out of the host)."""
-    fifo = barrier_dir / RELEASE_FIFO
-    if not fifo.exists():
-        os.mkfifo(fifo, 0o600)
-    all_mounts = [BindMount(barrier_dir, BARRIER_MOUNT, True), *mounts]
+    all_mounts = [barrier_mount(barrier_dir), *mounts]
     kwargs: dict[str, Any] = {}
     if memory_bytes:
         kwargs["mem_limit"] = int(memory_bytes)

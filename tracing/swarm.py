@@ -42,14 +42,13 @@ from docker.types import (
 
 from core.errors import UserError
 from tracing.agent import LEASE_S, AgentClient
-from tracing.barrier import RELEASE_FIFO
 from tracing.container import (
-    BARRIER_MOUNT,
     BARRIER_SCRIPT,
     OWNER_LABEL,
     ROLE_LABEL,
     RUN_LABEL,
     BindMount,
+    barrier_mount,
     container_name,
 )
 from tracing.launcher import AGENT_FILE, SOCKET
@@ -248,9 +247,6 @@ def start_role(
     """Create role ``role``'s service on ``node`` (module doc); the task is started, not yet
     running: :meth:`RoleTask.wait_running`. The barrier is as :func:`tracing.container.start_held`
     makes it."""
-    fifo = barrier_dir / RELEASE_FIFO
-    if not fifo.exists():
-        os.mkfifo(fifo, 0o600)
     spec = ContainerSpec(
         image,
         command=["/bin/sh", "-c", BARRIER_SCRIPT, "twintrace-barrier"],
@@ -260,7 +256,7 @@ def start_role(
         workdir=working_dir,
         labels=_labels(run_id, **{ROLE_LABEL: role}),
         mounts=[
-            BindMount(barrier_dir, BARRIER_MOUNT, True).to_docker(),
+            barrier_mount(barrier_dir).to_docker(),
             *(m.to_docker() for m in mounts),
             Mount("/dev/shm", None, type="tmpfs", tmpfs_size=int(shm_bytes)),
         ],
