@@ -86,6 +86,8 @@ RELEASE_LEAD_NS = 50_000_000
 #: second after one of their log streams ended.
 _POLL_S = 0.5
 _POLL_QUICK_S = 0.05
+#: Across nodes: how long after the release the coordinator first asks for the tasks' states.
+_SETTLE_S = 0.2
 
 
 @dataclasses.dataclass
@@ -546,6 +548,11 @@ def _wait(
     forever). Returns (status, error)."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
     codes: dict[str, int] = {}
+    if any(isinstance(m.ctr, swarm.RoleTask) for m in members):
+        # The tasks were just released: asking the swarm's manager for their states at once
+        # would compete for the CPUs with the manager node's containers as they start (the
+        # release skew, manifest release_skew_ns); an end is noticed 0.2 s later at most.
+        time.sleep(_SETTLE_S)
     quick_until = 0.0
     while True:
         container_ended.clear()
