@@ -114,6 +114,15 @@ def remove_orphans(manager: docker.DockerClient) -> list[str]:
     return sorted(removed)
 
 
+def _create(manager: docker.DockerClient, template: Any, name: str, run_id: str, what: str) -> Any:
+    """A service of the run made from ``template``; a UserError naming ``what`` otherwise."""
+    try:
+        created = manager.api.create_service(template, name=name, labels=_labels(run_id))
+    except docker.errors.APIError as exc:
+        raise UserError(f"the swarm could not create {what}: {exc.explanation or exc}") from None
+    return manager.services.get(created["ID"])
+
+
 def _task(service: Any) -> dict | None:
     """The service's one task (the newest, should the swarm have made another), or None."""
     tasks = service.tasks()
@@ -159,7 +168,6 @@ class RoleTask:
         self.id = ""
         self.main_pid = 0
         self.memlock_raised = False
-        self._echo: threading.Thread | None = None
 
     def wait_running(self, timeout: float = START_TIMEOUT_S) -> None:
         try:
@@ -211,8 +219,7 @@ class RoleTask:
             except Exception:  # the service removed while we read
                 pass
 
-        self._echo = threading.Thread(target=run, name=f"echo-{self.role}", daemon=True)
-        self._echo.start()
+        threading.Thread(target=run, name=f"echo-{self.role}", daemon=True).start()
 
     def save_logs(self, path: Path) -> None:
         """Its whole output into ``path`` (the run's raw/<role>/container.log)."""
@@ -279,15 +286,9 @@ def start_role(
             placement=Placement(constraints=[f"node.hostname=={node}", *constraints]),
             networks=[NetworkAttachmentConfig(network, aliases=[role])] if network else [],
         )
-        try:
-            created = manager.api.create_service(
-                template, name=service_name(run_id, role), labels=_labels(run_id)
-            )
-        except docker.errors.APIError as exc:
-            raise UserError(
-                f"the swarm could not create container {role}'s service: {exc.explanation or exc}"
-            ) from None
-        return manager.services.get(created["ID"])
+        return _create(
+            manager, template, service_name(run_id, role), run_id, f"container {role}'s service"
+        )
 
     return RoleTask(create(unlimited), role, node, lambda: create(spec))
 
@@ -385,17 +386,9 @@ def launch_agent(
         image,
         command=["sh", "-c", 'exec python3 -m tracing.launcher "$@" 2>> "$0"', str(log)],
         args=[
-            "--run-dir",
-            str(run_dir),
-            "--node-dir",
-            node_dir,
-            "--address",
-            address,
-            "--image",
-            image,
-            "--lease",
-            str(lease_s),
-        ],  # fmt: skip
+            *("--run-dir", str(run_dir), "--node-dir", node_dir, "--address", address),
+            *("--image", image, "--lease", str(lease_s)),
+        ],
         labels=_labels(run_dir.name),
         mounts=[
             Mount(SOCKET, SOCKET, type="bind"),
@@ -408,26 +401,19 @@ def launch_agent(
         restart_policy=RestartPolicy(condition="none"),
         placement=Placement(constraints=[f"node.hostname=={node}"]),
     )
-    try:
-        created = manager.api.create_service(
-            template,
-            name=service_name(run_dir.name, f"agent-{node}"),
-            labels=_labels(run_dir.name),
-        )
-    except docker.errors.APIError as exc:
-        raise UserError(
-            f"the swarm could not create {node}'s agent launcher: {exc.explanation or exc}"
-        ) from None
-    service = manager.services.get(created["ID"])
+    service = _create(
+        manager,
+        template,
+        service_name(run_dir.name, f"agent-{node}"),
+        run_dir.name,
+        f"{node}'s agent launcher",
+    )
     agent = RemoteAgent(service, log, node)
     try:
         deadline = time.monotonic() + timeout
         while not answer.exists():
-            if (gone := agent.exited()) is not None:
+            if (gone := agent.exited()) is not None:  # the launcher's task ended
                 raise UserError(f"the tracer agent of {node} did not start: {gone}")
-            task = _task(service)
-            if task is not None and task["Status"]["State"] in ENDED:
-                raise UserError(f"the agent launcher of {node} did not start: {_why(task)}")
             if time.monotonic() > deadline:
                 raise UserError(f"the tracer agent of {node} did not start within {timeout:.0f} s")
             time.sleep(0.05)

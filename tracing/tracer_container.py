@@ -150,15 +150,14 @@ def start_agent(
     image: str = TRACER_IMAGE,
     address: str = "127.0.0.1",
     args: Sequence[str] = (),
-    log_name: str = "agent.log",
 ) -> LocalAgent:
     """Start the agent of run ``run_dir`` on the host of engine ``cli`` and wait until it
-    answers; its log goes to ``raw/<log_name>``. ``gpus``: give it the run's GPUs (utility
+    answers; its log goes to ``raw/agent.log``. ``gpus``: give it the run's GPUs (utility
     only: NVML's counters). ``address``: the host's address its port is published on, and the
     coordinator dials (this host's loopback; a cluster node's address on the cluster's network,
     ``image`` then the name the node pulls the tracer by). ``args``: more agent options."""
     run_dir = Path(run_dir).resolve()
-    log = run_dir / "raw" / log_name
+    log = run_dir / "raw" / "agent.log"
     ctr, port = agent_container(
         cli, run_dir, image=image, address=address, log=log, lease_s=lease_s, gpus=gpus, args=args
     )
