@@ -468,7 +468,8 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     "--rank-containers",
     is_flag=True,
     help="With --accelerators G: one container per data-parallel rank, joined by "
-    "torch.distributed (gloo) over the run's private network.",
+    "torch.distributed (gloo) over the run's private network (--variant dlio: MPI, mpirun in "
+    "rank 0's container).",
 )
 @click.option(
     "--image", default=None, help="Trace any image instead of a workload; the command follows `--`."
@@ -552,17 +553,33 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--nodes",
-    type=int,
+    metavar="K|NODE,NODE,...",
     default=None,
-    help="Run across K nodes of a cluster (./cli.py cluster up): the containers dealt "
-    "round-robin over its first K nodes, an agent tracing each (docs/cluster.md).",
+    help="Run across K nodes of a swarm, or across the nodes named: the containers dealt "
+    "round-robin over them, an agent tracing each (docs/cluster.md). The swarm: the virtual "
+    "cluster (./cli.py cluster up), or the one --engine names.",
 )
 @click.option(
     "--cluster",
     "cluster_name",
     default="twintrace",
     show_default=True,
-    help="With --nodes: the cluster's name.",
+    help="With --nodes: the virtual cluster's name.",
+)
+@click.option(
+    "--engine",
+    "swarm_engine",
+    metavar="URL",
+    default=None,
+    help="With --nodes: a real swarm, by its manager's engine (unix:///..., tcp://..., "
+    "ssh://user@manager); ./cli.py cluster check --engine URL checks it first.",
+)
+@click.option(
+    "--registry",
+    metavar="HOST:PORT",
+    default=None,
+    help="With --engine: the registry the swarm's nodes pull the run's images from (pushed "
+    "there through the manager); without it the nodes must have them.",
 )
 @runs_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -599,8 +616,10 @@ def trace(
     storage_host: str | None,
     prep_workers: int | None,
     storage_cpus: float | None,
-    nodes: int | None,
+    nodes: str | None,
     cluster_name: str,
+    swarm_engine: str | None,
+    registry: str | None,
     runs_root: Path,
     command: tuple[str, ...],
 ) -> None:
@@ -615,6 +634,7 @@ def trace(
       ./cli.py trace --image twintrace/base:latest --mount /srv/data:/data -- python3 -c "print(1)"
       ./cli.py trace --compose topology.yml --service client --service server
       ./cli.py trace --workload unet3d --variant sleep --data data/unet3d --accelerators 3 --rank-containers --nodes 3
+      ./cli.py trace --workload unet3d --variant dlio --data /shared/unet3d --accelerators 4 --rank-containers --nodes 2 --engine ssh://root@manager --registry registry.lan:5000
       ./cli.py trace --workload resnet18 --variant sleep --data data/oi --set dataset=remote-sophon --net-bandwidth 430mbit --prep-workers 2
     """
     from tracing.container import BindMount
@@ -651,16 +671,18 @@ def trace(
         timeout_s=timeout,
         echo=not quiet,
         net_bandwidth_bits_s=parse_rate(net_bandwidth) if net_bandwidth is not None else None,
-        nodes=nodes,
         cluster=cluster_name,
+        engine=swarm_engine,
+        registry=registry,
+        **_parse_nodes(nodes),
     )
     extra_mounts = [BindMount.parse(m) for m in mounts]
     if variant in PEER_VARIANTS and workload is None:
         raise UserError(f"--variant {variant} is for --workload runs")
-    if variant in PEER_VARIANTS and (rank_containers or extra_mounts or gpus):
+    if variant in PEER_VARIANTS and (extra_mounts or gpus):
         raise UserError(
-            f"--variant {variant} runs its ranks as MPI processes in one container, on its "
-            "own dataset and without GPUs: leave out --rank-containers, --mount and --gpus"
+            f"--variant {variant} runs on its own dataset and without GPUs: leave out --mount "
+            "and --gpus"
         )
     if workload is not None:
         given = {
@@ -697,6 +719,7 @@ def trace(
                 accelerator=emulated,
                 profile_model=profile_model,
                 run=run,
+                rank_containers=rank_containers,
                 log=lambda msg: err_console.print(_styled(msg)),
             )
         else:
@@ -749,6 +772,19 @@ def trace(
     if outcome.status != "completed":  # finished, but the trace is not whole
         err_console.print(_styled(f": {outcome.error}", "yellow", "warning"))
     click.echo(str(outcome.run_dir))
+
+
+def _parse_nodes(text: str | None) -> dict[str, Any]:
+    """``--nodes K`` or ``--nodes NODE,NODE,...`` as RunOptions' ``nodes`` and ``node_names``."""
+    if text is None:
+        return {}
+    text = text.strip()
+    if text.isdigit():
+        return {"nodes": int(text)}
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise UserError(f"--nodes {text!r}: give a count (3) or node names (node-1,node-3)")
+    return {"nodes": len(names), "node_names": names}
 
 
 @cli.command("storage-server")

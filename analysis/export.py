@@ -38,6 +38,11 @@ A run of several containers is exported as one process group per container: its 
 ``samples · host``) and its real processes, labelled with the role (``process_labels``) and
 sorted next to them (``process_sort_index``). Block devices are shared by all containers.
 
+A run across hosts has one pid namespace per host: two hosts' processes may have the same pid.
+Each host's pids and tids are exported in a range of their own, ``pid + i * HOST_PID_STRIDE``
+for the i-th host (by name; :func:`host_pids`), so that no two hosts' processes or threads
+merge; the processes' names say their real pid and host (``python3 (pid 41 on node-2)``).
+
 Page-cache rows (per-process 100 ms intervals) are not exported; the timeline plot shows them.
 Events are written in groups (the order of the list above), each sorted by start time; the
 format does not require an order (Perfetto sorts on import).
@@ -92,6 +97,10 @@ APP_PID = 1_000_000_000
 SAMPLES_PID = APP_PID + 1
 BLOCK_PID_BASE = APP_PID + 2
 CONTAINER_PID_STRIDE = 1_000
+#: A run across hosts: host i's pids and tids are exported as ``pid + i * HOST_PID_STRIDE``
+#: (Linux's pid_max is at most 2**22), below APP_PID for up to 238 hosts.
+HOST_PID_STRIDE = 1 << 22
+MAX_HOSTS = APP_PID // HOST_PID_STRIDE
 
 #: Bytes of text built per chunk before it is written (bounds the temporary memory).
 CHUNK_BYTES = 32 << 20
@@ -527,10 +536,14 @@ def _thread_meta(pid: int, tid: int, name: str) -> dict[str, Any]:
     return {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
 
 
-def _process_names(events: pd.DataFrame, groups_of: _Groups) -> list[dict[str, Any]]:
+def _process_names(
+    events: pd.DataFrame, groups_of: _Groups, hosts: Mapping[int, tuple[int, str]] | None = None
+) -> list[dict[str, Any]]:
     """``process_name`` and ``thread_name`` events for the processes with exported events;
     for a run of several containers also each process's container (``process_labels``) and a
-    ``process_sort_index`` that places it with its container's pseudo-processes.
+    ``process_sort_index`` that places it with its container's pseudo-processes. ``hosts``:
+    a run across hosts' exported pid -> (real pid, host) (:func:`host_pids`), named in the
+    process's name.
 
     A thread's name is its latest ``comm`` (a DataLoader worker renames itself after fork); a
     process's is its main thread's (tid == pid), else that of its thread seen last.
@@ -546,8 +559,16 @@ def _process_names(events: pd.DataFrame, groups_of: _Groups) -> list[dict[str, A
     def label(comm: Any) -> str:
         return "?" if comm is None or comm is pd.NA else str(comm)
 
+    hosts = hosts or {}
+
+    def named(pid: int, comm: Any) -> str:
+        if pid not in hosts:
+            return label(comm)
+        real, host = hosts[pid]
+        return f"{label(comm)} (pid {real} on {host})"
+
     meta = [
-        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label(c)}}
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": named(pid, c)}}
         for pid, c in zip(procs["pid"].tolist(), procs["comm"].tolist(), strict=True)
     ]
     meta += [
@@ -561,6 +582,39 @@ def _process_names(events: pd.DataFrame, groups_of: _Groups) -> list[dict[str, A
             meta.append(_labels_meta(pid, groups_of.role(g)))
             meta.append(_sort_meta(pid, groups_of.sort_index(g, 2)))
     return meta
+
+
+def host_pids(events: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, tuple[int, str]]]:
+    """``events`` with each host's pids and tids in a range of their own (the module doc) when
+    it spans several hosts, and the exported pid -> (real pid, host) of those processes; the
+    events as they are (and no map) for a run of one host."""
+    if "host" not in events.columns:
+        return events, {}
+    hosts = sorted(str(h) for h in events["host"].dropna().unique())
+    if len(hosts) < 2:
+        return events, {}
+    if len(hosts) > MAX_HOSTS:
+        raise UserError(
+            f"the run spans {len(hosts)} hosts: its Perfetto export holds at most {MAX_HOSTS} "
+            "(each host's pids in a range of their own); export it as CSV (--format csv)"
+        )
+    index = events["host"].astype("string").map({h: i for i, h in enumerate(hosts)})
+    offset = index.fillna(0).to_numpy(dtype=np.int64) * HOST_PID_STRIDE
+    shifted = events.assign(
+        pid=events["pid"].to_numpy(dtype=np.int64) + offset,
+        tid=events["tid"].to_numpy(dtype=np.int64) + offset,
+    )
+    real = (
+        pd.DataFrame({"pid": shifted["pid"], "real": events["pid"], "host": events["host"]})
+        .dropna(subset=["host"])
+        .drop_duplicates("pid")
+    )
+    return shifted, {
+        int(p): (int(r), str(h))
+        for p, r, h in zip(
+            real["pid"].tolist(), real["real"].tolist(), real["host"].tolist(), strict=True
+        )
+    }
 
 
 def _origin(run: Run) -> int:
@@ -598,8 +652,9 @@ def export_perfetto(run: Run, out_path: Path) -> Path:
     """
     origin = _origin(run)
     events, samples, phases = run.events, run.samples, run.phases
+    events, hosts = host_pids(events)
     groups_of = _Groups.of(run)
-    meta = _process_names(events, groups_of)
+    meta = _process_names(events, groups_of, hosts)
     groups = [*_syscall_groups(events, origin), _process_group(events, origin)]
     block, block_meta = _block_group(events, origin)
     phase_groups, phase_meta = _phase_groups(phases, origin, groups_of)

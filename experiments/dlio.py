@@ -16,6 +16,13 @@
    into the container's control directory; ``--accelerators G`` is G MPI ranks in the one
    container. The runner traces it like any run; its phases come from DLIO's own outputs
    (:mod:`tracing.dlio`).
+3. **Rank containers** (``--rank-containers``, and so across the nodes of a swarm with
+   ``--nodes K``): one container per rank, ``rank0`` .. ``rank<G-1>`` on the run's private
+   network (across nodes, its overlay network). Rank 0's container runs ``mpirun`` over every
+   rank's container, one slot each (:func:`mpirun_command`); Open MPI's launcher starts its
+   daemon in each other rank's container through ``twintrace-rsh`` (images/dlio/rsh.py), the
+   remote shell each of them serves as its first process, with a token of the run instead of
+   ssh and its keys. Every rank writes its own outputs (``out/rank<r>/dlio/``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -110,6 +118,27 @@ def dlio_command(ranks: int) -> list[str]:
         f"hydra.run.dir={dlio.OUTPUT_DIR}/hydra",
     ]
     return ["mpirun", "-np", str(ranks), *run] if ranks > 1 else run
+
+
+#: Rank containers: the remote shell of Open MPI's launcher, and how it finds the token.
+RSH = "twintrace-rsh"
+RSH_TOKEN = "rsh.token"
+
+
+def rank_role(rank: int) -> str:
+    return f"rank{rank}"
+
+
+def mpirun_command(ranks: int) -> list[str]:
+    """Rank 0's command in rank containers: ``mpirun`` over the ``ranks`` containers, one slot
+    each, mapped one rank per container (rank r in ``rank<r>``)."""
+    hosts = ",".join(f"{rank_role(r)}:1" for r in range(ranks))
+    return ["mpirun", "-np", str(ranks), "--host", hosts, "--map-by", "node", *dlio_command(1)]
+
+
+#: Rank 0's environment in rank containers: Open MPI's launcher starts its daemons through
+#: twintrace-rsh, each daemon itself (no tree of daemons starting daemons).
+MPIRUN_ENVIRONMENT = {"PRTE_MCA_plm_ssh_agent": RSH, "PRTE_MCA_plm_ssh_no_tree_spawn": "1"}
 
 
 def mirror_dataset(
@@ -310,9 +339,11 @@ def dlio_request(
     accelerator: str | None = None,
     profile_model: str | None = None,
     run: RunOptions | None = None,
+    rank_containers: bool = False,
     log: Log = lambda msg: None,
 ) -> RunRequest:
-    """A traced DLIO run standing for ``workload``'s run with ``settings`` (module doc)."""
+    """A traced DLIO run standing for ``workload``'s run with ``settings`` (module doc);
+    ``rank_containers``: one container per rank."""
     run = run or RunOptions()
     from workloads.profile import default_profile, load_profile
     from workloads.registry import WORKLOADS
@@ -335,6 +366,8 @@ def dlio_request(
     options = dict(options or {})
     spec.parse_options(options)
     config = spec.config(dlio.DLIO_VARIANT, options=options, **settings)
+    if rank_containers and config.accelerators < 2:
+        raise UserError("--rank-containers needs --accelerators 2 or more")
     check_image()
     as_sleep = config.replace(variant="sleep")
     if accelerator is not None or profile_model is not None:
@@ -383,11 +416,27 @@ def dlio_request(
         memory_bytes=run.limits.memory_bytes,
         cpus=run.limits.cpus,
     )
+    members: tuple[ContainerSpec, ...] = (member,)
+    if rank_containers:
+        peer["rank_containers"] = True
+        # A secret of the run: only its own containers start commands in each other.
+        files = {**member.ctl_files, RSH_TOKEN: secrets.token_hex(16) + "\n"}
+        members = tuple(
+            dataclasses.replace(
+                member,
+                role=rank_role(r),
+                config=config.replace(rank=r),
+                command=tuple(mpirun_command(config.accelerators) if r == 0 else [RSH, "--serve"]),
+                environment={**member.environment, **(MPIRUN_ENVIRONMENT if r == 0 else {})},
+                ctl_files=files,
+            )
+            for r in range(config.accelerators)
+        )
     return RunRequest(
         label=workload,
         variant=dlio.DLIO_VARIANT,
         runs_root=Path(runs_root),
-        containers=(member,),
+        containers=members,
         config=config,
         run=run,
         peer=peer,

@@ -76,8 +76,13 @@ OS_TAG = "twintrace/os:bookworm"
 TRACER_SUITE = "trixie"
 # libre2-11: provides the virtual package python3-grpcio depends on, which debootstrap does not
 # resolve by itself. python3-docker: the agent's launcher on a swarm's node (tracing/launcher.py).
-TRACER_PACKAGES = ("bpftrace", "python3", "python3-grpcio", "libre2-11", "python3-docker")
-TRACER_RECIPE = 2  # bumped when the image's recipe changes (rebuilds it)
+# iproute2 and util-linux: tc and nsenter, for the network caps of a run across nodes
+# (tracing/shaper.py: EgressShaper).
+TRACER_PACKAGES = (
+    "bpftrace", "python3", "python3-grpcio", "libre2-11", "python3-docker", "iproute2",
+    "util-linux",
+)  # fmt: skip
+TRACER_RECIPE = 3  # bumped when the image's recipe changes (rebuilds it)
 REGISTRY_BASE = "python:3.11-slim"
 HASH_LABEL = "twintrace.inputs-hash"
 # The Dockerfile of every workload image, relative to the repository root (the build context).

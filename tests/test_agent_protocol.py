@@ -118,7 +118,7 @@ def test_attach_to_a_container_this_host_does_not_run_fails_and_leaves_the_agent
         UserError, match=r"container main \(0123456789ab\) has no process on this host"
     ):
         client.call("Attach", {"run_id": "r", "run_dir": str(tmp_path), "containers": one})
-    assert client.call("Status") == {"state": "stopped", "failed": None}
+    assert client.call("Status") == {"state": "stopped", "failed": None, "released_ns": None}
     with pytest.raises(UserError, match="already serves run r"):
         client.call("Attach", {"run_id": "s", "run_dir": str(tmp_path), "containers": one})
 
@@ -236,4 +236,64 @@ def test_replies_are_json_objects_any_grpc_client_can_read(served) -> None:
     """No generated code: the raw bytes of a reply are a JSON object."""
     _, client = served
     raw = client.channel.unary_unary(f"/{SERVICE}/Status")
-    assert json.loads(raw(b"{}", timeout=5)) == {"state": "idle", "failed": None}
+    assert json.loads(raw(b"{}", timeout=5)) == {
+        "state": "idle",
+        "failed": None,
+        "released_ns": None,
+    }
+
+
+def _held(tmp_path: Path, role: str) -> tuple[Path, list[bytes]]:
+    """A barrier FIFO of ``role`` and a reader thread's record of what came through it."""
+    import os
+
+    from tracing.barrier import RELEASE_FIFO
+
+    barrier = tmp_path / "ctl" / role
+    barrier.mkdir(parents=True)
+    os.mkfifo(barrier / RELEASE_FIFO)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(barrier / RELEASE_FIFO, "rb") as fifo:
+            got.append(fifo.readline())
+            got.append(str(time.monotonic_ns()).encode())
+
+    threading.Thread(target=read, daemon=True).start()
+    return barrier, got
+
+
+def test_a_timed_release_answers_at_once_and_lets_go_at_its_instant(tmp_path: Path) -> None:
+    """Release with at_ns (the joint release across hosts) answers before the instant, lets
+    the containers go at it and says when in released_ns; Stop cancels a release to come."""
+    (tmp_path / "raw").mkdir()
+    barrier, got = _held(tmp_path, "a")
+    side = RunSide(
+        {
+            "run_id": "r",
+            "run_dir": str(tmp_path),
+            "containers": [{"role": "a", "container_id": "x", "barrier": "ctl/a"}],
+        }
+    )
+    at = time.monotonic_ns() + 200_000_000
+    assert side.release(at) == {"released_ns": None}
+    assert time.monotonic_ns() < at and side.released_ns is None
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got[0] == b"go\n" and at <= int(got[1]) < at + 50_000_000
+    assert side.released_ns is not None and at <= side.released_ns < at + 50_000_000
+    side.stop()
+    # A release still to come when the run stops never comes.
+    later = RunSide(
+        {
+            "run_id": "r2",
+            "run_dir": str(tmp_path),
+            "containers": [{"role": "b", "container_id": "y", "barrier": "ctl/b"}],
+        }
+    )
+    _, never = _held(tmp_path, "b")
+    later.release(time.monotonic_ns() + 300_000_000)
+    later.stop()
+    time.sleep(0.5)
+    assert never == [] and later.released_ns is None and later.failed() is None

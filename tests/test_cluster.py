@@ -449,6 +449,167 @@ services:
     _nothing_of_the_run_left(docker_cli, run_dir)
 
 
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_original_ranks_across_two_nodes(
+    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The real training job's ranks across nodes: `--variant original --accelerators 2
+    --rank-containers --nodes 2`, the ranks' gradients all-reduced by gloo over the run's
+    overlay network; each rank's opens and bytes exact for its shard, on its node."""
+    from core.rundir import READ_KINDS
+    from tests.conftest import traced_events
+    from tests.test_multicontainer import _expected_shards
+    from tracing.request import RunOptions, workload_request
+    from tracing.runner import trace
+
+    require_tracing()
+    request = workload_request(
+        "unet3d",
+        "original",
+        tiny_unet3d,
+        tmp_path / "runs",
+        settings={"epochs": 1, "batch_size": 1, "workers": 1, "accelerators": 2, "seed": 0},
+        options={"patch_size": "32"},
+        rank_containers=True,
+        run=RunOptions(nodes=2, cluster=NAME),
+    )
+    run_dir = trace(request, print).check()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    placed = {c["role"]: c["host"] for c in manifest["containers"]}
+    assert placed == {"rank0": "node-1", "rank1": "node-2"}
+    events = traced_events(run_dir)
+    mine = events[events["container"].notna()]
+    assert (mine["host"] == mine["container"].map(placed)).all()
+    cases = sorted(p.name[: -len("_x.npy")] for p in tiny_unet3d.glob("case_*_x.npy"))
+    for role, indices in _expected_shards(len(cases), 2, seed=0).items():
+        rows = mine[(mine["container"] == role) & mine["path"].str.startswith("/data/case_")]
+        expected = {f"/data/{cases[i]}_{xy}.npy" for i in indices for xy in "xy"}
+        assert set(rows.loc[rows["kind"] == "openat", "path"]) == expected, role
+        for path in expected:
+            size = (tiny_unet3d / path.removeprefix("/data/")).stat().st_size
+            read = rows.loc[rows["kind"].isin(READ_KINDS) & (rows["path"] == path), "bytes"]
+            assert size <= read.sum() <= size + 16384, (role, path)
+    _nothing_of_the_run_left(docker_cli, run_dir)
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_dlio_ranks_across_nodes_of_a_swarm_named_by_its_engine(
+    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """DLIO's MPI ranks across nodes, on a swarm named as a real one is (its manager's engine,
+    the registry its nodes pull from, the nodes by name): rank 0's mpirun on node-3 starts
+    Open MPI's daemon in rank 1's container on node-2 through twintrace-rsh over the run's
+    overlay network; each rank's reads on its node (tests/test_dlio.py: check_dlio_ranks)."""
+    from tests.test_dlio import check_dlio_ranks, dlio_rank_request, fast_profile
+    from tracing.request import RunOptions
+    from tracing.runner import trace
+
+    require_tracing()
+    lead = vc.manager(docker_cli, NAME)  # type: ignore[arg-type]
+    run = RunOptions(
+        nodes=2, node_names=("node-3", "node-2"), engine=lead.engine, registry=vc.REGISTRY
+    )
+    request = dlio_rank_request(
+        tiny_unet3d, tmp_path / "runs", fast_profile(tmp_path / "p.json", "unet3d"), run
+    )
+    run_dir = trace(request, print).check()  # type: ignore[arg-type]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["cluster"] == {
+        "name": None, "engine": lead.engine, "registry": vc.REGISTRY,
+        "nodes": ["node-3", "node-2"],
+    }  # fmt: skip
+    hosts = {c["role"]: c["host"] for c in manifest["containers"]}
+    assert hosts == {"rank0": "node-3", "rank1": "node-2"}
+    check_dlio_ranks(run_dir, hosts)
+    _nothing_of_the_run_left(docker_cli, run_dir)
+
+
+@pytest.fixture(scope="module")
+def large_images(three_nodes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Eight JPEGs of about 300 kB, each larger than its 224 x 224 crop, on the shared path
+    (the session's folder)."""
+    from datagen.images import ImageGenParams, generate_images
+
+    out = tmp_path_factory.mktemp("cluster-images") / "img"
+    params = ImageGenParams(
+        classes=2, mean_kb=300, size_sigma=0.05, val_fraction=0.0, distinct_images=4
+    )
+    generate_images(out, 8 * 300_000, seed=2, workers=2, params=params)
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_sophon_storage_and_training_nodes_across_nodes_with_the_link_capped(
+    docker_cli: object, three_nodes: Path, images: dict[str, str], large_images: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """SOPHON's topology across nodes: the training container on node-1, the storage
+    container on node-2, their link capped at 20 Mbit/s by each node's agent (what each
+    container sends, in its own network namespace): the offload plan's probe measures at most
+    the cap, the epoch's traffic stays under it, every image is read on the storage node only
+    (twice: SOPHON's profiling, then the epoch), and each agent removed its caps."""
+    from core.rundir import READ_KINDS, load_run
+    from experiments.sophon import epoch_interval, sampled_total
+    from tracing.remote import StorageNode
+    from tracing.request import RunOptions, workload_request
+    from tracing.runner import trace
+    from workloads.images.files import load_image_data
+
+    require_tracing()
+    cap = 20_000_000
+    request = workload_request(
+        "resnet18",
+        "sleep",
+        large_images,
+        tmp_path / "runs",
+        settings={
+            "epochs": 1,
+            "batch_size": 4,
+            "workers": 1,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+        },  # fmt: skip
+        options={"dataset": "remote-sophon"},
+        storage=StorageNode(prep_workers=1),
+        run=RunOptions(nodes=2, cluster=NAME, net_bandwidth_bits_s=cap, timeout_s=300),
+    )
+    run_dir = trace(request, print).check()
+    run = load_run(run_dir)
+    hosts = {c["role"]: c["host"] for c in run.manifest["containers"]}
+    assert hosts == {"main": "node-1", "storage": "node-2"}
+    shaping = run.manifest["net_shaping"]
+    assert shaping["rate_bits_s"] == cap and shaping["direction"] == "egress"
+    assert {r: d.split(":")[0] for r, d in shaping["devices"].items()} == hosts
+    assert not any(h.get("shaper_error") for h in run.manifest["hosts"].values())
+    plan = json.loads((run_dir / "out" / "main" / "offload-plan.json").read_text())
+    assert 0.6 * cap < plan["bandwidth_bytes_s"] * 8 <= 1.05 * cap, plan
+    _, t0, t1 = epoch_interval(run)
+    received = sampled_total(run.samples, "container_net_rx", "main", t0, t1)
+    assert received * 8 / ((t1 - t0) * 1e-9) <= 1.1 * cap
+    ev = run.events
+    files = load_image_data(large_images).train
+    reads = ev[
+        ev["kind"].astype(str).isin(READ_KINDS)
+        & ev["path"].astype(str).str.startswith("/data/train/")
+    ]
+    assert set(reads["container"].astype(str)) == {"storage"}
+    assert set(reads["host"].astype(str)) == {"node-2"}
+    # every image read whole twice: once by SOPHON's profiling, once for the epoch
+    per_file = reads.groupby(reads["path"].astype(str))["bytes"].sum().to_dict()
+    assert per_file == {
+        f"/data/{f.path.relative_to(large_images)}": 2 * f.path.stat().st_size for f in files
+    }  # type: ignore[union-attr]
+    _nothing_of_the_run_left(docker_cli, run_dir)
+
+
 def _nothing_of_the_run_left(cli: object, run_dir: Path) -> None:
     """No container, network, service or task of the run on any node still up, and no process
     of this host that names the run (its agents' bpftrace and samplers)."""

@@ -122,6 +122,73 @@ def test_a_traced_dlio_run(
             assert by_file.get(f"/data/{name}", 0) >= files[name]
 
 
+def dlio_rank_request(data: Path, runs: Path, profile: Path, run: object = None) -> object:
+    """unet3d's DLIO run as 2 ranks in 2 containers (settings as test_a_traced_dlio_run's)."""
+    return dlio_runs.dlio_request(
+        "unet3d",
+        data,
+        runs,
+        settings={
+            "epochs": 1,
+            "workers": 1,
+            "checkpoint_every": 0,
+            "accelerators": 2,
+            **CASES["unet3d"][3],
+        },  # fmt: skip
+        profile=profile,
+        rank_containers=True,
+        **({"run": run} if run is not None else {}),
+    )
+
+
+def check_dlio_ranks(run_dir: Path, hosts: dict[str, str] | None = None) -> None:
+    """A DLIO run of 2 ranks in containers rank0 and rank1: mpirun in rank0, Open MPI's daemon
+    started in rank1 through twintrace-rsh (no ssh), each rank's DLIO process and reads in its
+    own container (on its host, ``hosts``: role -> host), every file of the mirror read whole
+    by one of them, both ranks' steps, and DLIO's own summary (2 accelerators) from rank 0."""
+    run = load_run(run_dir)
+    summary = load_summary(run_dir)
+    assert run.containers == ["rank0", "rank1"]
+    events = traced_events(run_dir)
+    execs = events[events["kind"] == "exec"]
+    # exec rows name the program run (comm after exec) in ``comm``
+    assert "mpirun" in set(execs.loc[execs["container"] == "rank0", "comm"]), execs
+    assert "prted" in set(execs.loc[execs["container"] == "rank1", "comm"]), execs
+    assert not (execs["comm"] == "ssh").any()
+    manifest = json.loads((Path(run.manifest["peer"]["dataset"]) / "manifest.json").read_text())
+    # DLIO reads the first files that divide evenly among the ranks (docs/dlio.md)
+    files = {f"/data/{f['name']}": f["bytes"] for f in manifest["files"]}
+    files = dict(sorted(files.items())[: run.manifest["peer"]["files_read"]])
+    reads = events[events["kind"].isin(["read", "pread64", "readv"]) & events["path"].isin(files)]
+    by_rank = {role: set(rows["path"]) for role, rows in reads.groupby("container")}
+    assert set(by_rank) == {"rank0", "rank1"} and by_rank["rank0"] and by_rank["rank1"]
+    assert by_rank["rank0"] | by_rank["rank1"] == set(files)
+    assert not by_rank["rank0"] & by_rank["rank1"]  # DLIO gives each rank files of its own
+    per_file = reads.groupby("path")["bytes"].sum()
+    assert all(per_file[path] >= size for path, size in files.items())
+    if hosts is not None:
+        mine = events[events["container"].notna()]
+        assert (mine["host"] == mine["container"].map(hosts)).all()
+    steps = run.phases[run.phases["key"] == "step_end"]
+    assert set(steps["rank"]) == {0, 1}
+    assert set(steps.loc[steps["rank"] == 1, "container"]) == {"rank1"}
+    assert summary["dlio"]["accelerators"] == 2 and summary["steps"] > 0
+
+
+def test_dlio_ranks_in_containers_launched_without_ssh(
+    images: dict, datasets: dict[str, Path], tmp_path: Path
+) -> None:
+    """`trace --variant dlio --accelerators 2 --rank-containers`: one container per rank on
+    the run's private network, MPI between them (module doc of experiments/dlio.py)."""
+    require_tracing()
+    request = dlio_rank_request(
+        datasets["unet3d"], tmp_path / "runs", fast_profile(tmp_path / "p.json", "unet3d")
+    )
+    outcome = trace(request)
+    assert outcome.status == "completed", outcome.error
+    check_dlio_ranks(outcome.run_dir)
+
+
 def run_config(run) -> object:
     from workloads.config import WorkloadConfig
 
@@ -169,7 +236,8 @@ def _cli(args: list[str]) -> tuple[int, str]:
     ("extra", "message"),
     [
         (["--synthetic"], "not for the dlio variant"),
-        (["--rank-containers", "--accelerators", "2"], "MPI processes in one container"),
+        (["--rank-containers"], "--rank-containers needs --accelerators 2 or more"),
+        (["--mount", "/tmp:/x"], "runs on its own dataset and without GPUs"),
     ],
 )
 def test_bad_input_is_one_line(datasets: dict[str, Path], extra: list[str], message: str) -> None:

@@ -387,3 +387,46 @@ def test_perfetto_has_a_process_group_per_container(tmp_path: Path) -> None:
     assert steps == {APP_PID: 5, APP_PID + stride: 5}
     reads = [e for e in events if e.get("cat") == "syscall" and e["name"] == "read"]
     assert sum(e["args"]["bytes"] for e in reads if e["pid"] == 201) == 5 * MIB
+
+
+def test_hosts_pid_namespaces_stay_apart(tmp_path: Path) -> None:
+    """A run across two hosts whose processes have the same pids (each host its own pid
+    namespace): two processes and two threads each, named with their real pid and host; a run
+    of one host keeps its pids."""
+    rows = [
+        {"t": 1.0 + i, "pid": 100, "tid": tid, "comm": comm, "container": role, "host": host,
+         "bytes": 1000 * (i + 1)}
+        for i, (role, host, comm) in enumerate([("rank0", "node-1", "a"), ("rank1", "node-2", "b")])
+        for tid in (100, 101)
+    ]  # fmt: skip
+    run_dir = make_run(
+        tmp_path,
+        events=events_frame(rows),
+        containers=("rank0", "rank1"),
+        hosts={"node-1": {"containers": ["rank0"]}, "node-2": {"containers": ["rank1"]}},
+        cluster={"name": "c", "nodes": ["node-1", "node-2"]},
+    )
+    manifest_path = run_dir / "manifest.json"
+    data = json.loads(manifest_path.read_text())
+    for record, host in zip(data["containers"], ("node-1", "node-2"), strict=True):
+        record["host"] = host
+    manifest_path.write_text(json.dumps(data))
+    trace = export_json(run_dir, tmp_path / "t.json")
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    stride = export.HOST_PID_STRIDE
+    assert names[100] == "a (pid 100 on node-1)"
+    assert names[100 + stride] == "b (pid 100 on node-2)"
+    threads = {(e["pid"], e["tid"]) for e in events if e.get("name") == "thread_name"}
+    assert threads == {
+        (100, 100),
+        (100, 101),
+        (100 + stride, 100 + stride),
+        (100 + stride, 101 + stride),
+    }
+    reads = [e for e in events if e.get("cat") == "syscall" and e["name"] == "read"]
+    assert {e["pid"]: e["args"]["bytes"] for e in reads} == {100: 1000, 100 + stride: 2000}
+    # One host: the pids as they are.
+    one = events_frame([{**r, "host": "node-1"} for r in rows])
+    shifted, hosts = export.host_pids(one)
+    assert hosts == {} and shifted["pid"].tolist() == one["pid"].tolist()

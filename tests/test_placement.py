@@ -104,3 +104,60 @@ def test_service_names_are_dns_labels() -> None:
     )
     long = service_name("20261127-231934-" + "a_very_long_label" * 3 + "-sleep-6c2c", "st_ore")
     assert len(long) <= 63 and "_" not in long and not long.endswith("-")
+
+
+class _Nodes:
+    """A manager's engine as ready_nodes reads it: ``nodes.list()`` of objects with ``attrs``."""
+
+    def __init__(self, nodes: list[dict[str, Any]]) -> None:
+        self.nodes = self
+        self._nodes = nodes
+
+    def list(self) -> list[Any]:
+        return [type("N", (), {"attrs": n, "id": n["ID"]})() for n in self._nodes]
+
+
+def test_the_ready_nodes_of_a_swarm_in_natural_order_with_their_addresses() -> None:
+    from tracing.placement import ready_nodes
+
+    nodes = []
+    for name, state, availability in [
+        ("node-10", "ready", "active"), ("node-2", "ready", "active"),
+        ("node-1", "ready", "active"), ("node-3", "down", "active"),
+        ("node-4", "ready", "drain"),
+    ]:  # fmt: skip
+        node = _node(name, "manager" if name == "node-1" else "worker")
+        node["Spec"]["Availability"] = availability
+        node["Status"] = {"State": state, "Addr": f"10.0.0.{name.split('-')[1]}"}
+        nodes.append(node)
+    nodes[2]["Status"]["Addr"] = "0.0.0.0"  # a manager may say so: its manager status tells
+    nodes[2]["ManagerStatus"] = {"Addr": "10.0.0.1:2377"}
+    ready = ready_nodes(_Nodes(nodes))  # type: ignore[arg-type]
+    assert [(n.hostname, n.address) for n in ready] == [
+        ("node-1", "10.0.0.1"), ("node-2", "10.0.0.2"), ("node-10", "10.0.0.10"),
+    ]  # fmt: skip
+    assert ready[0].attributes["node.role"] == "manager"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"nodes": 3, "node_names": ("a", "b")}, "name each node once"),
+        ({"nodes": 2, "node_names": ("a", "a")}, "name each node once"),
+        ({"engine": "unix:///x.sock"}, "give --nodes"),
+        ({"nodes": 2, "registry": "r:5000"}, "the virtual cluster has its own"),
+        ({"nodes": 2, "net_bandwidth_bits_s": 10**6, "tracing": False}, "trace the run"),
+    ],
+)
+def test_bad_swarm_options_are_one_line(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        RunOptions(**options)
+
+
+def test_nodes_by_count_or_by_name() -> None:
+    from cli import _parse_nodes
+
+    assert _parse_nodes(None) == {} and _parse_nodes("3") == {"nodes": 3}
+    assert _parse_nodes("node-3, node-1") == {"nodes": 2, "node_names": ("node-3", "node-1")}
+    with pytest.raises(UserError, match="give a count"):
+        _parse_nodes("node-1,,node-2")

@@ -14,19 +14,26 @@ code. A run goes Hello -> Attach -> Release -> Status* -> Stop -> Fetch* -> Shut
 - ``Hello {}`` -> ``{protocol, sources, pid, state}``: ``sources`` is the digest of
   the tracing code in the image, checked by the client against its own (:func:`sources_digest`).
 - ``Attach {run_id, run_dir, containers: [{role, container_id, barrier}], scripts,
-  sample_interval, network, host_dir}`` -> ``{containers: {role: {main_pid, cgroup_id}},
-  tracer_pids, memory_file_systems}``:
+  sample_interval, network, host_dir, net_bandwidth_bits_s?}`` -> ``{containers: {role:
+  {main_pid, cgroup_id}}, tracer_pids, memory_file_systems, shaped}``:
   finds each container's first process (held at its barrier), starts the samplers and the
   bpftrace scripts over the containers' cgroups and answers once every probe is attached;
-  its outputs go to ``raw/`` (``raw/<host_dir>/`` in a run over several hosts).
-- ``Release {at_ns?}`` -> ``{released_ns}``: lets every container go (its barrier FIFO), at
-  once or, with ``at_ns``, when the host's clock (as ``Clock`` reports it) reaches it: the
-  joint release of a run across hosts; the time is the host's CLOCK_MONOTONIC, the clock of
-  every event.
-- ``Status {}`` -> ``{state, failed}``: ``failed`` says why a bpftrace script or the sampler
-  ended early (null while all run).
-- ``Stop {}`` -> ``{exit_codes, missed_probes, sampler_error, files: [{path, size}]}``: stops
-  the scripts (they print their last period) and the samplers; ``files`` are the outputs,
+  its outputs go to ``raw/`` (``raw/<host_dir>/`` in a run over several hosts). With
+  ``net_bandwidth_bits_s`` it first caps what each container sends (a run across hosts:
+  tracing/shaper.py, :class:`~tracing.shaper.EgressShaper`; the agent then needs
+  ``NET_ADMIN``); ``shaped``: role -> the interfaces capped. Stop removes the caps.
+- ``Release {at_ns?}`` -> ``{released_ns}``: lets every container go (its barrier FIFO) at
+  once; the time is the host's CLOCK_MONOTONIC, the clock of every event. With ``at_ns`` (the
+  joint release of a run across hosts) it answers at once, ``released_ns`` null, and lets them
+  go when the host's clock (as ``Clock`` reports it) reaches ``at_ns``: nothing of the call's
+  answer competes for the CPUs with the containers' first instructions; ``Status`` then says
+  when.
+- ``Status {}`` -> ``{state, failed, released_ns}``: ``failed`` says why a bpftrace script or
+  the sampler ended early, or why the release failed (null while all run); ``released_ns``:
+  when the containers were let go (null until then).
+- ``Stop {}`` -> ``{exit_codes, missed_probes, sampler_error, shaper_error, files: [{path,
+  size}]}``: cancels a timed release still to come, removes the network caps, stops the
+  scripts (they print their last period) and the samplers; ``files`` are the outputs,
   relative to the run directory.
 - ``Fetch {path}`` -> a stream of byte chunks: one output file, for a coordinator on another
   host (one that sees the file itself, at its size, reads it there).
@@ -70,6 +77,7 @@ from tracing.barrier import release
 from tracing.cgroups import cgroups_of
 from tracing.clock import ROUNDS, ClockEstimate, measure
 from tracing.samplers import Sampler
+from tracing.shaper import EgressShaper
 
 SERVICE = "twintrace.agent.v1.Agent"
 PROTOCOL = 1
@@ -198,6 +206,10 @@ class RunSide:
             # A run over several hosts: this host's outputs in raw/<host_dir>/ (and its
             # tracer's control files in ctl/<host_dir>/), beside the other hosts'.
             self.host_dir = str(request.get("host_dir") or "")
+            rate = request.get("net_bandwidth_bits_s")
+            if rate is not None and (isinstance(rate, bool) or int(rate) != rate or rate <= 0):
+                raise ValueError(f"net_bandwidth_bits_s {rate!r}")
+            self.shaper = EgressShaper(int(rate)) if rate is not None else None
         except (KeyError, TypeError, ValueError) as exc:
             raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"bad Attach: {exc!r}") from None
         if not self.members:
@@ -219,6 +231,11 @@ class RunSide:
         self.sampler: Sampler | None = None
         self.tracer: bpftrace.Tracer | None = None
         self.stopped: dict[str, Any] | None = None
+        #: When the containers were let go (CLOCK_MONOTONIC), None until then.
+        self.released_ns: int | None = None
+        self.release_error: str | None = None
+        self._releaser: threading.Thread | None = None
+        self._cancel = threading.Event()
 
     def attach(self) -> dict[str, Any]:
         found = {}
@@ -231,6 +248,9 @@ class RunSide:
                 )
             pid = first_process(pids)
             found[role] = (pid, cgroups_of(pid))
+        if self.shaper is not None:  # held at their barriers: capped before a byte is sent
+            for role, (pid, _) in found.items():
+                self.shaper.add(role, pid)
         self.sampler = Sampler(
             self.raw / "samples.csv",
             {role: cg for role, (_, cg) in found.items()},
@@ -255,17 +275,40 @@ class RunSide:
             },
             "tracer_pids": pids,
             "memory_file_systems": memory,
+            "shaped": self.shaper.devices() if self.shaper is not None else {},
         }
 
     def release(self, at_ns: int | None = None) -> dict[str, Any]:
-        """Let every container go, at CLOCK_MONOTONIC ``at_ns`` when given (now if past)."""
-        while at_ns is not None and (left := at_ns - time.monotonic_ns()) > 0:
-            time.sleep(left / 1e9)
+        """Let every container go now; with ``at_ns``, at that CLOCK_MONOTONIC time (now if
+        past), from a thread: the answer does not wait for it (the module doc)."""
+        if at_ns is None:
+            self._release_now()
+        else:
+            self._releaser = threading.Thread(
+                target=self._release_at, args=(at_ns,), name="release", daemon=True
+            )
+            self._releaser.start()
+        return {"released_ns": self.released_ns}
+
+    def _release_now(self) -> None:
         for _, _, barrier in self.members:  # back to back: every container within ~1 ms
             release(barrier)
-        return {"released_ns": time.monotonic_ns()}
+        self.released_ns = time.monotonic_ns()
+
+    def _release_at(self, at_ns: int) -> None:
+        # Stop cancels a release still to come; the last millisecond slept, for precision.
+        if self._cancel.wait(max(0, at_ns - time.monotonic_ns() - 1_000_000) / 1e9):
+            return
+        while (left := at_ns - time.monotonic_ns()) > 0:
+            time.sleep(left / 1e9)
+        try:
+            self._release_now()
+        except UserError as exc:
+            self.release_error = f"the release failed: {exc}"
 
     def failed(self) -> str | None:
+        if self.release_error is not None:
+            return self.release_error
         failure = self.tracer.failed() if self.tracer is not None else None
         if failure is None and self.sampler is not None and self.sampler.error is not None:
             failure = f"the sampler failed: {self.sampler.error!r}"
@@ -276,6 +319,15 @@ class RunSide:
         reply)."""
         if self.stopped is not None:
             return self.stopped
+        if self._releaser is not None:  # a release still to come does not come
+            self._cancel.set()
+            self._releaser.join(timeout=5.0)
+        shaper_error = None
+        if self.shaper is not None:
+            try:
+                self.shaper.remove()
+            except UserError as exc:
+                shaper_error = str(exc)
         codes: dict[str, int] = {}
         missed: dict[str, int] = {}
         if self.tracer is not None:
@@ -304,6 +356,7 @@ class RunSide:
             if self.sampler and self.sampler.error
             else None,
             "files": files,
+            "shaper_error": shaper_error,
         }
         return self.stopped
 
@@ -368,7 +421,11 @@ class Agent:
         return reply
 
     def status(self, _: dict) -> dict:
-        return {"state": self.state, "failed": self.run.failed() if self.run else None}
+        return {
+            "state": self.state,
+            "failed": self.run.failed() if self.run else None,
+            "released_ns": self.run.released_ns if self.run else None,
+        }
 
     def stop(self, _: dict) -> dict:
         if self.run is None:

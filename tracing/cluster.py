@@ -48,6 +48,7 @@ import docker
 import docker.errors
 
 from core.errors import UserError
+from tracing import swarm
 from tracing.container import AGENT_LABEL
 from tracing.host import Check
 from workloads.config import NODE_IMAGE
@@ -125,8 +126,7 @@ def engine_url(name: str, hostname: str) -> str:
 
 def registry_ref(tag: str) -> str:
     """The name the nodes pull a local image ``tag`` by (``registry:5000/<repository>:<tag>``)."""
-    repository, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "")
-    return f"{REGISTRY}/{repository}:{version or 'latest'}"
+    return swarm.registry_ref(tag, REGISTRY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,16 +298,31 @@ def _shares(paths: Iterable[Path]) -> list[str]:
 
 def swarm_nodes(engine: docker.DockerClient) -> dict[str, dict[str, Any]]:
     """The swarm's nodes as its manager ``engine`` lists them, by host name: ``id``, ``state``
-    (``ready`` ...), ``availability``, ``role``."""
+    (``ready`` ...), ``availability``, ``role``, ``address`` (what the node advertises) and
+    ``attributes`` (what placement constraints name: tracing.placement.node_attributes)."""
+    from tracing.placement import node_attributes
+
     return {
         n.attrs.get("Description", {}).get("Hostname", n.id[:12]): {
             "id": n.id,
             "state": n.attrs.get("Status", {}).get("State"),
             "availability": n.attrs.get("Spec", {}).get("Availability"),
             "role": n.attrs.get("Spec", {}).get("Role"),
+            "address": _node_address(n.attrs),
+            "attributes": node_attributes(n.attrs),
         }
         for n in engine.nodes.list()
     }
+
+
+def _node_address(attrs: dict[str, Any]) -> str | None:
+    """A swarm node's address: the one it advertises (a manager's may read 0.0.0.0 there, its
+    address is then in its manager status)."""
+    address = (attrs.get("Status") or {}).get("Addr")
+    if address and address != "0.0.0.0":
+        return str(address)
+    manager = (attrs.get("ManagerStatus") or {}).get("Addr", "")
+    return manager.rpartition(":")[0] or None
 
 
 def _ready(engine: docker.DockerClient) -> list[str]:
@@ -550,35 +565,8 @@ def push(
     engine and pushed once (an image the registry holds at the same id is skipped). Returns the
     references the nodes pull them by."""
     lead = manager(cli, name)
-    engine = node_client(lead, timeout=600)
-    held = set(registry_images(cli, name))
-    refs = []
-    try:
-        for tag in tags:
-            try:
-                image = cli.images.get(tag)
-            except docker.errors.ImageNotFound:
-                raise UserError(f"image {tag} is not on this host: build it first") from None
-            ref = registry_ref(tag)
-            refs.append(ref)
-            try:
-                same = engine.images.get(ref).id == image.id
-            except docker.errors.ImageNotFound:
-                same = False
-            if same and ref.split("/", 1)[1] in held:
-                log(f"{tag}: already in the registry")
-                continue
-            started = time.monotonic()
-            log(f"{tag}: loading into {lead.hostname}'s engine")
-            engine.api.load_image(image.save(named=True))
-            engine.images.get(tag).tag(ref)
-            for line in engine.api.push(ref, stream=True, decode=True):
-                if "error" in line:
-                    raise UserError(f"pushing {ref} failed: {line['error']}")
-            log(f"{tag}: pushed as {ref} ({time.monotonic() - started:.1f} s)")
-    finally:
-        engine.close()
-    return refs
+    with closing(node_client(lead, timeout=600)) as engine:
+        return swarm.push_images(cli, engine, tags, REGISTRY, log, lead.hostname)
 
 
 def status(cli: docker.DockerClient, name: str = DEFAULT_NAME) -> dict[str, Any]:

@@ -36,6 +36,9 @@ from tracing.agent import LEASE_S, PORT
 from tracing.container import AGENT_LABEL, OWNER_LABEL, RUN_LABEL, gpu_request
 
 CAPABILITIES: tuple[str, ...] = ("SYS_ADMIN",)
+#: Added for a run across hosts whose network is capped: the agent puts the caps in its
+#: containers' network namespaces (tracing/shaper.py: EgressShaper).
+NET_CAPABILITY = "NET_ADMIN"
 READ_ONLY: tuple[str, ...] = ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/cgroup")
 #: Where the tracing code is in the tracer's image.
 IMAGE_ROOT = "/opt/twintrace"
@@ -62,10 +65,12 @@ def agent_container(
     lease_s: float = LEASE_S,
     gpus: str | None = None,
     args: Sequence[str] = (),
+    net_admin: bool = False,
 ) -> tuple[Any, int]:
     """Start the agent of run ``run_dir`` through engine ``cli``, its port published on
     ``address`` (a port the engine picks), its stderr appended to ``log``; returns the container
-    and the port. ``gpus``: the run's GPUs (NVML's counters only)."""
+    and the port. ``gpus``: the run's GPUs (NVML's counters only). ``net_admin``: it caps its
+    containers' network (:data:`NET_CAPABILITY`)."""
     kwargs: dict[str, Any] = {}
     if gpus:
         kwargs["device_requests"] = [gpu_request(gpus)]
@@ -86,7 +91,7 @@ def agent_container(
             auto_remove=True,
             pid_mode="host",
             cgroupns="host",
-            cap_add=list(CAPABILITIES),
+            cap_add=[*CAPABILITIES, *([NET_CAPABILITY] if net_admin else [])],
             volumes=volumes(run_dir),
             working_dir=IMAGE_ROOT,
             ports={f"{PORT}/tcp": (address, None)},
@@ -114,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--image", required=True, help="the tracer's image, as the node knows it")
     parser.add_argument("--lease", type=float, default=LEASE_S)
     parser.add_argument("--gpus", default=None)
+    parser.add_argument("--net-admin", action="store_true", help="the agent caps the network")
     opts = parser.parse_args(argv)
     cli = docker.DockerClient(base_url=f"unix://{SOCKET}", timeout=120)
     ctr, port = agent_container(
@@ -124,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log=opts.run_dir / "raw" / opts.node_dir / "agent.log",
         lease_s=opts.lease,
         gpus=opts.gpus,
+        net_admin=opts.net_admin,
     )
 
     def removed(signum: int, frame: Any) -> None:  # the service removed: the agent with it

@@ -5,12 +5,14 @@ A :class:`Host` is what the runner (tracing/runner.py) needs of each: its name (
 column of the run's tables), an engine to start its containers and its agent through, the
 address the agent's port is published on, and the subfolder of ``raw/`` its agent writes to.
 
-On a cluster (:func:`cluster_hosts`): the first K running nodes of the virtual cluster
-(tracing/cluster.py) in order, the containers dealt round-robin (rank r on node r mod K, so
-uneven shares are allowed); the run's images come from the cluster's registry (pushed once,
-pulled by every node that runs one); the run directory and every bind mount must be on a path
-the nodes share (``cluster up --share``): the run's files are written by each node's
-containers and agent in place, as on a shared file system.
+On a cluster (:func:`cluster_hosts`): the first K ready nodes of a swarm, or the nodes named,
+in order, the containers dealt round-robin (rank r on node r mod K, so uneven shares are
+allowed); the run's images come from the registry the nodes pull from (pushed once, pulled by
+every node that runs one); the run directory and every bind mount must be on a path the nodes
+share: the run's files are written by each node's containers and agent in place, as on a
+shared file system. The swarm is the virtual cluster (tracing/cluster.py: its registry and
+shared folders known) or a real one, named by its manager's engine (``--engine``) and the
+registry its nodes pull from (``--registry``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
 
 from core.errors import UserError
 from tracing.container import client
+
+if TYPE_CHECKING:
+    from tracing.request import RunOptions
 
 Progress = Callable[[str], None]
 
@@ -76,54 +81,112 @@ def _under(path: Path, shares: Sequence[str]) -> bool:
 
 def cluster_hosts(
     cli: docker.DockerClient,
-    count: int,
-    cluster_name: str,
+    run: RunOptions,
     tags: Sequence[str],
     paths: Sequence[Path],
     progress: Progress,
 ) -> tuple[list[Host], Any]:
-    """The first ``count`` nodes of cluster ``cluster_name`` as hosts, with the run's images
-    (``tags``) pushed to its registry and pulled on every node, and the manager's engine.
-    ``paths``: the run directory's parent and the mounts, which every node must see."""
+    """The nodes of the run (``run.nodes`` of them, or the nodes ``run.node_names``) as hosts,
+    with the run's images (``tags``) pushed to the registry the nodes pull from, and the
+    swarm manager's engine. ``run.engine`` names a swarm's manager (a real cluster, its
+    registry ``run.registry``); without it the virtual cluster ``run.cluster`` is the swarm
+    (tracing/cluster.py), and ``paths`` (the run directory's parent and the mounts, which
+    every node must see) are checked against the folders it shares."""
     from tracing import cluster, swarm
 
-    found = [n for n in cluster.nodes(cli, cluster_name) if n.state == "running"]
-    lead = next((n for n in found if n.manager), None)
-    if lead is None:
-        raise UserError(
-            f"no cluster {cluster_name!r} is up: run `./cli.py cluster up --nodes {count}`"
-        )
-    if count < 1 or count > len(found):
-        raise UserError(
-            f"--nodes {count}: cluster {cluster_name!r} has {len(found)} node(s) up; "
-            f"run `./cli.py cluster down` then `./cli.py cluster up --nodes {count}`"
-        )
-    shares = found[0].shares
-    for path in paths:
-        if not _under(path, shares):
+    count = run.nodes or 0
+    if run.engine is None:
+        lead = next((n for n in cluster.nodes(cli, run.cluster) if n.manager), None)
+        if lead is None or lead.state != "running":
             raise UserError(
-                f"{path} is not on a path the cluster's nodes share ({', '.join(shares)}): "
-                f"`./cli.py cluster up --share DIR` with a folder that holds it"
+                f"no cluster {run.cluster!r} is up: run `./cli.py cluster up --nodes {count}`"
             )
-    chosen = found[:count]
-    progress(f"placing the run on {', '.join(n.hostname for n in chosen)} of {cluster_name}")
-    refs = dict(zip(tags, cluster.push(cli, list(tags), cluster_name, progress), strict=True))
+        for path in paths:
+            if not _under(path, lead.shares):
+                raise UserError(
+                    f"{path} is not on a path the cluster's nodes share "
+                    f"({', '.join(lead.shares)}): `./cli.py cluster up --share DIR` with a "
+                    "folder that holds it"
+                )
+        engine, registry, where = lead.engine, cluster.REGISTRY, f"cluster {run.cluster!r}"
+        fix = f"run `./cli.py cluster down` then `./cli.py cluster up --nodes {count}`"
+    else:
+        engine, registry, where = run.engine, run.registry, f"the swarm of {run.engine}"
+        fix = f"`./cli.py cluster check --engine {run.engine}` says what is missing"
+    manager = _manager(engine, where, fix)
+    try:
+        ready = ready_nodes(manager)
+        names = list(run.node_names) or [n.hostname for n in ready[:count]]
+        by_name = {n.hostname: n for n in ready}
+        missing = [name for name in names if name not in by_name]
+        if len(names) < count or missing:
+            what = f"node {', '.join(missing)} is not" if missing else f"{len(ready)} node(s) are"
+            raise UserError(
+                f"--nodes {','.join(run.node_names) or count}: in {where} {what} ready and "
+                f"active (ready: {', '.join(by_name) or 'none'}); {fix}"
+            )
+        chosen = [by_name[name] for name in names]
+        progress(f"placing the run on {', '.join(names)} of {where}")
+        refs = dict.fromkeys(tags, "")
+        if registry is not None:
+            lead_name = str(manager.info().get("Name") or "the manager")
+            pushed = swarm.push_images(cli, manager, list(tags), registry, progress, lead_name)
+            refs = dict(zip(tags, pushed, strict=True))
+        for run_id in swarm.remove_orphans(manager):
+            progress(f"removed the services of run {run_id}, left behind by a killed tracer")
+    except BaseException:
+        manager.close()
+        raise
     # Each host a client of the manager's engine of its own (the runner's threads use them at
     # once); a node pulls an image from the registry as the swarm starts a task of it there.
     hosts = [
         Host(
-            n.hostname, cluster.node_client(lead), str(n.address), n.hostname, refs,
-            lead.engine, swarm=True,
+            n.hostname, docker.DockerClient(engine, timeout=120), n.address, n.hostname,
+            {t: r for t, r in refs.items() if r}, engine, swarm=True, attributes=n.attributes,
         )
         for n in chosen
     ]  # fmt: skip
-    manager = cluster.node_client(lead)
-    described = {n["Description"]["Hostname"]: node_attributes(n) for n in manager.api.nodes()}
-    for h in hosts:
-        h.attributes = described.get(h.name, {})
-    for run_id in swarm.remove_orphans(manager):
-        progress(f"removed the services of run {run_id}, left behind by a killed tracer")
     return hosts, manager
+
+
+@dataclasses.dataclass(frozen=True)
+class SwarmNode:
+    """A node a run can be placed on: ready and active in its swarm."""
+
+    hostname: str
+    address: str
+    attributes: dict[str, str]
+
+
+def ready_nodes(manager: docker.DockerClient) -> list[SwarmNode]:
+    """The swarm's ready, active nodes with an address, by host name (``node-2`` before
+    ``node-10``)."""
+    from tracing.cluster import swarm_nodes
+
+    def natural(name: str) -> list[Any]:
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+    found = [
+        SwarmNode(host, node["address"], node["attributes"])
+        for host, node in swarm_nodes(manager).items()
+        if node["state"] == "ready" and node["availability"] == "active" and node["address"]
+    ]
+    return sorted(found, key=lambda n: natural(n.hostname))
+
+
+def _manager(engine: str, where: str, fix: str) -> docker.DockerClient:
+    """A client of swarm manager ``engine``; a UserError when it is not one."""
+    manager = docker.DockerClient(engine, timeout=120)
+    try:
+        state = manager.info().get("Swarm") or {}
+    except (docker.errors.DockerException, OSError) as exc:
+        manager.close()
+        first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise UserError(f"the engine of {where} does not answer ({first}); {fix}") from None
+    if state.get("LocalNodeState") != "active" or not state.get("ControlAvailable"):
+        manager.close()
+        raise UserError(f"the engine of {where} is not a swarm manager; {fix}")
+    return manager
 
 
 #: A swarm placement constraint (docs.docker.com/engine/swarm/services/#placement-constraints):

@@ -153,18 +153,36 @@ class RunOptions:
     timeout_s: float | None = None
     tracing: bool = True
     echo: bool = False
-    # A cap on what each container receives (bits per second; tracing.shaper, --net-bandwidth).
+    # A cap on what each container receives (across nodes: sends), in bits per second
+    # (tracing.shaper, --net-bandwidth).
     net_bandwidth_bits_s: int | None = None
-    # Across hosts: the containers dealt over the first ``nodes`` nodes of ``cluster``
-    # (tracing/placement.py); None: this host.
+    # Across hosts: the containers dealt over the first ``nodes`` nodes of a swarm, or over the
+    # nodes ``node_names`` (tracing/placement.py); None: this host. The swarm: the virtual
+    # cluster ``cluster``, or the one whose manager's engine is ``engine`` (its nodes pull the
+    # run's images from ``registry``, HOST:PORT; None: they have them).
     nodes: int | None = None
     cluster: str = "twintrace"
+    node_names: tuple[str, ...] = ()
+    engine: str | None = None
+    registry: str | None = None
 
     def __post_init__(self) -> None:
         if self.nodes is not None and self.nodes < 1:
             raise UserError(f"--nodes must be 1 or more, got {self.nodes}")
-        if self.nodes is not None and self.net_bandwidth_bits_s is not None:
-            raise UserError("--net-bandwidth is for runs on this host: leave out --nodes")
+        if self.node_names and (
+            self.nodes != len(self.node_names) or len(set(self.node_names)) != self.nodes
+        ):
+            raise UserError(f"--nodes {','.join(self.node_names)}: name each node once")
+        if self.nodes is None and (self.engine or self.registry):
+            raise UserError("--engine and --registry are for runs across nodes: give --nodes")
+        if self.registry is not None and self.engine is None:
+            raise UserError(
+                "--registry is for the swarm --engine names (the virtual cluster has its own)"
+            )
+        if self.nodes is not None and self.net_bandwidth_bits_s is not None and not self.tracing:
+            raise UserError(
+                "across nodes --net-bandwidth is set by each node's tracer agent: trace the run"
+            )
         if self.sample_interval <= 0:
             raise UserError(f"--sample-interval must be positive, got {self.sample_interval}")
         if self.timeout_s is not None and self.timeout_s <= 0:

@@ -126,8 +126,8 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     called_ns = time.monotonic_ns()  # the coordinator's own times: manifest "coordinator_s"
     if request.run.tracing:
         host.require_tracing_prerequisites()
-    if request.run.net_bandwidth_bits_s is not None:
-        require_tc()
+    if request.run.net_bandwidth_bits_s is not None and request.run.nodes is None:
+        require_tc()  # across nodes each node's agent caps its containers
     cli = container.client()
     for orphan in container.remove_orphans(cli):
         progress(f"removed the containers of run {orphan}, left behind by a killed tracer")
@@ -148,9 +148,8 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
         tags = sorted(found) + ([TRACER_IMAGE] if request.run.tracing else [])
         sources = [m.source for spec in request.containers for m in spec.mounts]
         hosts, manager = placement.cluster_hosts(
-            cli, request.run.nodes, request.run.cluster, tags, [request.runs_root, *sources],
-            progress,
-        )  # fmt: skip
+            cli, request.run, tags, [request.runs_root, *sources], progress
+        )
     placed = placement.deal(
         [spec.role for spec in request.containers],
         hosts,
@@ -182,7 +181,12 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
         realtime_offset_ns=time.time_ns() - time.monotonic_ns(),
     )
     if manager is not None:
-        manifest["cluster"] = {"name": request.run.cluster, "nodes": [h.name for h in hosts]}
+        manifest["cluster"] = {
+            "name": request.run.cluster if request.run.engine is None else None,
+            "engine": request.run.engine,
+            "registry": request.run.registry,
+            "nodes": [h.name for h in hosts],
+        }
     manifest["hosts"] = {
         h.name: {"address": h.address, "containers": [r for r, p in placed.items() if p is h]}
         for h in hosts
@@ -247,7 +251,8 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     # start: in threads, each on its host's engine.
     starting: dict[str, concurrent.futures.Future[LocalAgent]] = {}
     container_ended = threading.Event()  # set by a container's log stream as it ends
-    shaper = Shaper(request.run.net_bandwidth_bits_s) if request.run.net_bandwidth_bits_s else None
+    rate = request.run.net_bandwidth_bits_s
+    shaper = Shaper(rate) if rate is not None and manager is None else None
     try:
         with _sigterm_as_interrupt():
             try:
@@ -263,6 +268,7 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                                 run_dir,
                                 h.host_dir,
                                 h.ref(TRACER_IMAGE),
+                                net_admin=rate is not None,
                             )
                             continue
                         starting[h.name] = pool.submit(
@@ -362,19 +368,43 @@ def _release(hosts: list[Host], manifest: dict) -> int:
         h.agent.clock_before = h.agent.client.clock()
         manifest["hosts"][h.name]["clock"] = host_clock(h.agent.clock_before, None)
         _set_shift(h, manifest, len(hosts))
-    # Across hosts, one instant named on each host's clock: the skew is the clocks' error
-    # and the hosts' scheduling, not the calls' spread (tens of ms lead: every call arrives
-    # before it; a late one releases at once, and the skew says so).
-    at = time.monotonic_ns() + RELEASE_LEAD_NS
-
-    def release(h: Host) -> int:
-        body = {"at_ns": at - h.shift_ns} if len(hosts) > 1 else {}  # t - shift: its clock
-        return h.agent.client.call("Release", body)["released_ns"]
-
-    released = _on_every(hosts, release)
+    if len(hosts) == 1:
+        released = [hosts[0].agent.client.call("Release")["released_ns"]]
+    else:
+        released = _joint_release(hosts)
     for h, at in zip(hosts, released, strict=True):
         manifest["hosts"][h.name]["released_ns"] = at + h.shift_ns
     return min(manifest["hosts"][h.name]["released_ns"] for h in hosts)
+
+
+#: After the joint release's instant, when the coordinator first asks the agents when they
+#: released (seconds): the containers' first instructions have run by then.
+RELEASED_ASK_S = 0.05
+
+
+def _joint_release(hosts: list[Host]) -> list[int]:
+    """Across hosts: one instant named on each host's clock, each agent releasing its
+    containers when its clock reaches it (the skew is the clocks' error and the hosts'
+    scheduling, not the calls' spread: tens of ms lead, every call arrives before it; a late
+    one releases at once, and the skew says so). The calls are answered before the instant and
+    nothing of the coordinator's runs at it; then each host's release time, on its clock."""
+    at = time.monotonic_ns() + RELEASE_LEAD_NS
+    _on_every(hosts, lambda h: h.agent.client.call("Release", {"at_ns": at - h.shift_ns}))
+    time.sleep(max(0.0, (at - time.monotonic_ns()) / 1e9 + RELEASED_ASK_S))
+
+    def released(h: Host) -> int:
+        deadline = time.monotonic() + 10.0
+        while True:
+            reply = h.agent.client.call("Status")
+            if reply.get("released_ns") is not None:
+                return int(reply["released_ns"])
+            if reply.get("failed"):
+                raise UserError(f"{h.name}: {reply['failed']}")
+            if time.monotonic() > deadline:
+                raise UserError(f"the tracer agent of {h.name} did not release its containers")
+            time.sleep(0.01)
+
+    return _on_every(hosts, released)
 
 
 def _set_shift(h: Host, manifest: dict, n_hosts: int) -> None:
@@ -400,6 +430,8 @@ def _attach(
     """Host ``h``'s agent attaches its samplers and bpftrace scripts to its held containers;
     each one it found must be the process and cgroup docker names."""
     mine = [m for m in members if m.host is h]
+    # Across nodes each agent caps what its containers send (on one host: tracing.shaper)
+    rate = request.run.net_bandwidth_bits_s if h.swarm else None
     reply = h.agent.client.call(
         "Attach",
         {
@@ -417,11 +449,19 @@ def _attach(
             "sample_interval": request.run.sample_interval,
             "network": networked,
             "host_dir": h.host_dir,
+            **({"net_bandwidth_bits_s": rate} if rate is not None else {}),
         },
     )
     h.agent.attached = True
     record = manifest["trace"] if not h.host_dir else manifest["hosts"][h.name]
     record["memory_file_systems"] = reply["memory_file_systems"]
+    if reply.get("shaped"):  # across hosts: each agent capped what its containers send
+        shaping = manifest.setdefault(
+            "net_shaping",
+            {"rate_bits_s": rate, "devices": {}, "qdisc": "tbf", "direction": "egress"},
+        )
+        for role, devices in reply["shaped"].items():
+            shaping["devices"][role] = f"{h.name}:{devices}"
     for m in mine:
         found = reply["containers"][m.spec.role]
         # A swarm's task: its node's cgroups are the agent's to read (the swarm says its pid).
@@ -699,8 +739,9 @@ def _shutdown(
         record = manifest if not h.host_dir else manifest["hosts"][h.name]
         record["missed_probes"] = reply["missed_probes"]
         record["bpftrace_exit_codes"] = reply["exit_codes"]
-        if reply.get("sampler_error"):
-            record["sampler_error"] = reply["sampler_error"]
+        for problem in ("sampler_error", "shaper_error"):
+            if reply.get(problem):
+                record[problem] = reply[problem]
         h.agent.client.collect(run_dir, reply["files"])
         if h.agent.clock_before is not None:  # the clock after the run: its drift
             manifest["hosts"][h.name]["clock"] = host_clock(

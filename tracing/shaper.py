@@ -11,6 +11,15 @@ The veth's host end is found from the container's side: ``nsenter --net`` into t
 network namespace (by its first process) and ``ip -o link show eth0`` names its peer's
 interface index (``eth0@if<N>``); the host interface of that index is the one shaped.
 
+Across the nodes of a swarm (``trace --nodes K``) the coordinator has no host side to shape:
+a container's interface on the run's overlay network is one end of a veth pair whose other end
+lives in the node's namespace of that network. There each node's tracer agent caps what each of
+its containers *sends* (:class:`EgressShaper`): the same filter on every interface of the
+container's own network namespace (``nsenter --net`` by its first process), put there before the
+container is released. For a storage node and a training node that again caps each direction of
+their link at the rate; with one storage node serving several training nodes, what the storage
+node sends in all is capped (on one host, what each training node receives).
+
 Removal: :meth:`Shaper.remove` deletes every qdisc it added; the runner calls it first thing
 on every exit path (``tracing.runner._shutdown``: completion, failure, Ctrl-C, SIGTERM,
 timeout). A tracer killed with ``kill -9`` cannot run it, but its shapers do not outlive the
@@ -165,7 +174,70 @@ class Shaper:
 
     def record(self) -> dict[str, object]:
         """What the manifest records."""
-        return {"rate_bits_s": self.rate_bits_s, "devices": dict(self.devices), "qdisc": "tbf"}
+        return {
+            "rate_bits_s": self.rate_bits_s,
+            "devices": dict(self.devices),
+            "qdisc": "tbf",
+            "direction": "ingress",
+        }
+
+
+def _in_netns(pid: int, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return _run(["nsenter", "--target", str(pid), "--net", *argv])
+
+
+def netns_interfaces(pid: int) -> list[str]:
+    """The network interfaces of process ``pid``'s network namespace, but loopback."""
+    done = _in_netns(pid, ["ip", "-o", "link", "show"])
+    if done.returncode != 0:
+        why = done.stderr.strip() or f"exit status {done.returncode}"
+        raise UserError(f"cannot list the network interfaces of process {pid}: {why}")
+    names = re.findall(r"^\d+:\s+([^:@\s]+)", done.stdout, flags=re.MULTILINE)
+    return [name for name in names if name != "lo"]
+
+
+class EgressShaper:
+    """The caps of one host's containers in a run across hosts, each on what the container
+    sends, in its own network namespace (module doc): :meth:`add`, :meth:`remove`."""
+
+    def __init__(self, rate_bits_s: int) -> None:
+        self.rate_bits_s = rate_bits_s
+        self.shaped: dict[str, tuple[int, list[str]]] = {}  # role -> (pid, its interfaces)
+
+    def add(self, role: str, pid: int) -> list[str]:
+        """Cap what the container whose first process is ``pid`` sends, on every interface of
+        its network namespace; return them."""
+        devices = netns_interfaces(pid)
+        if not devices:
+            raise UserError(f"container {role} has no network interface to cap")
+        for device in devices:
+            done = _in_netns(pid, tbf_command(device, self.rate_bits_s))
+            if done.returncode != 0:
+                raise UserError(
+                    f"tc could not cap {device} of container {role}: {done.stderr.strip()}"
+                )
+        self.shaped[role] = (pid, devices)
+        return devices
+
+    def remove(self) -> None:
+        """Delete the caps of the containers still running (a container's namespace, and its
+        caps with it, go when it exits)."""
+        errors = []
+        for role, (pid, devices) in list(self.shaped.items()):
+            for device in devices:
+                if not Path(f"/proc/{pid}").exists():
+                    break
+                done = _in_netns(pid, ["tc", "qdisc", "del", "dev", device, "root"])
+                left = _in_netns(pid, ["tc", "qdisc", "show", "dev", device]).stdout
+                if done.returncode != 0 and " tbf " in left and Path(f"/proc/{pid}").exists():
+                    errors.append(f"{role} {device}: {done.stderr.strip()}")
+            del self.shaped[role]
+        if errors:
+            raise UserError(f"tc could not remove the bandwidth cap: {'; '.join(errors)}")
+
+    def devices(self) -> dict[str, str]:
+        """Role -> its capped interfaces (comma-separated), as the manifest records them."""
+        return {role: ",".join(devices) for role, (_, devices) in self.shaped.items()}
 
 
 def qdisc_of(device: str) -> str:

@@ -63,6 +63,62 @@ ENDED = frozenset({"complete", "failed", "shutdown", "rejected", "orphaned", "re
 _BAD = re.compile(r"[^a-zA-Z0-9-]")
 
 
+def registry_ref(tag: str, registry: str) -> str:
+    """The name the nodes pull a local image ``tag`` by from ``registry`` (``HOST:PORT``):
+    ``registry/<repository>:<tag>``."""
+    repository, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "")
+    return f"{registry}/{repository}:{version or 'latest'}"
+
+
+def _in_registry(engine: docker.DockerClient, ref: str, held: Any) -> bool:
+    """Whether the registry holds image ``held`` (the engine's copy of ``ref``) as ``ref``:
+    the manifest digest the registry names for ``ref`` is one the engine recorded for it when
+    it pushed it."""
+    try:
+        digest = engine.api.inspect_distribution(ref)["Descriptor"]["digest"]
+    except (docker.errors.APIError, KeyError):
+        return False
+    return any(d.endswith("@" + digest) for d in held.attrs.get("RepoDigests") or [])
+
+
+def push_images(
+    local: docker.DockerClient,
+    engine: docker.DockerClient,
+    tags: Sequence[str],
+    registry: str,
+    log: Callable[[str], None] = lambda line: None,
+    where: str = "the manager",
+) -> list[str]:
+    """Put local images ``tags`` (this host's engine ``local``) in ``registry`` through engine
+    ``engine`` (a swarm's manager, which reaches the registry as the nodes do): each is loaded
+    there and pushed, unless the registry already holds it at the same id. Returns the
+    references the nodes pull them by."""
+    refs = []
+    for tag in tags:
+        try:
+            image = local.images.get(tag)
+        except docker.errors.ImageNotFound:
+            raise UserError(f"image {tag} is not on this host: build it first") from None
+        ref = registry_ref(tag, registry)
+        refs.append(ref)
+        try:
+            held = engine.images.get(ref)
+        except docker.errors.ImageNotFound:
+            held = None
+        if held is not None and held.id == image.id and _in_registry(engine, ref, held):
+            log(f"{tag}: already in the registry")
+            continue
+        started = time.monotonic()
+        log(f"{tag}: loading into {where}'s engine")
+        engine.api.load_image(image.save(named=True))
+        engine.images.get(tag).tag(ref)
+        for line in engine.api.push(ref, stream=True, decode=True):
+            if "error" in line:
+                raise UserError(f"pushing {ref} to {registry} failed: {line['error']}")
+        log(f"{tag}: pushed as {ref} ({time.monotonic() - started:.1f} s)")
+    return refs
+
+
 def service_name(run_id: str, role: str) -> str:
     """A service's name: a DNS label (letters, digits, dashes, at most 63), unique per run."""
     return _BAD.sub("-", container_name(run_id, role))[:63].strip("-")
@@ -131,7 +187,10 @@ def _task(service: Any) -> dict | None:
 
 def _why(task: dict) -> str:
     status = task.get("Status", {})
-    return status.get("Err") or status.get("Message") or status.get("State", "?")
+    why = status.get("Err") or status.get("Message") or status.get("State", "?")
+    if "bind source path does not exist" in why:  # a path the node does not have
+        why += " (the run directory and every mount must be on a path every node shares)"
+    return why
 
 
 def _wait_running(service: Any, what: str, node: str, timeout: float) -> dict:
@@ -373,10 +432,12 @@ def launch_agent(
     image: str,
     lease_s: float = LEASE_S,
     timeout: float = START_TIMEOUT_S,
+    net_admin: bool = False,
 ) -> RemoteAgent:
     """Start node ``node``'s agent through its launcher service and wait until it answers;
     ``address``: the node's address, which the agent's port is published on and the
-    coordinator dials; ``image``: the tracer's image as the node pulls it."""
+    coordinator dials; ``image``: the tracer's image as the node pulls it; ``net_admin``: the
+    agent caps its containers' network."""
     from tracing.tracer_container import check_sources
 
     run_dir = Path(run_dir).resolve()
@@ -388,6 +449,7 @@ def launch_agent(
         args=[
             *("--run-dir", str(run_dir), "--node-dir", node_dir, "--address", address),
             *("--image", image, "--lease", str(lease_s)),
+            *(["--net-admin"] if net_admin else []),
         ],
         labels=_labels(run_dir.name),
         mounts=[
