@@ -154,6 +154,10 @@ def _serve_one(conn: socket.socket, token: str) -> int | None:
     for thread in relays:
         thread.join()
     send(b"X", struct.pack(">i", code))
+    try:  # ends the watch's recv and tells the client the stream is over
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
     return code
 
 
