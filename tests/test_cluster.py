@@ -311,6 +311,49 @@ def test_an_agent_started_through_a_nodes_engine_traces_that_nodes_container(
     assert _left(cli) == []
 
 
+def _ranks_across_nodes(
+    variant: str, ranks: int, data: Path, tmp_path: Path
+) -> tuple[Path, dict[str, Any], Any]:
+    """unet3d ``variant`` as ``ranks`` rank containers over as many nodes of the test cluster:
+    rank r on node-(r+1), each rank's events on its node, its opens exact for its shard of the
+    shared dataset and its bytes each file's (a read of a page past the end at most). Returns
+    the run directory, its manifest and its events."""
+    from core.rundir import READ_KINDS
+    from tests.conftest import traced_events
+    from tests.test_multicontainer import _expected_shards
+    from tracing.request import RunOptions, workload_request
+    from tracing.runner import trace
+
+    request = workload_request(
+        "unet3d",
+        variant,
+        data,
+        tmp_path / "runs",
+        settings={"epochs": 1, "batch_size": 1, "workers": 1, "accelerators": ranks, "seed": 0},
+        options={"patch_size": "32"},
+        rank_containers=True,
+        run=RunOptions(nodes=ranks, cluster=NAME),
+    )
+    run_dir = trace(request, print).check()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    events = traced_events(run_dir)
+    placed = {c["role"]: c["host"] for c in manifest["containers"]}
+    assert placed == {f"rank{r}": f"node-{r + 1}" for r in range(ranks)}
+    assert set(events["host"].dropna()) == set(placed.values())
+    mine = events[events["container"].notna()]
+    assert (mine["host"] == mine["container"].map(placed)).all()  # each rank on its node
+    cases = sorted(p.name[: -len("_x.npy")] for p in data.glob("case_*_x.npy"))
+    for role, indices in _expected_shards(len(cases), ranks, seed=0).items():
+        rows = mine[(mine["container"] == role) & mine["path"].str.startswith("/data/case_")]
+        expected = {f"/data/{cases[i]}_{xy}.npy" for i in indices for xy in "xy"}
+        assert set(rows.loc[rows["kind"] == "openat", "path"]) == expected, role
+        for path in expected:
+            size = (data / path.removeprefix("/data/")).stat().st_size
+            read = rows.loc[rows["kind"].isin(READ_KINDS) & (rows["path"] == path), "bytes"]
+            assert size <= read.sum() <= size + 16384, (role, path)
+    return run_dir, manifest, events
+
+
 @pytest.mark.integration
 @pytest.mark.docker
 @pytest.mark.bpftrace
@@ -325,41 +368,12 @@ def test_a_traced_run_across_three_nodes(
     left on any node, and nothing of the cluster after `cluster down`."""
     import pandas as pd
 
-    from core.rundir import READ_KINDS, load_run
-    from tests.conftest import traced_events
-    from tests.test_multicontainer import _expected_shards
-    from tracing.request import RunOptions, workload_request
-    from tracing.runner import trace
+    from core.rundir import load_run
 
     require_tracing()
     cli = docker_cli
-    request = workload_request(
-        "unet3d",
-        "sleep",
-        tiny_unet3d,
-        tmp_path / "runs",
-        settings={"epochs": 1, "batch_size": 1, "workers": 1, "accelerators": 3, "seed": 0},
-        options={"patch_size": "32"},
-        rank_containers=True,
-        run=RunOptions(nodes=3, cluster=NAME),
-    )
-    run_dir = trace(request, print).check()
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    events = traced_events(run_dir)
-    placed = {c["role"]: c["host"] for c in manifest["containers"]}
-    assert placed == {"rank0": "node-1", "rank1": "node-2", "rank2": "node-3"}
-    assert set(events["host"].dropna()) == {"node-1", "node-2", "node-3"}
-    mine = events[events["container"].notna()]
-    assert (mine["host"] == mine["container"].map(placed)).all()  # each rank on its node
+    run_dir, manifest, _ = _ranks_across_nodes("sleep", 3, tiny_unet3d, tmp_path)
     cases = sorted(p.name[: -len("_x.npy")] for p in tiny_unet3d.glob("case_*_x.npy"))
-    for role, indices in _expected_shards(len(cases), 3, seed=0).items():
-        rows = mine[(mine["container"] == role) & mine["path"].str.startswith("/data/case_")]
-        expected = {f"/data/{cases[i]}_{xy}.npy" for i in indices for xy in "xy"}
-        assert set(rows.loc[rows["kind"] == "openat", "path"]) == expected, role
-        for path in expected:
-            size = (tiny_unet3d / path.removeprefix("/data/")).stat().st_size
-            read = rows.loc[rows["kind"].isin(READ_KINDS) & (rows["path"] == path), "bytes"]
-            assert size <= read.sum() <= size + 16384, (role, path)
     hosts = manifest["hosts"]
     assert set(hosts) == {"node-1", "node-2", "node-3"}
     for name, record in hosts.items():
@@ -386,6 +400,7 @@ def test_a_traced_run_across_three_nodes(
         e["args"]["name"] for e in trace_json["traceEvents"] if e.get("name") == "process_name"
     }
     assert {"node-2/rank1", "node-3/rank2"} <= {n.split(" · ")[-1] for n in names}, names
+    assert any(n.endswith(" on node-3)") for n in names), names  # each host's pids apart
     for args in (["show", str(run_dir)], ["plot", "breakdown", str(run_dir)],
                  ["compare", str(run_dir), str(run_dir)],
                  ["plot", "timeline", str(run_dir), "--out", str(tmp_path / "t.html")]):  # fmt: skip
@@ -459,39 +474,8 @@ def test_original_ranks_across_two_nodes(
     """The real training job's ranks across nodes: `--variant original --accelerators 2
     --rank-containers --nodes 2`, the ranks' gradients all-reduced by gloo over the run's
     overlay network; each rank's opens and bytes exact for its shard, on its node."""
-    from core.rundir import READ_KINDS
-    from tests.conftest import traced_events
-    from tests.test_multicontainer import _expected_shards
-    from tracing.request import RunOptions, workload_request
-    from tracing.runner import trace
-
     require_tracing()
-    request = workload_request(
-        "unet3d",
-        "original",
-        tiny_unet3d,
-        tmp_path / "runs",
-        settings={"epochs": 1, "batch_size": 1, "workers": 1, "accelerators": 2, "seed": 0},
-        options={"patch_size": "32"},
-        rank_containers=True,
-        run=RunOptions(nodes=2, cluster=NAME),
-    )
-    run_dir = trace(request, print).check()
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    placed = {c["role"]: c["host"] for c in manifest["containers"]}
-    assert placed == {"rank0": "node-1", "rank1": "node-2"}
-    events = traced_events(run_dir)
-    mine = events[events["container"].notna()]
-    assert (mine["host"] == mine["container"].map(placed)).all()
-    cases = sorted(p.name[: -len("_x.npy")] for p in tiny_unet3d.glob("case_*_x.npy"))
-    for role, indices in _expected_shards(len(cases), 2, seed=0).items():
-        rows = mine[(mine["container"] == role) & mine["path"].str.startswith("/data/case_")]
-        expected = {f"/data/{cases[i]}_{xy}.npy" for i in indices for xy in "xy"}
-        assert set(rows.loc[rows["kind"] == "openat", "path"]) == expected, role
-        for path in expected:
-            size = (tiny_unet3d / path.removeprefix("/data/")).stat().st_size
-            read = rows.loc[rows["kind"].isin(READ_KINDS) & (rows["path"] == path), "bytes"]
-            assert size <= read.sum() <= size + 16384, (role, path)
+    run_dir, _, _ = _ranks_across_nodes("original", 2, tiny_unet3d, tmp_path)
     _nothing_of_the_run_left(docker_cli, run_dir)
 
 
@@ -553,61 +537,37 @@ def test_sophon_storage_and_training_nodes_across_nodes_with_the_link_capped(
 ) -> None:  # fmt: skip
     """SOPHON's topology across nodes: the training container on node-1, the storage
     container on node-2, their link capped at 20 Mbit/s by each node's agent (what each
-    container sends, in its own network namespace): the offload plan's probe measures at most
-    the cap, the epoch's traffic stays under it, every image is read on the storage node only
+    container sends, in its own network namespace), with what the cap does on one host
+    (tests/test_sophon_trace.py: check_capped); every image read on the storage node only
     (twice: SOPHON's profiling, then the epoch), and each agent removed its caps."""
-    from core.rundir import READ_KINDS, load_run
-    from experiments.sophon import epoch_interval, sampled_total
-    from tracing.remote import StorageNode
-    from tracing.request import RunOptions, workload_request
-    from tracing.runner import trace
+    from core.rundir import READ_KINDS
+    from tests.test_sophon_trace import check_capped, trace_sophon
     from workloads.images.files import load_image_data
 
     require_tracing()
     cap = 20_000_000
-    request = workload_request(
-        "resnet18",
-        "sleep",
-        large_images,
-        tmp_path / "runs",
-        settings={
-            "epochs": 1,
-            "batch_size": 4,
-            "workers": 1,
-            "eval_every": 0,
-            "checkpoint_every": 0,
-        },  # fmt: skip
-        options={"dataset": "remote-sophon"},
-        storage=StorageNode(prep_workers=1),
-        run=RunOptions(nodes=2, cluster=NAME, net_bandwidth_bits_s=cap, timeout_s=300),
-    )
-    run_dir = trace(request, print).check()
-    run = load_run(run_dir)
+    run = trace_sophon("remote-sophon", large_images, tmp_path / "runs", cap, nodes=2, cluster=NAME)
     hosts = {c["role"]: c["host"] for c in run.manifest["containers"]}
     assert hosts == {"main": "node-1", "storage": "node-2"}
     shaping = run.manifest["net_shaping"]
     assert shaping["rate_bits_s"] == cap and shaping["direction"] == "egress"
     assert {r: d.split(":")[0] for r, d in shaping["devices"].items()} == hosts
     assert not any(h.get("shaper_error") for h in run.manifest["hosts"].values())
-    plan = json.loads((run_dir / "out" / "main" / "offload-plan.json").read_text())
-    assert 0.6 * cap < plan["bandwidth_bytes_s"] * 8 <= 1.05 * cap, plan
-    _, t0, t1 = epoch_interval(run)
-    received = sampled_total(run.samples, "container_net_rx", "main", t0, t1)
-    assert received * 8 / ((t1 - t0) * 1e-9) <= 1.1 * cap
+    check_capped(run, cap)
     ev = run.events
-    files = load_image_data(large_images).train
     reads = ev[
         ev["kind"].astype(str).isin(READ_KINDS)
         & ev["path"].astype(str).str.startswith("/data/train/")
     ]
     assert set(reads["container"].astype(str)) == {"storage"}
     assert set(reads["host"].astype(str)) == {"node-2"}
-    # every image read whole twice: once by SOPHON's profiling, once for the epoch
     per_file = reads.groupby(reads["path"].astype(str))["bytes"].sum().to_dict()
+    files = load_image_data(large_images).train
     assert per_file == {
-        f"/data/{f.path.relative_to(large_images)}": 2 * f.path.stat().st_size for f in files
-    }  # type: ignore[union-attr]
-    _nothing_of_the_run_left(docker_cli, run_dir)
+        f"/data/{f.path.relative_to(large_images)}": 2 * f.path.stat().st_size  # type: ignore[union-attr]
+        for f in files
+    }
+    _nothing_of_the_run_left(docker_cli, run.path)
 
 
 def _nothing_of_the_run_left(cli: object, run_dir: Path) -> None:

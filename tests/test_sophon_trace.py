@@ -43,7 +43,12 @@ def large_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _trace(mode: str, data: Path, runs_root: Path, cap: int | None = None) -> Run:
+def trace_sophon(
+    mode: str, data: Path, runs_root: Path, cap: int | None = None, **run: object
+) -> Run:
+    """resnet18 sleep of one epoch over the remote dataset ``mode`` served by a storage
+    container, the network capped at ``cap`` bits per second; ``run``: more RunOptions (the
+    nodes of a run across them, tests/test_cluster.py). The completed run."""
     request = workload_request(
         "resnet18",
         "sleep",
@@ -58,9 +63,9 @@ def _trace(mode: str, data: Path, runs_root: Path, cap: int | None = None) -> Ru
         },
         options={"dataset": mode},
         storage=StorageNode(prep_workers=1),
-        run=RunOptions(timeout_s=300, net_bandwidth_bits_s=cap),
+        run=RunOptions(timeout_s=300, net_bandwidth_bits_s=cap, **run),  # type: ignore[arg-type]
     )
-    outcome = trace(request)
+    outcome = trace(request, print)
     assert outcome.status == "completed", outcome.error
     return load_run(outcome.run_dir)
 
@@ -84,7 +89,7 @@ def test_network_bytes_per_mode_follow_the_sample_sizes(
     }
     got = {}
     for mode in payload:
-        run = _trace(mode, large_images, runs_root)
+        run = trace_sophon(mode, large_images, runs_root)
         got[mode] = _received(run)
         # Every sample crossed the link once, plus the protocols' headers (a few per cent).
         assert 0.9 * payload[mode] < got[mode] < 1.2 * payload[mode] + 200_000, (mode, got)
@@ -116,28 +121,37 @@ def test_the_cap_limits_the_traffic_and_is_gone_after_the_run(
     images: dict[str, str], large_images: Path, runs_root: Path
 ) -> None:
     cap = 20_000_000  # 20 Mbit/s
-    capped = _trace("remote-sophon", large_images, runs_root, cap=cap)
+    capped = trace_sophon("remote-sophon", large_images, runs_root, cap=cap)
     shaping = capped.manifest["net_shaping"]
     assert shaping["rate_bits_s"] == cap and set(shaping["devices"]) == {"main", "storage"}
-    plan = json.loads((capped.path / "out" / "main" / "offload-plan.json").read_text())
-    # The probe's payload rate is the cap less the headers.
-    assert 0.6 * cap < plan["bandwidth_bytes_s"] * 8 <= 1.05 * cap, plan
-    # A slow link, every image larger than its crop: all of them offloaded (at the crop, or
-    # decoded for the odd small image padded to its file size).
-    assert plan["offloaded"] == IMAGES and plan["at_raw"] == 0, plan
-    _, t0, t1 = epoch_interval(capped)
-    epoch_rate = (
-        sampled_total(capped.samples, "container_net_rx", "main", t0, t1) * 8 / ((t1 - t0) * 1e-9)
-    )
-    assert epoch_rate <= 1.1 * cap
+    assert shaping["direction"] == "ingress"
+    check_capped(capped, cap)
     # Uncapped, the same probe measures far more: the cap is what limited it.
-    free = _trace("remote-sophon", large_images, runs_root)
+    free = trace_sophon("remote-sophon", large_images, runs_root)
     free_plan = json.loads((free.path / "out" / "main" / "offload-plan.json").read_text())
     assert free_plan["bandwidth_bytes_s"] * 8 > 5 * cap
     assert free_plan["offloaded"] < IMAGES  # a fast link: the network is not the bottleneck
     # No shaper outlives its run: the capped interfaces are gone, or carry no tbf.
     for device in shaping["devices"].values():
         assert not Path(f"/sys/class/net/{device}").exists() or " tbf " not in qdisc_of(device)
+
+
+def check_capped(run: Run, cap: int) -> None:
+    """What a link capped at ``cap`` does to a remote-sophon run of :func:`trace_sophon`: the
+    offload planner's probe measures the cap less the headers, so every image (each larger
+    than its crop) is offloaded; the epoch's traffic into the training container stays under
+    the cap."""
+    plan = json.loads((run.path / "out" / "main" / "offload-plan.json").read_text())
+    print(f"probe {plan['bandwidth_bytes_s'] * 8 / 1e6:.1f} Mbit/s, {plan['offloaded']} offloaded")
+    assert 0.6 * cap < plan["bandwidth_bytes_s"] * 8 <= 1.05 * cap, plan
+    # (at the crop, or decoded for the odd small image padded to its file size)
+    assert plan["offloaded"] == IMAGES and plan["at_raw"] == 0, plan
+    _, t0, t1 = epoch_interval(run)
+    epoch_rate = (
+        sampled_total(run.samples, "container_net_rx", "main", t0, t1) * 8 / ((t1 - t0) * 1e-9)
+    )
+    print(f"epoch traffic {epoch_rate / 1e6:.1f} Mbit/s")
+    assert epoch_rate <= 1.1 * cap
 
 
 def test_ctrl_c_removes_the_cap(images: dict[str, str], tmp_path: Path, runs_root: Path) -> None:
