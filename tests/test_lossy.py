@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from core import rundir
@@ -98,3 +99,19 @@ def test_program_misses_read_from_fdinfo(tmp_path: Path) -> None:
     (fdinfo / "6").write_text("map_type:\t1\nkey_size:\t8\n")  # a map
     assert bpftrace.program_misses(42, proc=tmp_path) == 7
     assert bpftrace.program_misses(43, proc=tmp_path) == 0
+
+
+def test_a_run_on_one_node_of_a_cluster_has_its_events_at_the_top(tmp_path: Path) -> None:
+    """`--nodes 1`: the node's agent wrote raw/<node>/; its events become the run's
+    events.parquet (with no other host to merge), and every row carries the node."""
+    from tracing.placement import Host
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(RAW, run_dir / "raw" / "node-1")
+    manifest: dict = {"start_ns": 1, "end_ns": 2, "hosts": {"node-1": {}}}
+    node = Host("node-1", None, host_dir="node-1", swarm=True)  # type: ignore[arg-type]
+    status, error = runner._process(run_dir, manifest, [], "completed", None, [node])
+    assert (status, error) == ("completed", None)
+    assert not (run_dir / "raw" / "node-1" / "events.parquet").exists()
+    events = pd.read_parquet(run_dir / "events.parquet", columns=["host"])
+    assert len(events) > 0 and set(events["host"]) == {"node-1"}

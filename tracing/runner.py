@@ -928,6 +928,8 @@ def _process(
             for part in parts:
                 part.unlink()
             _release_skew(run_dir / "events.parquet", manifest)
+        elif parts[0] != run_dir / "events.parquet":  # one node of a cluster: its part is all
+            parts[0].replace(run_dir / "events.parquet")
         samples = pd.concat(
             [ingest.build_samples(raw / h.host_dir, h.name, h.shift_ns) for h in hosts],
             ignore_index=True,

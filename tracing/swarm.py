@@ -32,6 +32,7 @@ import docker
 import docker.errors
 from docker.types import (
     ContainerSpec,
+    EndpointSpec,
     Mount,
     NetworkAttachmentConfig,
     Placement,
@@ -171,9 +172,17 @@ def remove_orphans(manager: docker.DockerClient) -> list[str]:
 
 
 def _create(manager: docker.DockerClient, template: Any, name: str, run_id: str, what: str) -> Any:
-    """A service of the run made from ``template``; a UserError naming ``what`` otherwise."""
+    """A service of the run made from ``template``; a UserError naming ``what`` otherwise.
+
+    Its name and aliases resolve to its task's own address (DNS round robin), not to a virtual
+    IP the swarm balances: a virtual IP becomes reachable only once the node has programmed
+    its load balancer, a moment after the task runs, and a rank connecting to a peer before
+    then (gloo's rendezvous, right after the release) waited about 12 s for its retry
+    (docs/cluster.md)."""
     try:
-        created = manager.api.create_service(template, name=name, labels=_labels(run_id))
+        created = manager.api.create_service(
+            template, name=name, labels=_labels(run_id), endpoint_spec=EndpointSpec(mode="dnsrr")
+        )
     except docker.errors.APIError as exc:
         raise UserError(f"the swarm could not create {what}: {exc.explanation or exc}") from None
     return manager.services.get(created["ID"])
