@@ -127,7 +127,7 @@ def cluster_hosts(
             )
         chosen = [by_name[name] for name in names]
         progress(f"placing the run on {', '.join(names)} of {where}")
-        refs = dict.fromkeys(tags, "")
+        refs: dict[str, str] = {}  # without a registry the nodes know the images by their tags
         if registry is not None:
             lead_name = str(manager.info().get("Name") or "the manager")
             pushed = swarm.push_images(cli, manager, list(tags), registry, progress, lead_name)
@@ -142,7 +142,7 @@ def cluster_hosts(
     hosts = [
         Host(
             n.hostname, docker.DockerClient(engine, timeout=120), n.address, n.hostname,
-            {t: r for t, r in refs.items() if r}, engine, swarm=True, attributes=n.attributes,
+            refs, engine, swarm=True, attributes=n.attributes,
         )
         for n in chosen
     ]  # fmt: skip
