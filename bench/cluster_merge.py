@@ -41,7 +41,9 @@ import pyarrow.parquet as pq  # noqa: E402
 from bench import spread  # noqa: E402
 from bench.spread import median_spread  # noqa: E402
 from bench.trace_ingest import MAIN_PID, make_raw  # noqa: E402
+from core.atomic import atomic_path  # noqa: E402
 from tracing import ingest  # noqa: E402
+from tracing.ingest import events  # noqa: E402
 
 SHIFT_NS = 137_000
 
@@ -75,8 +77,8 @@ def whole_merge(parts: list[Path], out: Path) -> None:
     tables = [pq.read_table(part, schema=ingest.EVENTS_SCHEMA) for part in parts]
     table = pa.concat_tables(tables)
     table = table.take(pc.sort_indices(table, sort_keys=[("ts_ns", "ascending")]))
-    with ingest.atomic_path(out) as tmp:
-        sink = ingest._ParquetSink(tmp)
+    with atomic_path(out) as tmp:
+        sink = events._ParquetSink(tmp)
         try:
             for batch in table.to_batches(ingest.ROW_GROUP_ROWS):
                 sink.put(pa.Table.from_batches([batch]))

@@ -30,8 +30,36 @@ alone in a child process (:func:`peak_rss`).
 The output of each round is removed before it (the runner writes events.parquet into a new run
 directory; renaming over an existing file costs ext4 a flush, ~50 ms for 100 MB).
 
-Measured on the 2-vCPU AMD EPYC VM of the project, LZ4 but delta-encoded times and latencies, a
-row group per round (~110 Ki rows), `--rounds 3`:
+Measured with `--rounds 5` on a 2-vCPU Intel Xeon (Emerald Rapids) Firecracker VM, a fresh
+machine (numba's cache empty before the run; its compile is not part of a round):
+
+  format  lines   rows     ratio median (min-max)   ingest   pandas.read_csv   ingest peak RSS
+  map     5 M     5.35 M   0.46 (0.40-0.46)         1.08 s   0.49 s            511 MiB
+
+Before this version the same command printed 0.27 (ingest 3.1 s) for a new user on such a
+machine, and 0.26-0.28 (ingest 1.9 s) here for every earlier version tried, including the one
+that gave 0.53 on the AMD VM below: the machine, not a later change or the compiled-code cache (the cache only moves the
+compile out of the first run). ``perf`` showed where: two thirds of the parse in numba's
+reference counting (an atomic increment and decrement of every array passed to a helper, even
+an inlined one), which the AMD VM pays far less for. Then: the kernels compiled without numba's
+runtime (tracing/ingest/jit.py: they allocate nothing; the path dictionary's kernel split so
+that it allocates nothing either, its strings gathered by Arrow's ``take``), a thread name's
+length compared as an integer (int64 against uint64 compared as floats, in every lookup), the
+comm's end found 8 bytes at a time, and numbers read a word at a time (the digits found in one
+load and converted by multiplications, :func:`tracing.ingest.scan._read_number`): the parse
+kernel alone went from 235 MB/s to 767 MB/s.
+
+Where the time goes now, CPU seconds at 5 M lines (three threads on two cores): reader 0.64-0.70
+(the parse kernel 0.55 of it), main 0.45-0.50 (the join 0.17, the table 0.17 with the path
+dictionary 0.06), writer 0.83-0.84 (pyarrow's Parquet encoding: about 0.03 s a column for the 17
+columns, LZ4 0.24, the path column's dictionary hashed again 0.10). The three add up to about
+2 CPU seconds, so the ingest cannot end before about 1 s on two cores; the writer alone takes
+1.7 times pandas.read_csv's 0.49 s. The ratio of 0.5 holds where the writer's part does: the
+figure misses it here by 10 %, and the rest is the Parquet file's encoding, which this version
+leaves as it is (a smaller or plainer file would change what every reader gets).
+
+Measured before on the 2-vCPU AMD EPYC VM of the project, LZ4 but delta-encoded times and
+latencies, a row group per round (~110 Ki rows), `--rounds 3`:
 
   format  lines   rows     ratio median (min-max)   ingest   pandas.read_csv   ingest peak RSS
   map     5 M     5.35 M   0.53 (0.47-0.54)         1.04 s   0.56 s            510 MiB   (idle VM)
@@ -43,22 +71,11 @@ running); the map form's file is 10 % larger (each line carries its map's name a
 411 MB against 375 MB at 5 M lines) and its lines come in key order within a 100 ms period,
 which the per-block time sort already handles. The streaming ingest's memory is flat: +46 MiB
 for 4x the trace, where pandas.read_csv holds the whole file; events.parquet is 101 MB at 5 M
-(it was 128 MB). Before this version: 0.36
-(0.26-0.39) at 5 M, 1.76 s, 592 MiB; 0.68 at 20 M. Before that (the merge_asof
-implementation, build_events + write_table): 0.14 at 5 M (4.3-5.5 s against 0.6-0.8 s) with
-1.7 GB RSS, on the old bench's trace (tests/data/raw repeated).
-
-Where the time goes, CPU seconds at 5 M lines (three threads on two cores; the least of 3 runs,
-on a busy VM): process 1.65-1.73, was 2.42-2.52. Reader thread 0.53-0.59 (was 0.75-0.78):
-parsing syscalls.txt 0.48-0.54 (was 0.67), each block's rows ordered by time 0.03. Main
-thread 0.45-0.48 (was 0.72-0.75): the join 0.21, which now also merges the round's rows
-(releasing and ordering them cost 0.08, copying them about as much); the table 0.14, of which
-the path column (a dictionary of the round's distinct paths) 0.08-0.09 (the path strings
-built row by row cost 0.12-0.18 in the table and 0.27 in the writer); block.txt 0.03 (was
-0.11 with pyarrow's CSV reader); cache.txt 0.01 (was 0.1, before the first round). Writer
-thread 0.67-0.68 (was 0.89-0.93), by column about a fifth each for the path (its dictionary
-hashed again by the writer, LZ4), the three delta-encoded ones and bytes, ret and offset (LZ4).
-Earlier still: parse 1.30 s, derived columns 1.45 s, merge_asof join 1.58 s, zstd write 0.83 s.
+(it was 128 MB). Before that version: 0.36 (0.26-0.39) at 5 M, 1.76 s, 592 MiB; 0.68 at 20 M.
+Before that (the merge_asof implementation, build_events + write_table): 0.14 at 5 M (4.3-5.5 s
+against 0.6-0.8 s) with 1.7 GB RSS, on the old bench's trace (tests/data/raw repeated). On that
+VM, CPU seconds at 5 M lines: process 1.65-1.73; reader 0.53-0.59, main 0.45-0.48, writer
+0.67-0.68.
 
 Usage: python bench/trace_ingest.py [--events 5000000] [--rounds 5] [--dir DIR] [--keep]
 """
@@ -80,9 +97,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 from bench import spread  # noqa: E402
 from tracing import aggregates, ingest  # noqa: E402
+from tracing.ingest import jit  # noqa: E402
 
 MAIN_PID = 4000
 WORKERS = 6
@@ -417,7 +436,7 @@ def peak_rss(raw: Path, out: Path) -> dict:
     fresh process."""
     out.unlink(missing_ok=True)
     return spread.peak_rss(
-        "from pathlib import Path\nfrom tracing import ingest\ningest._compile()",
+        "from pathlib import Path\nfrom tracing import ingest\nfrom tracing.ingest import jit\njit.compile()",
         f"ingest.write_events(Path({str(raw)!r}), Path({str(out)!r}), {{{MAIN_PID}: 'main'}})",
     )
 
@@ -453,7 +472,7 @@ def main() -> None:
             f"raw/syscalls.txt ({args.format}): {size / 1e6:.0f} MB; the same calls as "
             f"tab-separated lines (pandas.read_csv's input): {tsv_size / 1e6:.0f} MB"
         )
-        ingest._compile()  # numba's compilation or cache load is not part of a round
+        jit.compile()  # numba's compilation or cache load is not part of a round
         run_ingest(raw, base / "events.parquet")  # warm: page cache, allocator
         ratios, a_times, b_times = [], [], []
         for i in range(args.rounds):
@@ -465,7 +484,7 @@ def main() -> None:
             b_times.append(b)
             ratios.append(b / a)
             print(f"round {i + 1}: ingest {a:.2f} s, pandas.read_csv {b:.2f} s, ratio {b / a:.2f}")
-        rows = ingest.pq.ParquetFile(base / "events.parquet").metadata.num_rows
+        rows = pq.ParquetFile(base / "events.parquet").metadata.num_rows
         print(
             f"events.parquet: {rows} rows, {(base / 'events.parquet').stat().st_size / 1e6:.0f} MB"
         )

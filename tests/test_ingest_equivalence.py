@@ -23,6 +23,7 @@ import pytest
 
 from tests import ingest_reference as reference
 from tracing import ingest
+from tracing.ingest import jit, join_kernels, merge, scan, schema
 
 
 def random_raw(raw: Path, seed: int, n_steps: int = 3000) -> None:
@@ -156,12 +157,12 @@ def test_same_rows_as_the_reference(
     assert got_stats.skipped_examples == want_stats.skipped_examples
     # streaming to a file (small reorder window, small blocks: many rounds; the paths' heap
     # compacted every few rounds) gives the same rows
-    ingest_blocks, heap_paths = ingest.BLOCK_BYTES, ingest.HEAP_PATHS
+    ingest_blocks, heap_paths = schema.BLOCK_BYTES, schema.HEAP_PATHS
     try:
-        ingest.BLOCK_BYTES, ingest.HEAP_PATHS = 4096, 8
+        schema.BLOCK_BYTES, schema.HEAP_PATHS = 4096, 8
         totals, stats = ingest.write_events(raw, tmp_path / "events.parquet", role_map, window_ns)
     finally:
-        ingest.BLOCK_BYTES, ingest.HEAP_PATHS = ingest_blocks, heap_paths
+        schema.BLOCK_BYTES, schema.HEAP_PATHS = ingest_blocks, heap_paths
     from core import rundir
 
     written = rundir.read_table(tmp_path / "events.parquet", rundir.EVENTS_COLUMNS)
@@ -189,24 +190,24 @@ def test_rounds_take_rows_in_the_order_of_a_stable_sort(seed: int) -> None:
     the ranges' rows one after the other (ties: the earlier range first)."""
     rng = np.random.default_rng(seed)
     ranges = []
-    for _ in range(int(rng.integers(1, ingest._MAX_PARTS + 1))):
+    for _ in range(int(rng.integers(1, join_kernels._MAX_PARTS + 1))):
         n = int(rng.integers(0, 300))
-        rows = np.zeros((n, ingest._N_COLS), dtype=np.int64)
-        rows[:, ingest._C_TS] = rng.integers(0, 50, n)  # many ties
-        rows[:, ingest._C_PID] = np.arange(n) + 1000 * len(ranges)  # which row it is
-        rows[:, ingest._C_TID] = -1
-        part = ingest._Part(rows)
+        rows = np.zeros((n, scan._N_COLS), dtype=np.int64)
+        rows[:, scan._C_TS] = rng.integers(0, 50, n)  # many ties
+        rows[:, scan._C_PID] = np.arange(n) + 1000 * len(ranges)  # which row it is
+        rows[:, scan._C_TID] = -1
+        part = merge._Part(rows)
         first = int(rng.integers(0, n + 1))
         ranges.append((part, first, int(rng.integers(first, n + 1))))
     taken = [p.rows[p.order[a:b]] for p, a, b in ranges]
     rows = np.concatenate(taken)
-    want = rows[np.argsort(rows[:, ingest._C_TS], kind="stable"), ingest._C_PID]
+    want = rows[np.argsort(rows[:, scan._C_TS], kind="stable"), scan._C_PID]
 
-    ingest._compile()
-    padded = ranges + [(ingest._NO_PART, 0, 0)] * (ingest._MAX_PARTS - len(ranges))
-    n, limit = len(rows), ingest._PID_LIMIT
+    jit.compile()
+    padded = ranges + [(merge._NO_PART, 0, 0)] * (join_kernels._MAX_PARTS - len(ranges))
+    n, limit = len(rows), join_kernels._PID_LIMIT
     out64, out32 = np.empty((7, n), dtype=np.int64), np.empty((7, n), dtype=np.int32)
-    ingest._join_round(
+    join_kernels._join_round(
         tuple(p.rows for p, _, _ in padded),
         tuple(p.times for p, _, _ in padded),
         tuple(p.order for p, _, _ in padded),
@@ -229,31 +230,31 @@ def test_rounds_take_rows_in_the_order_of_a_stable_sort(seed: int) -> None:
         np.empty(n, dtype=np.bool_),
         np.zeros((1, 128, 3), dtype=np.int64),
     )
-    np.testing.assert_array_equal(out32[ingest._O_PID], want)
+    np.testing.assert_array_equal(out32[join_kernels._O_PID], want)
 
     # copied into one part, a parsed block's codes and path numbers become ours
     for k, (part, _, _) in enumerate(ranges):
         rows = part.rows
-        rows[:, ingest._C_KIND] = rng.integers(0, 4, len(rows))
-        rows[:, ingest._C_COMM] = rng.integers(-1, 3, len(rows))
-        rows[:, ingest._C_PATH] = rng.integers(-1, 5, len(rows))
+        rows[:, scan._C_KIND] = rng.integers(0, 4, len(rows))
+        rows[:, scan._C_COMM] = rng.integers(-1, 3, len(rows))
+        rows[:, scan._C_PATH] = rng.integers(-1, 5, len(rows))
         part.parsed, part.base = k % 2 == 1, 100 * k
     kind_map, comm_map = np.array([7, 8, 9, 10]), np.array([20, 21, 22])
-    part, a, b = ingest._joined(ranges, comm_map, kind_map)
+    part, a, b = merge._joined(ranges, comm_map, kind_map)
     joined = part.rows[part.order[a:b]]
-    np.testing.assert_array_equal(joined[:, ingest._C_PID], want)
+    np.testing.assert_array_equal(joined[:, scan._C_PID], want)
     for p, x, y in ranges:
-        mine = joined[np.isin(joined[:, ingest._C_PID], p.rows[:, ingest._C_PID])]
+        mine = joined[np.isin(joined[:, scan._C_PID], p.rows[:, scan._C_PID])]
         theirs = p.rows[p.order[x:y]]
-        kind, comm, path = (theirs[:, c] for c in (ingest._C_KIND, ingest._C_COMM, ingest._C_PATH))
+        kind, comm, path = (theirs[:, c] for c in (scan._C_KIND, scan._C_COMM, scan._C_PATH))
         if p.parsed:
             kind, comm = kind_map[kind], np.where(comm >= 0, comm_map[comm], -1)
         path = np.where(path >= 0, path + p.base, -1)
-        mine = mine[np.argsort(mine[:, ingest._C_PID])]
-        at = np.argsort(theirs[:, ingest._C_PID])
-        np.testing.assert_array_equal(mine[:, ingest._C_KIND], kind[at])
-        np.testing.assert_array_equal(mine[:, ingest._C_COMM], comm[at])
-        np.testing.assert_array_equal(mine[:, ingest._C_PATH], path[at])
+        mine = mine[np.argsort(mine[:, scan._C_PID])]
+        at = np.argsort(theirs[:, scan._C_PID])
+        np.testing.assert_array_equal(mine[:, scan._C_KIND], kind[at])
+        np.testing.assert_array_equal(mine[:, scan._C_COMM], comm[at])
+        np.testing.assert_array_equal(mine[:, scan._C_PATH], path[at])
 
 
 def test_the_descriptor_table_grows_in_the_middle_of_a_round(tmp_path: Path) -> None:
@@ -282,3 +283,26 @@ def test_the_descriptor_table_grows_in_the_middle_of_a_round(tmp_path: Path) -> 
     pd.testing.assert_frame_equal(frame(got), frame(want))
     reads = frame(got)[lambda df: df["kind"] == "read"]
     assert reads["path"].notna().all() and (reads["pid"] == 200).sum() == 429
+
+
+def test_numbers_read_a_word_at_a_time_as_digit_by_digit() -> None:
+    """scan._read_number (a word at a time) against scan._read_int (a digit at a time): every
+    length of number from none to 19 digits, signed or not, followed by each kind of byte."""
+    jit.compile()
+    rng = np.random.default_rng(7)
+    texts = [b"-", b"", b"x", b"-x", b"--1", b"0", b"-0", b"007"]
+    for digits in range(1, 20):
+        for _ in range(3):
+            number = int(rng.integers(10 ** (digits - 1), 10**digits, dtype=np.uint64))
+            texts += [str(number).encode(), b"-" + str(number).encode()]
+    for text in texts:
+        for after in (b",", b")", b"\t", b"\n", b"]", b" "):
+            for at in range(8):  # every alignment
+                raw = b"#" * at + text + after
+                buf = np.zeros((len(raw) + 16 + 7) // 8 * 8, dtype=np.uint8)
+                buf[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+                words = buf.view(np.uint64)
+                for signed in (False, True):
+                    want = scan._read_int(buf, at, signed)
+                    got = scan._read_number(buf, words, at, signed)
+                    assert tuple(got) == tuple(want), (raw, signed)
