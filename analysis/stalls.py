@@ -48,9 +48,37 @@ from analysis.breakdown import dataset_reads
 from analysis.tables import interval_rows, is_value, kind_mask
 from core.errors import UserError
 from core.rundir import Run
+from core.versioned import Layout
 
-#: Version of the layout of a stalls result (``stalls.json``); bump on any change.
-STALLS_SCHEMA = 1
+#: Version of the layout of a stalls result (``stalls.json``) and of a stalls study's summary
+#: (``study.json``); bump on any change, with a migration from the old one in :data:`STALLS`
+#: and :data:`STALLS_STUDY`.
+STALLS_SCHEMA = 2
+
+
+def _created_at(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 body as version 2: the time it was made, ``created``, is ``created_at`` as in
+    every versioned file (version 1 already named its ``kind``)."""
+    data["created_at"] = data.pop("created", None)
+    return data
+
+
+#: ``stalls.json``: one measurement's result (``experiments/stalls.py`` writes and reads it).
+STALLS = Layout(
+    "stalls result",
+    STALLS_SCHEMA,
+    {1: _created_at},
+    remedy="measure the stalls again",
+    kind="stalls",
+)
+#: ``study.json`` of a stalls study: every model's summary.
+STALLS_STUDY = Layout(
+    "stalls study summary",
+    STALLS_SCHEMA,
+    {1: _created_at},
+    remedy="run the study again",
+    kind="stalls-study",
+)
 #: The three runs of the differential method, in order.
 RUN_KINDS: tuple[str, ...] = ("synthetic", "cached", "cold")
 #: Cached run: block reads above this fraction of its dataset bytes, and above

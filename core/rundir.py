@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-import json
 import secrets
 import subprocess
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core import __version__ as TWINTRACE_VERSION
-from core.atomic import atomic_path, atomic_write_json
+from core import versioned
+from core.atomic import atomic_path
 from core.errors import UserError
+from core.versioned import utc_now
 
 #: The layout version of every file this code reads and writes. Version 2 added the
 #: ``container`` column (the role of the run's container an event, sample or phase came from)
@@ -40,10 +42,14 @@ from core.errors import UserError
 #: and the ``latency_max_ns`` column. Version 4 added the ``host`` column (the name of the host
 #: an event, sample or phase came from: runs over several hosts) and the manifest's ``hosts``.
 SCHEMA_VERSION = 4
-#: Older versions this code still reads, each with how it is brought up to date
-#: (:func:`migrate_table`): version 3 lacks only ``host``, which is the manifest's one host.
-READABLE_VERSIONS: tuple[int, ...] = (3, SCHEMA_VERSION)
-_READABLE = " or ".join(map(str, READABLE_VERSIONS))
+#: The run format's JSON files (manifest, summary, comparisons, scores; tables: :func:`read_table`)
+#: and how an older one is brought up to date: version 3's JSON files are version 4's (its tables
+#: lack only ``host``, the manifest's one host: :func:`migrate_table`).
+RUN_FORMAT = versioned.Layout(
+    "run format file", SCHEMA_VERSION, {3: lambda body: {**body, "tables_version": 3}}
+)
+#: The versions this code reads.
+READABLE_VERSIONS: tuple[int, ...] = RUN_FORMAT.readable()
 
 #: Event kinds by what they do (``kind`` column of events).
 READ_KINDS: tuple[str, ...] = ("read", "pread64", "readv")
@@ -217,9 +223,10 @@ def read_table(
 
 
 def migrate_table(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """The columns a run's tables lack for its schema version, with their values: a
-    version-3 run (one host) gets ``host``, the manifest's host name."""
-    if manifest.get("schema_version") == 3:
+    """The columns a run's tables lack for their schema version (``tables_version``: that of
+    the run's first manifest, when it was brought up to date), with their values: a version-3
+    run (one host) gets ``host``, the manifest's host name."""
+    if manifest.get("tables_version", manifest.get("schema_version")) == 3:
         return {"host": (manifest.get("host") or {}).get("hostname")}
     return {}
 
@@ -241,51 +248,22 @@ def write_table(path: Path, frame: pd.DataFrame | pa.Table, columns: Mapping[str
 
 
 def write_json(path: Path, obj: Mapping[str, Any]) -> None:
-    """Write a JSON file of the run format atomically, stamped with ``schema_version``."""
-    atomic_write_json(path, {"schema_version": SCHEMA_VERSION, **obj})
+    """Write a JSON file of the run format atomically, stamped (:data:`RUN_FORMAT`)."""
+    versioned.write_json(path, RUN_FORMAT, obj)
 
 
 def load_json(path: Path, what: str) -> dict[str, Any]:
-    """Read a JSON file of the run format (summary, comparison, scores, state) and check its
-    ``schema_version``. Missing, truncated, damaged or foreign files are a one-line UserError
-    naming the file."""
+    """Read a JSON file of the run format (summary, comparison, scores, state), checked and up
+    to date (:data:`RUN_FORMAT`). Missing, truncated, damaged or foreign files are a one-line
+    UserError naming the file."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(
-            f"{path} does not exist: is {path.parent} a twintrace run directory? "
-            "(`./cli.py runs` lists runs)"
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(
-            f"{path} is damaged (not valid JSON: {exc}); it was cut short or edited: re-create it"
-        ) from None
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is damaged (not a JSON object): re-create it")
-    version = data.get("schema_version")
-    if version not in READABLE_VERSIONS or isinstance(version, bool):
-        made_by = data.get("twintrace_version")
-        which = (
-            f"use twintrace {made_by}, which made it"
-            if made_by
-            else "use the twintrace version that made it"
-        )
-        raise UserError(
-            f"{what} {path} has schema_version {version!r}, but twintrace "
-            f"{TWINTRACE_VERSION} reads schema_version {_READABLE}: {which}"
-        )
-    return data
+    missing = f"is {path.parent} a twintrace run directory? (`./cli.py runs` lists runs)"
+    data = versioned.read_json(path, what, missing)
+    return versioned.upgrade(replace(RUN_FORMAT, what=what), data, str(path))
 
 
 # ---------------------------------------------------------------------------------------------
 # Creating a run directory and its manifest
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 def new_run_dir(root: Path, label: str, variant: str | None) -> Path:
@@ -356,7 +334,7 @@ def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> None:
     """(Re)write ``manifest.json`` atomically."""
     if manifest.get("status") not in STATUSES:
         raise ValueError(f"bad run status {manifest.get('status')!r}")
-    atomic_write_json(Path(run_dir) / MANIFEST, dict(manifest))
+    write_json(Path(run_dir) / MANIFEST, manifest)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import datetime as dt
 import importlib
 import json
 import multiprocessing as mp
@@ -39,11 +38,17 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from core import __version__ as TWINTRACE_VERSION
+from core import versioned
 from core.atomic import atomic_path, atomic_write_text, temp_path
 from core.errors import UserError
 
 SCHEMA_VERSION = 1
+#: The dataset manifest (manifest.json, written last: see :func:`write_manifest`).
+DATASET = versioned.Layout(
+    "dataset manifest",
+    SCHEMA_VERSION,
+    remedy="regenerate the dataset (with --force to reuse the directory)",
+)
 MANIFEST_NAME = "manifest.json"
 MARKER_NAME = ".twintrace-dataset"
 
@@ -723,18 +728,18 @@ def write_manifest(
     Call it last, after every data file is in place: its presence is what marks the dataset
     complete. ``created_at`` is the UTC time the dataset was completed (now).
     """
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "generator": generator,
-        "twintrace_version": TWINTRACE_VERSION,
-        "seed": seed,
-        "requested_bytes": requested_bytes,
-        "total_bytes": sum(f["bytes"] for f in files),
-        "files": files,
-        "params": params,
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "duration_s": round(duration_s, 3),
-    }
+    manifest = versioned.stamp(
+        DATASET,
+        {
+            "generator": generator,
+            "seed": seed,
+            "requested_bytes": requested_bytes,
+            "total_bytes": sum(f["bytes"] for f in files),
+            "files": files,
+            "params": params,
+            "duration_s": round(duration_s, 3),
+        },
+    )
     # Indented, but one line per file: json's C encoder only runs without indentation, and the
     # Python one costs ~50 us per file entry (a second per 20,000 images).
     text = json.dumps({**manifest, "files": []}, indent=2)
@@ -757,20 +762,7 @@ def load_manifest(directory: Path) -> dict[str, Any]:
             f"{directory} has no {MANIFEST_NAME}: it is not a twintrace dataset, or its "
             "generation did not finish; regenerate it (with --force to reuse the directory)"
         )
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}; regenerate the dataset") from None
-    if not isinstance(manifest, dict):
-        raise UserError(f"{path} is not a dataset manifest (not a JSON object)")
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise UserError(
-            f"{path} has schema_version {version!r}, but this twintrace "
-            f"({TWINTRACE_VERSION}) reads only version {SCHEMA_VERSION}: use the twintrace "
-            f"version that wrote it ({manifest.get('twintrace_version', 'unknown')}) or "
-            "regenerate the dataset"
-        )
+    manifest = versioned.load_json(path, DATASET)
     for key in ("generator", "files", "total_bytes"):
         if key not in manifest:
             raise UserError(f"{path} lacks {key!r}: the file is damaged; regenerate the dataset")

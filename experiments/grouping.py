@@ -90,12 +90,12 @@ does not move them; ``data_stall_min_s`` and ``_max_s`` give the spread). ``norm
 divides by the folder layout's stall, ``normalised_io`` its time in the dataset's opens and
 reads by the folder layout's; the published curves are divided by their own ungrouped value.
 
-**Output** in ``OUT/NAME/``: ``grouping.json`` (:data:`SCHEMA_VERSION`, ``kind: "grouping"``:
-settings, dataset, every run with its directory and figures, per-layout figures, the
-published curves with their sources; :func:`load_results` checks it) and ``grouping.html``
-(:func:`grouping_figure`: normalised data stall against G beside both published curves, and
-the evidence: stall and compute seconds, opens and reads per epoch, mean request sizes, bytes
-from disk, sequentiality). ``docs/grouping.md`` has a measured result.
+**Output** in ``OUT/NAME/``: ``grouping.json`` (:data:`RESULTS`, ``kind: "grouping"``, stamped
+by :mod:`core.versioned`: settings, dataset, every run with its directory and figures,
+per-layout figures, the published curves with their sources; :func:`load_results` checks it)
+and ``grouping.html`` (:func:`grouping_figure`: normalised data stall against G beside both
+published curves, and the evidence: stall and compute seconds, opens and reads per epoch, mean
+request sizes, bytes from disk, sequentiality). ``docs/grouping.md`` has a measured result.
 """
 
 from __future__ import annotations
@@ -118,24 +118,31 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis.stalls import union_s
-from core import __version__ as TWINTRACE_VERSION
+from core import versioned
 from core.atomic import atomic_write_json
 from core.errors import UserError
-from core.rundir import Run, git_revision, load_run, utc_now
+from core.rundir import Run, git_revision, load_run
+from core.versioned import Layout
 from experiments import study_state
 from experiments.study_state import (
     distinct_whole_numbers,
     json_ready,
     load_state,
     run_done,
+    save_state,
     whole_number,
 )
 
 Log = Callable[[str], None]
 
-#: Version of the layout of ``grouping.json``; bump on any change.
+#: Version of the layout of ``grouping.json``; bump on any change, with a migration from the
+#: old one in :data:`RESULTS`.
 SCHEMA_VERSION = 1
 KIND = "grouping"
+#: ``grouping.json``: the study's results.
+RESULTS = Layout(
+    "grouping study's results", SCHEMA_VERSION, kind=KIND, remedy="run the study again"
+)
 RESULTS_NAME = "grouping.json"
 FIGURE_NAME = "grouping.html"
 STATE_NAME = "grouping-state.json"
@@ -926,7 +933,7 @@ def published_curves() -> dict[str, Any]:
 
 def load_results(path: Path) -> dict[str, Any]:
     """Read ``grouping.json``, refusing another kind or schema version."""
-    return study_state.load_results(path, KIND, SCHEMA_VERSION)
+    return study_state.load_results(path, RESULTS)
 
 
 def _category(group_size: int) -> str:
@@ -1238,7 +1245,7 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
             "duration_s": round(time.monotonic() - t0, 3),
             "cached_before_bytes": cached,
         }
-        atomic_write_json(state_path, state)
+        save_state(state_path, state)
     runs = []
     host: dict[str, Any] = {}
     for r, name, g in order:
@@ -1267,22 +1274,21 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
                 "are off; each layout's median over its epochs leaves one such epoch out. "
                 "Run the study on an idle host for clean numbers"
             )
-    result = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "name": study.name,
-        "description": study.description,
-        "twintrace_version": TWINTRACE_VERSION,
-        "git_revision": git_revision(),
-        "created_at": utc_now(),
-        "host": host,
-        "settings": spec.settings(),
-        "dataset": dataset,
-        "runs": runs,
-        "layouts": layout_rows(runs, spec.layouts),
-        "published": published_curves(),
-        "study_s": round(time.monotonic() - started, 1),
-    }
+    result = versioned.stamp(
+        RESULTS,
+        {
+            "name": study.name,
+            "description": study.description,
+            "git_revision": git_revision(),
+            "host": host,
+            "settings": spec.settings(),
+            "dataset": dataset,
+            "runs": runs,
+            "layouts": layout_rows(runs, spec.layouts),
+            "published": published_curves(),
+            "study_s": round(time.monotonic() - started, 1),
+        },
+    )
     path = out / RESULTS_NAME
     atomic_write_json(path, json_ready(result))
     from analysis.figures import write_figure

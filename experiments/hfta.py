@@ -87,10 +87,11 @@ seconds (``cpu_s``) and their loader workers' (``loader_cpu_s``) from the sample
 emulated jobs waited for the shared accelerator; the CPU something outside the run used
 (``other_cpu_cores``; the study warns above :data:`BUSY_HOST_CORES`).
 
-**Output** in the output directory: ``hfta.json`` (:data:`SCHEMA_VERSION`, ``kind: "hfta"``:
-settings, dataset, every run with its directory and figures, a row per mode and B, the
-published figure with its source; :func:`load_results` checks it), ``hfta.html`` (the speedup
-curves and the I/O and CPU per model trained against B), ``runs/`` and the state file.
+**Output** in the output directory: ``hfta.json`` (:data:`RESULTS`, ``kind: "hfta"``, stamped
+by :mod:`core.versioned`: settings, dataset, every run with its directory and figures, a row
+per mode and B, the published figure with its source; :func:`load_results` checks it),
+``hfta.html`` (the speedup curves and the I/O and CPU per model trained against B), ``runs/``
+and the state file.
 ``docs/hfta.md`` has a measured result.
 """
 
@@ -111,10 +112,11 @@ import pandas as pd
 
 from analysis.hfta import PUBLISHED, hfta_figure, mode_rows, table_lines
 from analysis.tables import is_value as _is
-from core import __version__ as TWINTRACE_VERSION
+from core import versioned
 from core.atomic import atomic_write_json
 from core.errors import UserError
-from core.rundir import Run, git_revision, load_run, utc_now
+from core.rundir import Run, git_revision, load_run
+from core.versioned import Layout
 from experiments import study_state
 from experiments.grouping import READ_KINDS, DiskExtents, dataset_extents, other_cpu_cores
 from experiments.sophon import sampled_total
@@ -123,13 +125,18 @@ from experiments.study_state import (
     json_ready,
     load_state,
     run_done,
+    save_state,
     whole_number,
 )
 
 Log = Callable[[str], None]
 
+#: Version of the layout of ``hfta.json``; bump on any change, with a migration from the
+#: old one in :data:`RESULTS`.
 SCHEMA_VERSION = 1
 KIND = "hfta"
+#: ``hfta.json``: the study's results.
+RESULTS = Layout("hfta study's results", SCHEMA_VERSION, kind=KIND, remedy="run the study again")
 RESULTS_NAME = "hfta.json"
 FIGURE_NAME = "hfta.html"
 STATE_NAME = "hfta-state.json"
@@ -745,7 +752,7 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
             "duration_s": round(time.monotonic() - t0, 3),
             "cached_before_bytes": cached,
         }
-        atomic_write_json(state_path, state)
+        save_state(state_path, state)
         log(f"[{i}/{len(keys)}] {key}: {outcome.status} in {time.monotonic() - t0:.0f} s")
     runs: dict[str, Any] = {}
     host: dict[str, Any] = {}
@@ -765,27 +772,26 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
                 "outside the run): its figures are off; run the study on an idle host for "
                 "clean numbers"
             )
-    result = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "twintrace_version": TWINTRACE_VERSION,
-        "git_revision": git_revision(),
-        "created_at": utc_now(),
-        "host": host,
-        "settings": spec.settings(),
-        "dataset": {
-            "path": str(data_dir),
-            "training_files": len(files),
-            "bytes": dataset_bytes,
-            "extents_bytes": extents.bytes if extents is not None else None,
+    result = versioned.stamp(
+        RESULTS,
+        {
+            "git_revision": git_revision(),
+            "host": host,
+            "settings": spec.settings(),
+            "dataset": {
+                "path": str(data_dir),
+                "training_files": len(files),
+                "bytes": dataset_bytes,
+                "extents_bytes": extents.bytes if extents is not None else None,
+            },
+            "runs": runs,
+            "rows": mode_rows(runs, spec.array_sizes),
+            "published": PUBLISHED,
+            # The runs' own time (over every invocation, when resumed) and this invocation's.
+            "runs_s": round(sum(state["runs"][k].get("duration_s") or 0.0 for k in keys), 1),
+            "study_s": round(time.monotonic() - started, 1),
         },
-        "runs": runs,
-        "rows": mode_rows(runs, spec.array_sizes),
-        "published": PUBLISHED,
-        # The runs' own time (over every invocation, when resumed) and this invocation's.
-        "runs_s": round(sum(state["runs"][k].get("duration_s") or 0.0 for k in keys), 1),
-        "study_s": round(time.monotonic() - started, 1),
-    }
+    )
     path = out / RESULTS_NAME
     atomic_write_json(path, json_ready(result))
     from analysis.figures import write_figure
@@ -806,7 +812,7 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
 
 def load_results(path: Path) -> dict[str, Any]:
     """Read ``hfta.json``, refusing another kind or schema version."""
-    return study_state.load_results(path, KIND, SCHEMA_VERSION)
+    return study_state.load_results(path, RESULTS)
 
 
 __all__ = [

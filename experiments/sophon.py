@@ -48,8 +48,9 @@ integrated); ``storage_read_bytes`` (the storage container's traced reads of the
 evidence that its file I/O is traced); for ``remote-sophon``, the plan
 (``offload-plan.json``: samples offloaded, the measured bandwidth, the planned times).
 
-**Output** in ``OUT/NAME/``: ``sophon.json`` (:data:`SCHEMA_VERSION`, settings, dataset, runs,
-per-cell comparisons of SOPHON with the other modes, the published claim) and ``sophon.html``
+**Output** in ``OUT/NAME/``: ``sophon.json`` (:data:`RESULTS`, ``kind: "sophon"``, stamped by
+:mod:`core.versioned`: settings, dataset, runs, per-cell comparisons of SOPHON with the other
+modes, the published claim; :func:`load_results` checks it) and ``sophon.html``
 (:func:`sophon_figure`: per mode, bytes on the network per epoch, epoch time, storage and
 training CPU seconds, per cell).
 """
@@ -71,17 +72,22 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis.tables import is_value
-from core import __version__ as TWINTRACE_VERSION
+from core import versioned
 from core.atomic import atomic_write_json, atomic_write_text
 from core.errors import UserError
-from core.rundir import Run, git_revision, load_run, utc_now
+from core.rundir import Run, git_revision, load_run
+from core.versioned import Layout
 from experiments import study_state
-from experiments.study_state import load_state, run_done, whole_number
+from experiments.study_state import load_state, run_done, save_state, whole_number
 
 Log = Callable[[str], None]
 
+#: Version of the layout of ``sophon.json``; bump on any change, with a migration from the
+#: old one in :data:`RESULTS`.
 SCHEMA_VERSION = 1
 KIND = "sophon"
+#: ``sophon.json``: the study's results.
+RESULTS = Layout("sophon study's results", SCHEMA_VERSION, kind=KIND, remedy="run the study again")
 RESULTS_NAME = "sophon.json"
 FIGURE_NAME = "sophon.html"
 STATE_NAME = "sophon-state.json"
@@ -394,7 +400,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 def load_results(path: Path) -> dict[str, Any]:
     """Read ``sophon.json``, refusing another kind or schema version."""
-    return study_state.load_results(path, KIND, SCHEMA_VERSION)
+    return study_state.load_results(path, RESULTS)
 
 
 SHORT_LABELS = {
@@ -557,7 +563,7 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
             "status": outcome.status,
             "duration_s": round(time.monotonic() - t0, 3),
         }
-        atomic_write_json(state_path, state)
+        save_state(state_path, state)
     runs = []
     host: dict[str, Any] = {}
     for bandwidth, cpus, mode in order:
@@ -575,20 +581,19 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
                 "figures": run_figures(run),
             }
         )
-    result = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "twintrace_version": TWINTRACE_VERSION,
-        "git_revision": git_revision(),
-        "created_at": utc_now(),
-        "host": host,
-        "settings": {k: v for k, v in dataclasses.asdict(spec).items() if k != "dataset"},
-        "dataset": {**dataset, "path": str(dataset_dir), "params": dict(spec.dataset)},
-        "runs": runs,
-        "cells": compare_cells(runs),
-        "published": PUBLISHED,
-        "study_s": round(time.monotonic() - started, 1),
-    }
+    result = versioned.stamp(
+        RESULTS,
+        {
+            "git_revision": git_revision(),
+            "host": host,
+            "settings": {k: v for k, v in dataclasses.asdict(spec).items() if k != "dataset"},
+            "dataset": {**dataset, "path": str(dataset_dir), "params": dict(spec.dataset)},
+            "runs": runs,
+            "cells": compare_cells(runs),
+            "published": PUBLISHED,
+            "study_s": round(time.monotonic() - started, 1),
+        },
+    )
     path = out / RESULTS_NAME
     atomic_write_json(path, result)
     atomic_write_text(out / FIGURE_NAME, sophon_figure(result).to_html(include_plotlyjs=True))

@@ -28,10 +28,11 @@ Sweeps (optional, after the three runs):
   loader workers per accelerator as cores (at least one), on a warm cache (DS-Analyzer's CPU
   scaling runs), one epoch each; throughput per point.
 
-Results: ``stalls.json`` (``analysis.stalls.STALLS_SCHEMA``; the settings, every run used with
-its directory, the differential, the sweeps) and ``stalls.html`` in the results directory,
-whose ``runs/`` holds the run directories. The JSON is written last, atomically: a directory
-without it is an unfinished measurement.
+Results: ``stalls.json`` (``analysis.stalls.STALLS``, ``kind: "stalls"``, stamped by
+:mod:`core.versioned`; the settings, every run used with its directory, the differential, the
+sweeps; :func:`load_results` reads it) and ``stalls.html`` in the results directory, whose
+``runs/`` holds the run directories. The JSON is written last, atomically: a directory without
+it is an unfinished measurement.
 
 As a study (``[study] kind = "stalls"``, ``./cli.py experiment run FILE.toml``, keys in
 :func:`check_study`), the measurement is repeated for every model of ``models`` (the emulated
@@ -56,14 +57,16 @@ from analysis.figures import write_figure
 from analysis.stalls import (
     PART_COLOURS,
     PART_NAMES,
-    STALLS_SCHEMA,
+    STALLS,
+    STALLS_STUDY,
     differential,
     epoch_figures,
     stalls_figure,
 )
 from analysis.tables import interval_rows, kind_mask
+from core import versioned
 from core.errors import UserError
-from core.rundir import READ_KINDS, Run, load_run, utc_now, write_json
+from core.rundir import READ_KINDS, Run, load_run
 from core.units import parse_size
 from tracing.container import DATA_MOUNT
 from tracing.host import drop_caches, resident_fraction, warm_files
@@ -226,18 +229,18 @@ def measure_stalls(
         k: epoch_figures(r)
         for k, r in zip(("synthetic", "cached", "cold"), (synthetic, cached, cold), strict=True)
     }
-    result: dict[str, Any] = {
-        "schema_version": STALLS_SCHEMA,
-        "kind": "stalls",
-        "created": utc_now(),
-        "settings": s.to_dict(),
-        "runs_used": [
-            _run_entry(synthetic, "synthetic"),
-            _run_entry(cached, "cached"),
-            _run_entry(cold, "cold"),
-        ],
-        **differential(figures),
-    }
+    result = versioned.stamp(
+        STALLS,
+        {
+            "settings": s.to_dict(),
+            "runs_used": [
+                _run_entry(synthetic, "synthetic"),
+                _run_entry(cached, "cached"),
+                _run_entry(cold, "cold"),
+            ],
+            **differential(figures),
+        },
+    )
     if cache_fractions:
         result["sweep"] = cache_sweep(s, cache_fractions, result, cold, runs_root, log)
         result["runs_used"] += [
@@ -252,8 +255,14 @@ def measure_stalls(
         ]
     result["duration_s"] = time.monotonic() - started
     write_figure(stalls_figure(result, title=f"data stalls: {label}"), out / "stalls.html")
-    write_json(out / "stalls.json", result)
+    versioned.write_json(out / "stalls.json", STALLS, result)
     return result
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """Read a measurement's ``stalls.json``, brought up to this version; another kind of file or
+    a version this twintrace cannot read is a one-line UserError naming it."""
+    return versioned.load_json(Path(path), STALLS, missing="measure the stalls first")
 
 
 def _interpolate(table: Sequence[Mapping[str, float]], key: str, fraction: float) -> float:
@@ -539,13 +548,11 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         write_figure(cache_figure(first), out / "cache.html")
     write_figure(models_figure(results), out / "study.html")
     path = out / "study.json"
-    write_json(
+    versioned.write_json(
         path,
+        STALLS_STUDY,
         {
-            "schema_version": STALLS_SCHEMA,
-            "kind": "stalls-study",
             "name": study.name,
-            "created": utc_now(),
             "duration_s": time.monotonic() - started,
             "results": {m: str(out / m / "stalls.json") for m in results},
             "summary": {m: _summary(r) for m, r in results.items()},

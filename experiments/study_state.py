@@ -1,15 +1,15 @@
 """What the studies share: checks of their ``[study]`` settings, a state file of the runs done
 (to resume), results made JSON-ready, and a results file read back with its kind and schema
-checked.
+checked (both versioned files, :mod:`core.versioned`).
 
 A study (grouping, sophon, hfta) records each finished run in ``OUT/NAME/<kind>-state.json``
-with the fingerprint of its settings; run again with the same settings, it skips the runs
-whose run directories still say they finished, and starts over when the settings changed.
+(:data:`STATE`) with the fingerprint of its settings; run again with the same settings, it
+skips the runs whose run directories still say they finished, and starts over when the
+settings changed.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from core import versioned
 from core.errors import UserError
 from core.rundir import FINISHED, load_manifest
+from core.versioned import Layout
 
 
 def whole_number(value: Any, key: str, where: str, low: int, high: int) -> int:
@@ -49,28 +51,35 @@ def distinct_whole_numbers(
     return tuple(sorted(value))
 
 
-#: The version of a study's state file.
-STATE_VERSION = 1
+#: A study's state file: the runs done, under the fingerprint of the settings they ran with.
+STATE = Layout("study state", 1)
 
 
 def load_state(path: Path, fingerprint: str, log: Callable[[str], None]) -> dict[str, Any]:
     """The state at ``path`` when it is this version's and of these settings (``fingerprint``);
     else a fresh one (saying why, when a file was there)."""
-    fresh = {"schema_version": STATE_VERSION, "fingerprint": fingerprint, "runs": {}}
+    fresh = versioned.stamp(STATE, {"fingerprint": fingerprint, "runs": {}})
     if not path.is_file():
         return fresh
     try:
-        state = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        state = versioned.read_json(path, STATE.what)
+    except UserError:
         log(f"{path} is damaged: starting the study's runs afresh")
         return fresh
-    if not isinstance(state, dict) or state.get("schema_version") != STATE_VERSION:
+    try:
+        state = versioned.upgrade(STATE, state, str(path))
+    except UserError:
         log(f"{path} is of another version: starting the study's runs afresh")
         return fresh
     if state.get("fingerprint") != fingerprint:
         log("the study's settings or dataset changed since its last runs: running them all again")
         return fresh
     return state
+
+
+def save_state(path: Path, state: Mapping[str, Any]) -> None:
+    """Write a study's state (:func:`load_state`) to ``path``, stamped, atomically."""
+    versioned.write_json(path, STATE, state)
 
 
 def run_done(entry: Mapping[str, Any] | None) -> bool:
@@ -97,21 +106,8 @@ def json_ready(value: Any) -> Any:
     return value
 
 
-def load_results(path: Path, kind: str, schema_version: int) -> dict[str, Any]:
-    """A study's results file (``grouping.json``, ``sophon.json``, ``hfta.json``), refusing
-    another study's (``kind``) or another schema version with a line saying what to do."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist: run the study first") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} cannot be read ({exc}): run the study again") from None
-    if not isinstance(data, dict) or data.get("kind") != kind:
-        raise UserError(f"{path} is not the {kind} study's results")
-    if data.get("schema_version") != schema_version:
-        raise UserError(
-            f"{path} has schema_version {data.get('schema_version')!r}; this twintrace reads "
-            f"{schema_version}: use the twintrace version that made it "
-            f"({data.get('twintrace_version', 'unknown')}) or run the study again"
-        )
-    return data
+def load_results(path: Path, layout: Layout) -> dict[str, Any]:
+    """A study's results file (``grouping.json``, ``sophon.json``, ``hfta.json``) of ``layout``,
+    refusing another study's (its ``kind``) or a version this twintrace cannot bring up to date
+    with a line saying what to do."""
+    return versioned.load_json(Path(path), layout, missing="run the study first")

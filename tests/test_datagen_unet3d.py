@@ -168,10 +168,10 @@ def test_load_manifest_rejects_unknown_schema_and_missing_manifest(tmp_path: Pat
     with pytest.raises(UserError, match="no manifest.json.*regenerate"):
         load_manifest(tmp_path)
     (tmp_path / MANIFEST_NAME).write_text(json.dumps({"schema_version": 99, "files": []}))
-    with pytest.raises(UserError, match="schema_version 99.*reads only version 1"):
+    with pytest.raises(UserError, match="schema_version 99.*reads schema_version 1.*regenerate"):
         load_manifest(tmp_path)
     (tmp_path / MANIFEST_NAME).write_text("{not json")
-    with pytest.raises(UserError, match="cannot read"):
+    with pytest.raises(UserError, match="damaged.*regenerate"):
         load_manifest(tmp_path)
 
 

@@ -346,12 +346,58 @@ def test_the_table_and_figure_show_every_layout_and_both_published_curves(tmp_pa
 
 def test_results_files_of_another_kind_or_version_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "grouping.json"
-    path.write_text(json.dumps({**_result(), "schema_version": 99}))
-    with pytest.raises(UserError, match="schema_version 99"):
+    path.write_text(json.dumps({**_result(), "schema_version": 99, "twintrace_version": "9.9"}))
+    with pytest.raises(UserError, match="schema_version 99") as refused:
         grouping.load_results(path)
+    assert str(path) in str(refused.value) and "twintrace 9.9" in str(refused.value)
+    assert "run the study again" in str(refused.value) and "\n" not in str(refused.value)
     path.write_text(json.dumps({"kind": "stalls", "schema_version": 1}))
-    with pytest.raises(UserError, match="not the grouping study's results"):
+    with pytest.raises(UserError, match="not a grouping study's results"):
         grouping.load_results(path)
+
+
+def test_results_are_stamped_and_read_back(tmp_path: Path) -> None:
+    from core import __version__
+    from core.atomic import atomic_write_json
+    from core.versioned import stamp
+
+    path = tmp_path / "grouping.json"
+    atomic_write_json(path, stamp(grouping.RESULTS, {"settings": {}}))
+    result = grouping.load_results(path)
+    assert result["schema_version"] == grouping.SCHEMA_VERSION and result["kind"] == "grouping"
+    assert result["twintrace_version"] == __version__ and result["created_at"]
+
+
+def test_a_study_state_of_another_version_or_settings_or_damaged_starts_afresh(
+    tmp_path: Path,
+) -> None:
+    from experiments.study_state import load_state, save_state
+
+    path = tmp_path / "grouping-state.json"
+    log: list[str] = []
+    state = load_state(path, "abc", log.append)
+    assert (state["schema_version"], state["fingerprint"], state["runs"]) == (1, "abc", {})
+    assert log == []  # no file yet: nothing to say
+    state["runs"]["folder-e0"] = {"run_dir": "/nowhere", "status": "completed"}
+    save_state(path, state)
+    assert load_state(path, "abc", log.append)["runs"] == state["runs"] and log == []
+    assert json.loads(path.read_text())["created_at"] == state["created_at"]
+    assert load_state(path, "other", log.append)["runs"] == {}
+    assert log == [
+        "the study's settings or dataset changed since its last runs: running them all again"
+    ]
+    path.write_text(json.dumps({**state, "schema_version": 2}))
+    assert load_state(path, "abc", log.append)["runs"] == {}
+    assert log[-1] == f"{path} is of another version: starting the study's runs afresh"
+    path.write_text("[1, 2]")
+    assert load_state(path, "abc", log.append)["runs"] == {}
+    assert log[-1] == f"{path} is of another version: starting the study's runs afresh"
+    path.write_text('{"runs": ')
+    assert load_state(path, "abc", log.append)["runs"] == {}
+    assert log[-1] == f"{path} is damaged: starting the study's runs afresh"
+    # A state file of before the stamp (only schema_version, fingerprint, runs) still resumes.
+    path.write_text(json.dumps({"schema_version": 1, "fingerprint": "abc", "runs": state["runs"]}))
+    assert load_state(path, "abc", log.append)["runs"] == state["runs"]
 
 
 # -- The layouts -------------------------------------------------------------------------------

@@ -402,7 +402,7 @@ def test_run_figures_count_each_jobs_epochs_opens_reads_and_cpu(tmp_path: Path) 
 def test_results_of_another_kind_or_version_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "hfta.json"
     path.write_text(json.dumps({"kind": "grouping", "schema_version": 1}))
-    with pytest.raises(UserError, match="not the hfta study's results"):
+    with pytest.raises(UserError, match="not a hfta study's results"):
         load_results(path)
     path.write_text(json.dumps({"kind": "hfta", "schema_version": 99}))
     with pytest.raises(UserError, match="schema_version 99"):

@@ -44,7 +44,8 @@ def test_versioned_json_round_trip_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "comparison-x.json"
     rundir.write_json(path, {"overall": 0.9})
     data = rundir.load_comparison(path)
-    assert data == {"schema_version": rundir.SCHEMA_VERSION, "overall": 0.9}
+    assert data["overall"] == 0.9 and data["schema_version"] == rundir.SCHEMA_VERSION
+    assert data["twintrace_version"] == __version__ and data["created_at"].endswith("+00:00")
     path.write_text(path.read_text()[:10])  # truncated
     with pytest.raises(UserError, match=r"comparison-x\.json is damaged") as info:
         rundir.load_comparison(path)
@@ -100,8 +101,8 @@ def test_a_version_3_run_loads_with_its_one_host(tmp_path: Path) -> None:
     host name in it; its JSON files load as they are; a version it never had is refused."""
     run_dir = rundir.new_run_dir(tmp_path, "x", None)
     manifest = rundir.initial_manifest(run_dir, host={"hostname": "box"})
-    manifest["schema_version"] = 3
-    rundir.write_manifest(run_dir, manifest)
+    manifest["schema_version"] = 3  # as a version-3 twintrace wrote it
+    (run_dir / rundir.MANIFEST).write_text(json.dumps(manifest))
     frame = pd.DataFrame({"ts_ns": [1], "metric": ["m"], "value": [1.0], "unit": ["u"]})
     frame["container"] = pd.Series([None], dtype="string")
     columns_v3 = {k: v for k, v in rundir.SAMPLES_COLUMNS.items() if k != "host"}
@@ -110,8 +111,18 @@ def test_a_version_3_run_loads_with_its_one_host(tmp_path: Path) -> None:
     assert list(run.samples.columns) == list(rundir.SAMPLES_COLUMNS)
     assert run.samples["host"].tolist() == ["box"]
     assert run.events.empty and "host" in run.events.columns  # absent table: empty, documented
+    # brought up to date, the manifest is version 4's and remembers its tables' version, also
+    # once written again (with the time it was first written)
+    loaded = rundir.load_manifest(run_dir)
+    assert (loaded["schema_version"], loaded["tables_version"]) == (4, 3)
+    rundir.write_manifest(run_dir, loaded)
+    first = rundir.load_manifest(run_dir)
+    rundir.write_manifest(run_dir, first)
+    assert rundir.load_manifest(run_dir)["created_at"] == first["created_at"]
+    assert rundir.load_run(run_dir).samples["host"].tolist() == ["box"]
+    assert rundir.migrate_table(rundir.initial_manifest(run_dir)) == {}
     manifest["schema_version"] = 2
-    rundir.write_manifest(run_dir, manifest)
+    (run_dir / rundir.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="reads schema_version 3 or 4"):
         rundir.load_run(run_dir)
 

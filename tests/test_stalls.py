@@ -15,6 +15,8 @@ import pytest
 from analysis.stalls import (
     CACHED_SLACK,
     CACHED_TOLERANCE,
+    STALLS,
+    STALLS_SCHEMA,
     WHAT_IF_PERCENTS,
     EpochFigures,
     differential,
@@ -23,6 +25,7 @@ from analysis.stalls import (
     union_s,
     what_if,
 )
+from core import versioned
 from core.errors import UserError
 from core.rundir import load_run
 from tests.synthetic import MIB, SEC, events_frame, make_run, phases_frame
@@ -288,6 +291,34 @@ def test_study_file_is_validated(tmp_path: Path) -> None:
 # The real thing, reduced
 
 
+def test_a_version_1_result_loads_as_version_2_and_an_unknown_version_is_refused(
+    tmp_path: Path,
+) -> None:
+    from experiments.stalls import load_results
+
+    path = tmp_path / "stalls.json"
+    created = "2024-05-01T10:00:00.000+00:00"
+    old = {"schema_version": 1, "kind": "stalls", "created": created, "settings": {"seed": 0}}
+    path.write_text(json.dumps(old))
+    result = load_results(path)
+    assert (result["schema_version"], result["kind"]) == (2, "stalls")
+    assert result["created_at"] == created and "created" not in result
+    assert result["settings"] == {"seed": 0}
+    path.write_text(json.dumps({**old, "schema_version": 99}))
+    with pytest.raises(UserError, match="schema_version 99") as refused:
+        load_results(path)
+    assert str(path) in str(refused.value) and "\n" not in str(refused.value)
+    path.write_text(json.dumps({**old, "kind": "stalls-study"}))
+    with pytest.raises(UserError, match="not a stalls result"):
+        load_results(path)
+    with pytest.raises(UserError, match="does not exist: measure the stalls first"):
+        load_results(tmp_path / "none.json")
+    # As this version writes it (experiments/stalls.py): read back as it is.
+    versioned.write_json(path, STALLS, {"settings": {"seed": 0}})
+    result = load_results(path)
+    assert result["schema_version"] == STALLS_SCHEMA and result["created_at"]
+
+
 @pytest.fixture(scope="module")
 def tiny_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from datagen.registry import generate
@@ -323,7 +354,8 @@ def test_reduced_stalls_run(images: dict[str, str], tiny_images: Path, tmp_path:
     out = tmp_path / "stalls"
     result = measure_stalls(settings, out, log=lambda line: None)
     saved = json.loads((out / "stalls.json").read_text())
-    assert saved["schema_version"] == 1 and saved["kind"] == "stalls"
+    assert saved["schema_version"] == STALLS_SCHEMA and saved["kind"] == "stalls"
+    assert saved["created_at"] and "created" not in saved
     assert [r["kind"] for r in saved["runs_used"]] == ["synthetic", "cached", "cold"]
     assert all(Path(r["path"], "manifest.json").exists() for r in saved["runs_used"])
     assert (out / "stalls.html").stat().st_size > 0

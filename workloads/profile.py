@@ -68,10 +68,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from core import versioned
 from core.atomic import atomic_write_json
 from core.errors import UserError
 
 SCHEMA_VERSION = 1
+#: A profile's layout (:mod:`core.versioned`): a profile without ``schema_version`` is of
+#: version 1, as every profile was before the field; a newer one is refused by name.
+PROFILE = versioned.Layout(
+    "sleep profile", SCHEMA_VERSION, unversioned=1, remedy="convert the profile"
+)
 BATCH_BASES = ("per_accelerator", "global")
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -329,9 +335,8 @@ class SleepProfile:
     def __post_init__(self) -> None:
         if self.schema_version != SCHEMA_VERSION:
             raise UserError(
-                f"sleep profile schema_version {self.schema_version} is not supported: this "
-                f"twintrace reads schema_version {SCHEMA_VERSION}; convert the profile or use the "
-                "twintrace version that wrote it"
+                f"sleep profile schema_version {self.schema_version} is not supported: build it "
+                f"with from_dict, which brings an older one up to {SCHEMA_VERSION}"
             )
         if self.checkpoint_bytes is not None and self.checkpoint_bytes < 0:
             raise UserError(f"checkpoint_bytes must not be negative, got {self.checkpoint_bytes}")
@@ -422,12 +427,7 @@ class SleepProfile:
     def from_dict(cls, data: Any, where: str = "sleep profile") -> SleepProfile:
         """Build a profile from parsed JSON, rejecting unknown keys by name."""
         data = _table(data, where, {f.name for f in dataclasses.fields(cls)})
-        version = data.get("schema_version", SCHEMA_VERSION)
-        if version != SCHEMA_VERSION:  # checked before anything else can fail on a new layout
-            raise UserError(
-                f"{where}: schema_version {version!r} is not supported; this twintrace reads "
-                f"schema_version {SCHEMA_VERSION}"
-            )
+        data = versioned.upgrade(PROFILE, data, where)  # before anything can fail on a new layout
         missing = sorted({"workload", "accelerator", "source", "compute"} - set(data))
         if missing:
             raise UserError(f"{where}: missing {', '.join(missing)}")
@@ -493,7 +493,7 @@ class SleepProfile:
             fit=data.get("fit"),
             measured=data.get("measured"),
             host=host,
-            schema_version=version,
+            schema_version=data["schema_version"],
         )
 
 

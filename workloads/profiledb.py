@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from core import versioned
 from core.errors import UserError
 from workloads.hostprofiles import (
     HOST_CPU,
@@ -73,6 +74,8 @@ from workloads.profile import (
 )
 
 SCHEMA_VERSION = 1
+#: profiledb.toml's layout (:mod:`core.versioned`).
+DATABASE_LAYOUT = versioned.Layout("profile database", SCHEMA_VERSION, remedy="restore it from git")
 DATABASE = PROFILES_DIR / "profiledb.toml"
 GPEMU_COLUMNS = (
     "gpu",
@@ -812,11 +815,7 @@ def load_database(path: Path = DATABASE) -> ProfileDatabase:
         raise UserError(f"profile database {path} does not exist: restore it from git") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"profile database {path} is not valid TOML: {exc}") from None
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(
-            f"profile database {path}: schema_version {data.get('schema_version')!r} is not "
-            f"supported; this twintrace reads schema_version {SCHEMA_VERSION}"
-        )
+    data = versioned.upgrade(DATABASE_LAYOUT, data, f"profile database {path}")
     accelerators = {
         key: Accelerator(
             key=key,
