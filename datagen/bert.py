@@ -51,15 +51,14 @@ import dataclasses
 import math
 from collections.abc import Callable
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from core.errors import UserError
 from core.units import format_size
-from datagen.common import FileSink, FileTask, ProgressCallback, check_seed, check_size_bytes
-from datagen.driver import Job, Written
+from datagen.common import FileSink, FileTask, check_seed, check_size_bytes
+from datagen.driver import Job, Written, generator
 from workloads.bert.files import FEATURES, SHARD_FORMAT
 from workloads.bert.records import FOOTER_BYTES, HEADER_BYTES
 
@@ -511,53 +510,41 @@ def shard_name(index: int, shards: int) -> str:
     return SHARD_FORMAT % (index, shards)
 
 
-def generate_bert(
-    out: Path,
-    size_bytes: int,
-    seed: int = 0,
-    workers: int | None = None,
-    force: bool = False,
-    progress: ProgressCallback | None = None,
-    params: BertGenParams | None = None,
-    fsync: bool = False,
-) -> dict[str, Any]:
+@generator(GENERATOR, BertGenParams)
+def generate_bert(job: Job, params: BertGenParams) -> dict[str, Any]:
     """Generate a BERT dataset of about ``size_bytes`` in ``out`` and return its manifest.
 
     The shards are those of :func:`plan_bert_shards` (the total never exceeds ``size_bytes``):
     the full ones in parallel, then the last one alone, filled with what they left.
-    The run (``out``, ``force``, ``workers``, ``progress``, ``fsync``, the manifest written
-    last, nothing partial left on failure) is :class:`datagen.driver.Job`'s.
     """
-    params = params or BertGenParams()
-    job = Job(GENERATOR, out, size_bytes, seed, workers, force, progress, fsync)
     rpf = params.records_per_file
 
     def write(plan: BertPlan) -> Written:
         full_hint = round(rpf * plan.mean_record_bytes)
-        last_hint = min(full_hint, size_bytes - (plan.shards - 1) * full_hint)
+        last_hint = min(full_hint, job.size_bytes - (plan.shards - 1) * full_hint)
         full_tasks = [
             FileTask(
-                shard_name(i, plan.shards), write_shard, (seed, i, rpf, None, params), full_hint
+                shard_name(i, plan.shards), write_shard, (job.seed, i, rpf, None, params), full_hint
             )
             for i in range(plan.shards - 1)
         ]
 
         def progress_full(done: int, total: int) -> None:
-            if progress is not None:
-                progress(done, total + last_hint)
+            if job.progress is not None:
+                job.progress(done, total + last_hint)
 
         files = job.run(full_tasks, progress=progress_full)
         # The last shard gets what the full ones left; it is written alone, after them.
         used = sum(f["bytes"] for f in files)
-        budget = size_bytes - used
+        budget = job.size_bytes - used
         last = plan.shards - 1
 
         def progress_last(done: int, total: int) -> None:
-            if progress is not None:
-                progress(used + done, used + total)
+            if job.progress is not None:
+                job.progress(used + done, used + total)
 
         last_task = FileTask(
-            shard_name(last, plan.shards), write_shard, (seed, last, rpf, budget, params)
+            shard_name(last, plan.shards), write_shard, (job.seed, last, rpf, budget, params)
         )
         files += job.run([last_task], workers=1, progress=progress_last)
         if files[-1]["records"] == 0:
@@ -572,4 +559,4 @@ def generate_bert(
             "content_version": CONTENT_VERSION,
         }
 
-    return job.generate(lambda: plan_bert_shards(size_bytes, seed, params), write)
+    return job.generate(lambda: plan_bert_shards(job.size_bytes, job.seed, params), write)

@@ -37,15 +37,14 @@ import dataclasses
 import io
 import math
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from core.errors import UserError
 from core.units import format_size
-from datagen.common import FileSink, FileTask, ProgressCallback, check_size_bytes
-from datagen.driver import Job, Written
+from datagen.common import FileSink, FileTask, check_size_bytes
+from datagen.driver import Job, Written, generator
 from workloads.dlrm.files import (
     COUNTS_KEY,
     COUNTS_NAME,
@@ -338,28 +337,16 @@ def dlrm_tasks(plan: DLRMPlan, seed: int, params: DLRMGenParams) -> list[FileTas
     return tasks
 
 
-def generate_dlrm(
-    out: Path,
-    size_bytes: int,
-    seed: int = 0,
-    workers: int | None = None,
-    force: bool = False,
-    progress: ProgressCallback | None = None,
-    params: DLRMGenParams | None = None,
-    fsync: bool = False,
-) -> dict[str, Any]:
+@generator(GENERATOR, DLRMGenParams)
+def generate_dlrm(job: Job, params: DLRMGenParams) -> dict[str, Any]:
     """Generate a DLRM dataset of about ``size_bytes`` in ``out`` and return its manifest.
 
     The split is that of :func:`plan_dlrm` (at most ``size_bytes``, short of it by less than
     one record); the record files are written in parts, by all the workers at once.
-    The run (``out``, ``force``, ``workers``, ``progress``, ``fsync``, the manifest written
-    last, nothing partial left on failure) is :class:`datagen.driver.Job`'s.
     """
-    params = params or DLRMGenParams()
-    job = Job(GENERATOR, out, size_bytes, seed, workers, force, progress, fsync)
 
     def write(plan: DLRMPlan) -> Written:
-        files = job.run(dlrm_tasks(plan, seed, params))
+        files = job.run(dlrm_tasks(plan, job.seed, params))
         for entry in files:
             if entry["name"] in (TRAIN_NAME, TEST_NAME):
                 entry["records"] = entry["bytes"] // RECORD_BYTES
@@ -373,4 +360,4 @@ def generate_dlrm(
             "content_version": CONTENT_VERSION,
         }
 
-    return job.generate(lambda: plan_dlrm(size_bytes, params), write)
+    return job.generate(lambda: plan_dlrm(job.size_bytes, params), write)

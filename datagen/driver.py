@@ -1,10 +1,11 @@
 """The sequence every dataset generator follows, in one place.
 
-A generator (``generate_unet3d``, ``generate_bert``, ...) makes a :class:`Job` of its request
-and calls :meth:`Job.generate` with two functions of its own: ``plan()``, which validates its
-parameters and lays the dataset out, and ``write(plan)``, which writes the files (through
-:meth:`Job.run`) and returns their manifest records with the generator's manifest params. The
-job then guarantees the dataset-directory contract of :mod:`datagen.common`:
+A generator (``generate_unet3d``, ``generate_bert``, ...) is a function of a :class:`Job` and
+its params, made public by :func:`generator`: every generator takes the same request, made into
+the job. It calls :meth:`Job.generate` with two functions of its own: ``plan()``, which
+validates its parameters and lays the dataset out, and ``write(plan)``, which writes the files
+(through :meth:`Job.run`) and returns their manifest records with the generator's manifest
+params. The job then guarantees the dataset-directory contract of :mod:`datagen.common`:
 
 1. the request (size, seed, workers) is checked when the job is made, and the plan is made,
    before the directory is touched: a bad request never clears it;
@@ -34,6 +35,7 @@ from datagen.common import (
 )
 
 Plan = TypeVar("Plan")
+Params = TypeVar("Params")
 Written = tuple[list[dict[str, Any]], dict[str, Any]]
 """What a generator's ``write`` returns: the files' manifest records, the manifest's params."""
 
@@ -103,3 +105,48 @@ class Job:
             duration_s=time.monotonic() - started,
             fsync=self.fsync,
         )
+
+
+#: What :func:`generator` makes public: ``generate(out, size_bytes, seed=0, workers=None,
+#: force=False, progress=None, params=None, fsync=False) -> manifest``.
+Generate = Callable[..., dict[str, Any]]
+
+_RUN_DOC = """
+    The run (``out``, ``force``, ``workers``, ``progress``, ``fsync``, the manifest written
+    last, nothing partial left on failure) is :class:`datagen.driver.Job`'s."""
+
+
+def generator(
+    name: str, default_params: Callable[[], Params]
+) -> Callable[[Callable[[Job, Params], dict[str, Any]]], Generate]:
+    """Make ``body(job, params) -> manifest`` the public function of generator ``name``.
+
+    The function returned takes the request every generator takes (the signature below, the
+    same for all, which ``datagen.registry`` relies on), with ``params`` (``default_params()``
+    when not given), makes the :class:`Job` of it (which checks it), and returns
+    ``body(job, params)``. It bears ``body``'s name and docstring.
+    """
+
+    def decorate(body: Callable[[Job, Params], dict[str, Any]]) -> Generate:
+        def generate(
+            out: Path,
+            size_bytes: int,
+            seed: int = 0,
+            workers: int | None = None,
+            force: bool = False,
+            progress: ProgressCallback | None = None,
+            params: Params | None = None,
+            fsync: bool = False,
+        ) -> dict[str, Any]:
+            params = params or default_params()
+            job = Job(name, out, size_bytes, seed, workers, force, progress, fsync)
+            return body(job, params)
+
+        # Not functools.wraps: its __wrapped__ would make inspect.signature show body's.
+        generate.__module__ = body.__module__
+        generate.__name__ = body.__name__
+        generate.__qualname__ = body.__qualname__
+        generate.__doc__ = (body.__doc__ or "").rstrip() + "\n" + _RUN_DOC + "\n    "
+        return generate
+
+    return decorate

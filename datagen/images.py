@@ -77,8 +77,8 @@ from PIL import Image, ImageChops, ImageDraw
 from core.atomic import atomic_write_bytes
 from core.errors import UserError
 from core.units import format_size
-from datagen.common import FileSink, FileTask, ProgressCallback, check_seed, check_size_bytes
-from datagen.driver import Job, Written
+from datagen.common import FileSink, FileTask, check_seed, check_size_bytes
+from datagen.driver import Job, Written, generator
 
 GENERATOR = "images"
 # Bump when the content written for a given (seed, params) changes.
@@ -647,37 +647,25 @@ def write_index(out: Path, plan: ImagePlan, split: str, fsync: bool) -> dict[str
 # Generator
 
 
-def generate_images(
-    out: Path,
-    size_bytes: int,
-    seed: int = 0,
-    workers: int | None = None,
-    force: bool = False,
-    progress: ProgressCallback | None = None,
-    params: ImageGenParams | None = None,
-    fsync: bool = False,
-) -> dict[str, Any]:
+@generator(GENERATOR, ImageGenParams)
+def generate_images(job: Job, params: ImageGenParams) -> dict[str, Any]:
     """Generate an image-classification dataset of about ``size_bytes`` in ``out``.
 
     The images are those of :func:`plan_images` (see there and the module docstring for the
     layouts and the total). The workers encode the pool of distinct images into a temporary
     directory (removed at the end) and write each dataset file once its pool images are ready;
-    then (grouped layout) the index files are written. The run (``out``, ``force``,
-    ``workers``, ``progress``, ``fsync``, the manifest written last, nothing partial left on
-    failure) is :class:`datagen.driver.Job`'s.
+    then (grouped layout) the index files are written.
     """
-    params = params or ImageGenParams()
-    job = Job(GENERATOR, out, size_bytes, seed, workers, force, progress, fsync)
 
     def write(plan: ImagePlan) -> Written:
-        if progress is not None:
+        if job.progress is not None:
             # The first pool chunk is encoded before any dataset byte is written: show the total.
-            progress(0, plan.total_bytes)
+            job.progress(0, plan.total_bytes)
         pool_dir = Path(tempfile.mkdtemp(prefix="twintrace-image-pool-"))
         try:
             files = job.run(
-                image_tasks(plan, seed, pool_dir),
-                scratch=_pool_tasks(plan.caps, seed, params.quality),
+                image_tasks(plan, job.seed, pool_dir),
+                scratch=_pool_tasks(plan.caps, job.seed, params.quality),
                 scratch_dir=pool_dir,
             )
             pool_sizes = []
@@ -687,9 +675,9 @@ def generate_images(
         finally:
             shutil.rmtree(pool_dir, ignore_errors=True)
         if plan.group_size:
-            files.append(write_index(job.out, plan, "train", fsync))
+            files.append(write_index(job.out, plan, "train", job.fsync))
             if plan.n_val:
-                files.append(write_index(job.out, plan, "val", fsync))
+                files.append(write_index(job.out, plan, "val", job.fsync))
         return files, {
             **dataclasses.asdict(params),
             "layout": "grouped" if plan.group_size else "folder",
@@ -704,4 +692,4 @@ def generate_images(
             "content_version": CONTENT_VERSION,
         }
 
-    return job.generate(lambda: plan_images(size_bytes, seed, params), write)
+    return job.generate(lambda: plan_images(job.size_bytes, job.seed, params), write)

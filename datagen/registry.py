@@ -1,7 +1,7 @@
 """The dataset generators by name, with the options each one takes (used by ``./cli.py datagen``).
 
 Every generator has the same core signature (``out, size_bytes, seed, workers, force, progress,
-params``); the few generator-specific options (``scale`` for unet3d, ``group_size`` for images)
+params``, given by :func:`datagen.driver.generator`); the few generator-specific options (``scale`` for unet3d, ``group_size`` for images)
 are turned into that generator's params here, and refused for the others.
 """
 

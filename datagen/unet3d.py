@@ -37,15 +37,14 @@ import dataclasses
 import io
 import math
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from core.errors import UserError
 from core.units import format_size
-from datagen.common import FileSink, FileTask, ProgressCallback, check_seed, check_size_bytes
-from datagen.driver import Job, Written
+from datagen.common import FileSink, FileTask, check_seed, check_size_bytes
+from datagen.driver import Job, Written, generator
 
 GENERATOR = "unet3d"
 # Bump when the content written for a given (seed, params) changes: recorded in the manifest so
@@ -337,32 +336,20 @@ def unet3d_tasks(cases: list[tuple[int, int]], seed: int) -> list[FileTask]:
     return tasks
 
 
-def generate_unet3d(
-    out: Path,
-    size_bytes: int,
-    seed: int = 0,
-    workers: int | None = None,
-    force: bool = False,
-    progress: ProgressCallback | None = None,
-    params: UNet3DGenParams | None = None,
-    fsync: bool = False,
-) -> dict[str, Any]:
+@generator(GENERATOR, UNet3DGenParams)
+def generate_unet3d(job: Job, params: UNet3DGenParams) -> dict[str, Any]:
     """Generate a UNet3D dataset of about ``size_bytes`` in ``out`` and return its manifest.
 
     The cases are those of :func:`plan_unet3d_cases` (the total is at most ``size_bytes`` and
     short of it by at most about one depth slice, see there), one file task per array.
-    The run (``out``, ``force``, ``workers``, ``progress``, ``fsync``, the manifest written
-    last, nothing partial left on failure) is :class:`datagen.driver.Job`'s.
     """
-    params = params or UNet3DGenParams()
-    job = Job(GENERATOR, out, size_bytes, seed, workers, force, progress, fsync)
 
     def write(cases: list[tuple[int, int]]) -> Written:
-        files = job.run(unet3d_tasks(cases, seed))
+        files = job.run(unet3d_tasks(cases, job.seed))
         return files, {
             **dataclasses.asdict(params),
             "cases": len(cases),
             "content_version": CONTENT_VERSION,
         }
 
-    return job.generate(lambda: plan_unet3d_cases(size_bytes, seed, params), write)
+    return job.generate(lambda: plan_unet3d_cases(job.size_bytes, job.seed, params), write)

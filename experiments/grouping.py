@@ -75,15 +75,16 @@ unchanged).
   flight), ``sequential_fraction`` (of the requests that have a predecessor on their device,
   in issue order, the fraction starting at the byte where it ended) and
   ``mean_sequential_run_bytes`` (bytes per run of such requests);
-- where the layout's files lie on the disk (:func:`dataset_extents`, FIEMAP; a file system on
-  a disk or partition), the part of those bytes that is the dataset's files
-  (``block_dataset_bytes``, in ``block_dataset_reads`` requests, and their own
+- where the layout's files lie on the disk (:func:`experiments.study_state.dataset_extents`,
+  FIEMAP; a file system on a disk or partition), the part of those bytes that is the
+  dataset's files (``block_dataset_bytes``, in ``block_dataset_reads`` requests, and their own
   ``dataset_sequential_fraction``) and the rest (``block_other_bytes``: file-system metadata
   such as inode tables, and library pages the loader workers fault in).
 
-Each run also records ``other_cpu_cores`` (:func:`other_cpu_cores`): the cores something
-outside the run kept busy during its epoch, from the samples; above :data:`BUSY_HOST_CORES`
-the study warns that the run was disturbed (on a 2-core host another job halves the loaders).
+Each run also records ``other_cpu_cores`` (:func:`analysis.samples.other_cpu_cores`): the
+cores something outside the run kept busy during its epoch, from the samples; above
+:data:`BUSY_HOST_CORES` the study warns that the run was disturbed (on a 2-core host another
+job halves the loaders).
 
 A layout's figures are the medians over its epochs (:func:`layout_rows`: one disturbed epoch
 does not move them; ``data_stall_min_s`` and ``_max_s`` give the spread). ``normalised_stall``
@@ -101,14 +102,9 @@ request sizes, bytes from disk, sequentiality). ``docs/grouping.md`` has a measu
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import hashlib
-import json
 import math
-import os
-import struct
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,35 +113,22 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from analysis.samples import other_cpu_cores
 from analysis.stalls import union_s
 from core import versioned
-from core.atomic import atomic_write_json
 from core.errors import UserError
-from core.rundir import Run, git_revision, load_run
-from core.versioned import Layout
+from core.rundir import READ_KINDS, Run, git_revision
 from experiments import study_state
-from experiments.study_state import (
-    distinct_whole_numbers,
-    json_ready,
-    load_state,
-    run_done,
-    save_state,
-    whole_number,
-)
-
-Log = Callable[[str], None]
+from experiments.study_state import Log, dataset_files, distinct_whole_numbers, whole_number
+from tracing.extents import DiskExtents
 
 #: Version of the layout of ``grouping.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.
 SCHEMA_VERSION = 1
 KIND = "grouping"
 #: ``grouping.json``: the study's results.
-RESULTS = Layout(
-    "grouping study's results", SCHEMA_VERSION, kind=KIND, remedy="run the study again"
-)
-RESULTS_NAME = "grouping.json"
-FIGURE_NAME = "grouping.html"
-STATE_NAME = "grouping-state.json"
+RESULTS = study_state.results_layout(KIND, SCHEMA_VERSION)
+RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.file_names(KIND)
 
 STUDY_KEYS = (
     "workload",
@@ -189,7 +172,6 @@ DEFAULT_IMAGES = 2048
 FOLDER = "folder"
 #: Variants whose training loop logs ``load_batch_mem`` and ``all_compute``.
 STALL_VARIANTS = ("sleep", "instrumented")
-READ_KINDS = ("read", "pread64", "readv")
 
 #: The published curves: data stall per epoch (s) by group size, 0 standing for the ungrouped
 #: layout (one JPEG per file).
@@ -285,19 +267,9 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> GroupingSpec:
     """Validate a ``[study]`` table (without ``kind``); one-line UserErrors naming the key."""
     from workloads.registry import WORKLOADS
 
-    unknown = sorted(set(spec) - set(STUDY_KEYS))
-    if unknown:
-        raise UserError(
-            f"{where}: unknown key {unknown[0]!r}; known keys: kind, {', '.join(STUDY_KEYS)}"
-        )
+    study_state.refuse_unknown_keys(spec, STUDY_KEYS, where)
     s = {**DEFAULTS, **spec}
-    workload = s["workload"]
-    images_workloads = sorted(n for n, w in WORKLOADS.items() if w.datagen == "images")
-    if workload not in images_workloads:
-        raise UserError(
-            f"{where}: workload must be an image workload ({', '.join(images_workloads)}), "
-            f"got {workload!r}"
-        )
+    workload = study_state.image_workload(s["workload"], where)
     variant = s["variant"]
     if variant not in STALL_VARIANTS:
         raise UserError(
@@ -484,19 +456,6 @@ def layout_images(path: Path) -> list[tuple[str, int, int]]:
     )
 
 
-def dataset_files(path: Path) -> list[tuple[str, int]]:
-    """(name, bytes) of the dataset's image or group files, from its manifest (the index and
-    the manifest itself are not read by the epoch)."""
-    from datagen.common import load_manifest as load_data_manifest
-
-    manifest = load_data_manifest(path)
-    return [
-        (f["name"], int(f["bytes"]))
-        for f in manifest["files"]
-        if not f["name"].endswith("index.csv")
-    ]
-
-
 def check_same_images(layouts: Mapping[str, Path]) -> dict[str, Any]:
     """Refuse (UserError) unless every layout holds the same images (names, sizes, labels, as
     the workload lists them) and its files' bytes add up to theirs; return the dataset's
@@ -539,120 +498,6 @@ def check_same_images(layouts: Mapping[str, Path]) -> dict[str, Any]:
         "mean_image_bytes": sum(size for _, size, _ in reference) / len(reference),
         "layouts": described,
     }
-
-
-# --------------------------------------------------------------------------------------------
-# Where the dataset lies on the disk
-
-# FIEMAP (linux/fiemap.h): the header (start, length, flags, mapped, count, reserved), then
-# extents (logical, physical, length, 2 reserved, flags, 3 reserved).
-_FS_IOC_FIEMAP = 0xC020660B
-_FIEMAP_FLAG_SYNC = 0x1
-_FIEMAP_EXTENT_LAST = 0x1
-_FIEMAP_EXTENT_UNKNOWN = 0x2
-_FIEMAP_EXTENT_INLINE = 0x200
-_FIEMAP_HEAD = struct.Struct("=QQIIII")
-_FIEMAP_EXTENT = struct.Struct("=QQQQQIIII")
-_FIEMAP_BATCH = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class DiskExtents:
-    """Byte ranges ``[starts[i], ends[i])`` of block device ``dev`` (``major:minor``, as block
-    events name it) holding a set of files' data: sorted, disjoint."""
-
-    dev: str
-    starts: np.ndarray
-    ends: np.ndarray
-
-    @property
-    def bytes(self) -> int:
-        return int((self.ends - self.starts).sum())
-
-    def overlap(self, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """Bytes of each request ``[offset, offset + size)`` that lie in the extents."""
-        lengths = self.ends - self.starts
-        below = np.concatenate([[0], np.cumsum(lengths)])
-
-        def covered(x: np.ndarray) -> np.ndarray:
-            # Bytes of the extents below device byte x.
-            i = np.searchsorted(self.starts, x, side="right") - 1
-            inside = np.minimum(x - self.starts[np.maximum(i, 0)], lengths[np.maximum(i, 0)])
-            return np.where(i >= 0, below[np.maximum(i, 0)] + inside, 0)
-
-        return covered(offset + size) - covered(offset)
-
-
-def file_extents(path: Path) -> list[tuple[int, int]]:
-    """(physical byte offset on the file system's device, length) of each extent of ``path``
-    (FIEMAP, after writing the file back); extents without a location are left out."""
-    extents: list[tuple[int, int]] = []
-    start = 0
-    with open(path, "rb") as f:
-        while True:
-            buf = bytearray(_FIEMAP_HEAD.size + _FIEMAP_BATCH * _FIEMAP_EXTENT.size)
-            _FIEMAP_HEAD.pack_into(
-                buf, 0, start, (1 << 64) - 1, _FIEMAP_FLAG_SYNC, 0, _FIEMAP_BATCH, 0
-            )
-            fcntl.ioctl(f.fileno(), _FS_IOC_FIEMAP, buf, True)
-            mapped = _FIEMAP_HEAD.unpack_from(buf)[3]
-            last = mapped == 0
-            for k in range(mapped):
-                logical, physical, length, _, _, flags, *_ = _FIEMAP_EXTENT.unpack_from(
-                    buf, _FIEMAP_HEAD.size + k * _FIEMAP_EXTENT.size
-                )
-                if not flags & (_FIEMAP_EXTENT_UNKNOWN | _FIEMAP_EXTENT_INLINE):
-                    extents.append((physical, length))
-                start = logical + length
-                last = last or bool(flags & _FIEMAP_EXTENT_LAST)
-            if last:
-                return extents
-
-
-def _device_of(path: Path) -> tuple[str, int] | None:
-    """(the whole disk's ``major:minor``, the byte offset of the file system on it) for a file
-    system on a disk or a partition; None for anything else (device mapper, network, tmpfs),
-    where file offsets cannot be placed on a device the block trace names."""
-    st = os.stat(path)
-    sys_dir = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
-    if (
-        not sys_dir.exists()
-        or (sys_dir / "dm").exists()
-        or (sys_dir / "slaves").exists()
-        and any((sys_dir / "slaves").iterdir())
-    ):
-        return None
-    if (sys_dir / "partition").exists():
-        start = int((sys_dir / "start").read_text()) * 512
-        return (sys_dir.resolve().parent / "dev").read_text().strip(), start
-    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}", 0
-
-
-def dataset_extents(path: Path) -> DiskExtents | None:
-    """Where the dataset's image or group files lie on the disk (:func:`file_extents` of every
-    file of its manifest), or None where that cannot be known (see :func:`_device_of`, or a
-    file system without FIEMAP)."""
-    device = _device_of(path)
-    if device is None:
-        return None
-    dev, base = device
-    pieces: list[tuple[int, int]] = []
-    try:
-        for name, _ in dataset_files(path):
-            pieces.extend(file_extents(path / name))
-    except OSError:  # no FIEMAP on this file system
-        return None
-    if not pieces:
-        return None
-    spans = np.array(sorted(pieces), dtype=np.int64)
-    starts, ends = spans[:, 0] + base, spans[:, 0] + spans[:, 1] + base
-    # Merge touching and overlapping extents: disjoint, sorted ranges.
-    reach = np.maximum.accumulate(ends)
-    new = np.concatenate([[True], starts[1:] > reach[:-1]])
-    group = np.cumsum(new) - 1
-    merged_ends = np.zeros(int(new.sum()), dtype=np.int64)
-    np.maximum.at(merged_ends, group, ends)
-    return DiskExtents(dev, starts[new], merged_ends)
 
 
 # --------------------------------------------------------------------------------------------
@@ -789,30 +634,6 @@ def epoch_evidence(
         "mean_sequential_run_bytes": block_bytes / runs if runs else math.nan,
         **on_disk,
     }
-
-
-def other_cpu_cores(samples: pd.DataFrame, cpus: int, start_ns: int, end_ns: int) -> float:
-    """Cores busy with something else than the run between ``start_ns`` and ``end_ns``: the
-    host's busy share of its ``cpus`` less the containers' (every one's), the tracer's and the
-    sampler's (means of their samples; NaN without samples). On a shared host this says whether another
-    job took the CPU from the run's loaders."""
-    inside = samples[(samples["ts_ns"] > start_ns) & (samples["ts_ns"] <= end_ns)]
-    if not len(inside) or not cpus:
-        return math.nan
-    # Each container's mean, summed over the containers (host-wide metrics have none).
-    by_container = inside.groupby(
-        [inside["metric"].astype(str), inside["container"].astype(str).fillna("")]
-    )["value"].mean()
-    means = by_container.groupby(level=0).sum()
-    if "host_cpu_idle" not in means:
-        return math.nan
-    host = (100.0 - means["host_cpu_idle"] - means.get("host_cpu_iowait", 0.0)) / 100.0 * cpus
-    ours = sum(
-        v
-        for k, v in means.items()
-        if k in ("container_cpu", "sampler_cpu") or k.startswith("tracer_cpu_")
-    )
-    return float(host - ours / 100.0)
 
 
 def run_evidence(
@@ -1161,11 +982,6 @@ def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
 # Running it
 
 
-def _fingerprint(spec: GroupingSpec) -> str:
-    text = json.dumps(spec.settings(), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def run_order(spec: GroupingSpec) -> list[tuple[int, str, int]]:
     """(round, layout, group size) of every run, in the order they run: every layout once per
     round, reversed every other round."""
@@ -1176,13 +992,18 @@ def run_order(spec: GroupingSpec) -> list[tuple[int, str, int]]:
     return order
 
 
+def run_key(run: tuple[int, str, int]) -> str:
+    """The state's name of a run of :func:`run_order`: ``<layout>-e<round>``."""
+    r, name, _ = run
+    return f"{name}-e{r}"
+
+
 def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
     """Run the study (see the module doc) under ``out``; return the path of ``grouping.json``.
 
     ``data`` (the file's ``[[datasets]]``) is empty: the layouts are generated here."""
     from tracing.host import drop_caches, resident_bytes
     from tracing.request import RunOptions, workload_request
-    from tracing.runner import trace
 
     del data  # check_study refuses [[datasets]]
     spec = parse_spec(study.spec, f"{study.path}: [study]")
@@ -1197,35 +1018,24 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         + ", ".join(f"{n} {d['files']} files" for n, d in dataset["layouts"].items())
     )
     files = {name: container_paths(dataset_files(path)) for name, path in layouts.items()}
-    extents = {name: dataset_extents(path) for name, path in layouts.items()}
+    extents = {name: study_state.dataset_extents(path) for name, path in layouts.items()}
     host_files = {
         name: [path / n for n, _ in dataset_files(path)] for name, path in layouts.items()
     }
     if any(e is None for e in extents.values()):
         log("the dataset's place on the disk is unknown here: no block_dataset_* figures")
     state_path = out / STATE_NAME
-    state = load_state(state_path, _fingerprint(spec), log)
+    state = study_state.load_state(state_path, study_state.fingerprint(spec.settings()), log)
     order = run_order(spec)
-    for i, (r, name, _) in enumerate(order, 1):
-        key = f"{name}-e{r}"
-        if run_done(state["runs"].get(key)):
-            log(f"[{i}/{len(order)}] {key}: done before, kept")
-            continue
-        log(f"[{i}/{len(order)}] {key}: cold cache, tracing one epoch")
+    for step, key, (r, name, _) in study_state.pending_runs(order, run_key, state, log):
+        log(f"{step} {key}: cold cache, tracing one epoch")
         t0 = time.monotonic()
         request = workload_request(
             spec.workload,
             spec.variant,
             layouts[name],
             runs_root,
-            settings={
-                "epochs": 1,
-                "batch_size": spec.batch_size,
-                "workers": spec.workers,
-                "seed": spec.seed + r,
-                "eval_every": 0,
-                "checkpoint_every": 0,
-            },
+            settings=study_state.run_settings(1, spec.batch_size, spec.workers, spec.seed + r),
             options=dict(spec.options),
             accelerator=spec.accelerator,
             profile_model=spec.profile_model,
@@ -1235,37 +1045,28 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         # every group file and would leave them in the page cache.
         drop_caches()
         cached = sum(resident_bytes(f)[0] for f in host_files[name])
-        outcome = trace(request)
-        outcome.check()  # a failed run is a UserError naming it: the study cannot be complete
-        if outcome.error:
-            log(f"[{i}/{len(order)}] {key}: {outcome.status}: {outcome.error}")
-        state["runs"][key] = {
-            "run_dir": str(outcome.run_dir),
-            "status": outcome.status,
-            "duration_s": round(time.monotonic() - t0, 3),
-            "cached_before_bytes": cached,
-        }
-        save_state(state_path, state)
-    runs = []
-    host: dict[str, Any] = {}
-    for r, name, g in order:
-        entry = state["runs"][f"{name}-e{r}"]
-        run = load_run(Path(entry["run_dir"]))
-        host = host or dict(run.manifest.get("host") or {})
-        runs.append(
-            {
-                "layout": name,
-                "group_size": g,
-                "round": r,
-                "run_id": run.run_id,
-                "run_dir": str(run.path),
-                "status": run.status,
-                "lost_events": run.manifest.get("lost_events", 0),
-                "duration_s": entry.get("duration_s"),
-                "cached_before_bytes": entry.get("cached_before_bytes"),
-                **run_evidence(run, files[name], extents[name]),
-            }
+        outcome = study_state.trace_run(
+            request, key, state, state_path, t0, cached_before_bytes=cached
         )
+        if outcome.error:
+            log(f"{step} {key}: {outcome.status}: {outcome.error}")
+
+    def row(item: tuple[int, str, int], entry: Mapping[str, Any], run: Run) -> dict[str, Any]:
+        r, name, g = item
+        return {
+            "layout": name,
+            "group_size": g,
+            "round": r,
+            "run_id": run.run_id,
+            "run_dir": str(run.path),
+            "status": run.status,
+            "lost_events": run.manifest.get("lost_events", 0),
+            "duration_s": entry.get("duration_s"),
+            "cached_before_bytes": entry.get("cached_before_bytes"),
+            **run_evidence(run, files[name], extents[name]),
+        }
+
+    runs, host = study_state.load_runs(order, run_key, state, row)
     for run in runs:
         if run["other_cpu_cores"] > BUSY_HOST_CORES:
             log(
@@ -1289,15 +1090,9 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
             "study_s": round(time.monotonic() - started, 1),
         },
     )
-    path = out / RESULTS_NAME
-    atomic_write_json(path, json_ready(result))
-    from analysis.figures import write_figure
-
-    write_figure(grouping_figure(result), out / FIGURE_NAME)
-    for line in table_lines(result):
-        log(line)
-    log(f"figure: {out / FIGURE_NAME}")
-    return path
+    return study_state.write_results(
+        out / RESULTS_NAME, result, out / FIGURE_NAME, grouping_figure, table_lines, log
+    )
 
 
 __all__ = [

@@ -80,12 +80,13 @@ per job (container) the samples trained after its first epoch and the span of th
 system calls of every container: successful ``openat`` calls (``opens``; and per epoch number,
 each job's epoch window, the opens of every file summed over the jobs: ``opens_by_epoch``,
 with the least and most opened file), read calls and bytes (weighted by ``count``); the block
-reads of the dataset's blocks (where the file system can say where they lie, FIEMAP, as the
-grouping study finds them; else the containers' own block reads): ``storage_bytes``; pages
-brought into the page cache by the containers (``cache_insert_bytes``); the containers' CPU
-seconds (``cpu_s``) and their loader workers' (``loader_cpu_s``) from the samples; the time the
-emulated jobs waited for the shared accelerator; the CPU something outside the run used
-(``other_cpu_cores``; the study warns above :data:`BUSY_HOST_CORES`).
+reads of the dataset's blocks (where the file system can say where they lie, FIEMAP,
+:func:`experiments.study_state.dataset_extents`, as for the grouping study; else the
+containers' own block reads): ``storage_bytes``; pages brought into the page cache by the
+containers (``cache_insert_bytes``); the containers' CPU seconds (``cpu_s``) and their loader
+workers' (``loader_cpu_s``) from the samples; the time the emulated jobs waited for the shared
+accelerator; the CPU something outside the run used (``other_cpu_cores``; the study warns
+above :data:`BUSY_HOST_CORES`).
 
 **Output** in the output directory: ``hfta.json`` (:data:`RESULTS`, ``kind: "hfta"``, stamped
 by :mod:`core.versioned`: settings, dataset, every run with its directory and figures, a row
@@ -98,8 +99,6 @@ and the state file.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import time
@@ -111,35 +110,22 @@ import numpy as np
 import pandas as pd
 
 from analysis.hfta import PUBLISHED, hfta_figure, mode_rows, table_lines
+from analysis.samples import other_cpu_cores, sampled_total
 from analysis.tables import is_value as _is
 from core import versioned
-from core.atomic import atomic_write_json
 from core.errors import UserError
-from core.rundir import Run, git_revision, load_run
-from core.versioned import Layout
+from core.rundir import READ_KINDS, Run, git_revision
 from experiments import study_state
-from experiments.grouping import READ_KINDS, DiskExtents, dataset_extents, other_cpu_cores
-from experiments.sophon import sampled_total
-from experiments.study_state import (
-    distinct_whole_numbers,
-    json_ready,
-    load_state,
-    run_done,
-    save_state,
-    whole_number,
-)
-
-Log = Callable[[str], None]
+from experiments.study_state import Log, distinct_whole_numbers, whole_number
+from tracing.extents import DiskExtents
 
 #: Version of the layout of ``hfta.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.
 SCHEMA_VERSION = 1
 KIND = "hfta"
 #: ``hfta.json``: the study's results.
-RESULTS = Layout("hfta study's results", SCHEMA_VERSION, kind=KIND, remedy="run the study again")
-RESULTS_NAME = "hfta.json"
-FIGURE_NAME = "hfta.html"
-STATE_NAME = "hfta-state.json"
+RESULTS = study_state.results_layout(KIND, SCHEMA_VERSION)
+RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.file_names(KIND)
 #: Sleep profiles of a 2-thread AMD EPYC (experiments/hfta-profiles/README.md), for
 #: ``profiles = "experiments/hfta-profiles"``; by default the study measures this host.
 PROFILES_DIR = Path(__file__).resolve().parent / "hfta-profiles"
@@ -261,19 +247,9 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> HftaSpec:
     from core.units import parse_size
     from workloads.registry import WORKLOADS
 
-    unknown = sorted(set(spec) - set(STUDY_KEYS))
-    if unknown:
-        raise UserError(
-            f"{where}: unknown key {unknown[0]!r}; known keys: kind, {', '.join(STUDY_KEYS)}"
-        )
+    study_state.refuse_unknown_keys(spec, STUDY_KEYS, where)
     s = {**DEFAULTS, **spec}
-    image_workloads = sorted(n for n, w in WORKLOADS.items() if w.datagen == "images")
-    workload = s["workload"]
-    if workload not in image_workloads:
-        raise UserError(
-            f"{where}: workload must be an image workload ({', '.join(image_workloads)}), "
-            f"got {workload!r}"
-        )
+    workload = study_state.image_workload(s["workload"], where)
     variant = s["variant"]
     if variant not in VARIANTS:
         raise UserError(f"{where}: variant must be original or sleep, got {variant!r}")
@@ -489,14 +465,7 @@ def build_request(
         spec.variant,
         data_dir,
         out / "runs",
-        settings={
-            "epochs": spec.epochs,
-            "batch_size": spec.batch_size,
-            "workers": spec.workers,
-            "seed": spec.seed,
-            "eval_every": 0,
-            "checkpoint_every": 0,
-        },
+        settings=study_state.run_settings(spec.epochs, spec.batch_size, spec.workers, spec.seed),
         options=options,
         profile=check_profile(spec, 1 if mode != "fused" else size, data_dir, log)
         if spec.variant == "sleep"
@@ -692,22 +661,19 @@ def _fingerprint(spec: HftaSpec, data_dir: Path) -> str:
     from datagen.common import load_manifest as load_data_manifest
 
     manifest = load_data_manifest(data_dir)
-    text = json.dumps(
+    return study_state.fingerprint(
         {
             "settings": spec.settings(),
             "data": str(Path(data_dir).resolve()),
             "dataset": [manifest.get("seed"), manifest.get("total_bytes"), manifest.get("params")],
-        },
-        sort_keys=True,
+        }
     )
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Path:
     """Run the study over the image dataset ``data_dir`` into ``out`` (module doc); returns
     the path of ``hfta.json``. Ctrl-C ends the current run cleanly and raises."""
     from tracing.host import drop_caches, resident_bytes
-    from tracing.runner import trace
     from workloads.registry import WORKLOADS
 
     started = time.monotonic()
@@ -718,21 +684,18 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
     files = training_files(data_dir)
     host_files = [data_dir / f.removeprefix("/data/") for f in files]
     dataset_bytes = sum(p.stat().st_size for p in host_files)
-    extents = dataset_extents(data_dir)
+    extents = study_state.dataset_extents(data_dir)
     if extents is None:
         log("the dataset's place on the disk is unknown here: the containers' block reads count")
     state_path = out / STATE_NAME
-    state = load_state(state_path, _fingerprint(spec, data_dir), log)
+    state = study_state.load_state(state_path, _fingerprint(spec, data_dir), log)
     keys = run_keys(spec)
     log(
         f"{len(keys)} runs: serial jobs 0-{spec.jobs - 1}, then concurrent and fused at B = "
         + ", ".join(str(b) for b in spec.array_sizes if b > 1)
         + f"; {len(files)} training files ({dataset_bytes / 1e6:.1f} MB), {spec.epochs} epochs"
     )
-    for i, key in enumerate(keys, 1):
-        if run_done(state["runs"].get(key)):
-            log(f"[{i}/{len(keys)}] {key}: done before, kept")
-            continue
+    for step, key, _ in study_state.pending_runs(keys, str, state, log):
         mode, number = _parse_key(key)
         request = build_request(spec, key, data_dir, out, log)
         cold = spec.cold_cache and (mode != "serial" or number == 0)
@@ -740,31 +703,25 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
             drop_caches()
         cached = sum(resident_bytes(p)[0] for p in host_files)
         log(
-            f"[{i}/{len(keys)}] {key}: {len(request.containers)} container(s)"
+            f"{step} {key}: {len(request.containers)} container(s)"
             + (", cold cache" if cold else f", {cached / 1e6:.1f} MB of the dataset cached")
         )
         t0 = time.monotonic()
-        outcome = trace(request)
-        outcome.check()  # a failed run is a UserError naming it: the study cannot be complete
-        state["runs"][key] = {
-            "run_dir": str(outcome.run_dir),
-            "status": outcome.status,
-            "duration_s": round(time.monotonic() - t0, 3),
-            "cached_before_bytes": cached,
-        }
-        save_state(state_path, state)
-        log(f"[{i}/{len(keys)}] {key}: {outcome.status} in {time.monotonic() - t0:.0f} s")
-    runs: dict[str, Any] = {}
-    host: dict[str, Any] = {}
-    for key in keys:
-        entry = state["runs"][key]
-        run = load_run(Path(entry["run_dir"]))
-        host = host or dict(run.manifest.get("host") or {})
-        runs[key] = {
+        outcome = study_state.trace_run(
+            request, key, state, state_path, t0, cached_before_bytes=cached
+        )
+        log(f"{step} {key}: {outcome.status} in {time.monotonic() - t0:.0f} s")
+
+    def row(key: str, entry: Mapping[str, Any], run: Run) -> dict[str, Any]:
+        return {
             "key": key,
             "cached_before_bytes": entry.get("cached_before_bytes"),
             **run_figures(run, files, extents),
         }
+
+    rows, host = study_state.load_runs(keys, str, state, row)
+    runs = dict(zip(keys, rows, strict=True))
+    for key in keys:
         busy = runs[key]["other_cpu_cores"]
         if busy is not None and busy > BUSY_HOST_CORES:
             log(
@@ -792,15 +749,14 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
             "study_s": round(time.monotonic() - started, 1),
         },
     )
-    path = out / RESULTS_NAME
-    atomic_write_json(path, json_ready(result))
-    from analysis.figures import write_figure
-
-    write_figure(hfta_figure(result), out / FIGURE_NAME)
-    for line in table_lines(result["rows"]):
-        log(line)
-    log(f"figure: {out / FIGURE_NAME}")
-    return path
+    return study_state.write_results(
+        out / RESULTS_NAME,
+        result,
+        out / FIGURE_NAME,
+        hfta_figure,
+        lambda r: table_lines(r["rows"]),
+        log,
+    )
 
 
 def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:

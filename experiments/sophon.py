@@ -58,39 +58,32 @@ training CPU seconds, per cell).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.tables import is_value
+from analysis.samples import sampled_total
 from core import versioned
 from core.atomic import atomic_write_json, atomic_write_text
 from core.errors import UserError
-from core.rundir import Run, git_revision, load_run
-from core.versioned import Layout
+from core.rundir import READ_KINDS, Run, git_revision
 from experiments import study_state
-from experiments.study_state import load_state, run_done, save_state, whole_number
-
-Log = Callable[[str], None]
+from experiments.study_state import Log, whole_number
 
 #: Version of the layout of ``sophon.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.
 SCHEMA_VERSION = 1
 KIND = "sophon"
 #: ``sophon.json``: the study's results.
-RESULTS = Layout("sophon study's results", SCHEMA_VERSION, kind=KIND, remedy="run the study again")
-RESULTS_NAME = "sophon.json"
-FIGURE_NAME = "sophon.html"
-STATE_NAME = "sophon-state.json"
+RESULTS = study_state.results_layout(KIND, SCHEMA_VERSION)
+RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.file_names(KIND)
 MODES = ("remote-nooff", "remote-alloff", "remote-partial", "remote-sophon")
 MODE_LABELS = {
     "remote-nooff": "no offload",
@@ -292,24 +285,6 @@ def dataset_summary(path: Path, image_size: int) -> dict[str, Any]:
 # Figures of one run
 
 
-def sampled_total(
-    samples: pd.DataFrame, metric: str, container: str, start_ns: int, end_ns: int
-) -> float:
-    """The integral over ``[start_ns, end_ns]`` of a rate the sampler recorded (``metric`` of
-    ``container``): each sample's value holds over the interval since the previous sample, and
-    counts for the part of it inside the window. Bytes for a bytes/s metric; for a percent of one
-    core, 100 x CPU seconds."""
-    rows = samples[is_value(samples["metric"], metric) & is_value(samples["container"], container)]
-    if len(rows) < 2:
-        return 0.0
-    rows = rows.sort_values("ts_ns")
-    ts = rows["ts_ns"].to_numpy(dtype=np.int64)
-    values = rows["value"].to_numpy(dtype=np.float64)
-    lo = np.maximum(ts[:-1], start_ns)
-    hi = np.minimum(ts[1:], end_ns)
-    return float((values[1:] * np.clip(hi - lo, 0, None)).sum() * _NS)
-
-
 def epoch_interval(run: Run, role: str = "main") -> tuple[int, int, int]:
     """(epoch, start_ns, end_ns) of the last epoch ``role`` logged."""
     phases = run.phases
@@ -332,7 +307,7 @@ def run_figures(run: Run) -> dict[str, Any]:
     tx = sampled_total(s, "container_net_tx", "main", t0, t1)
     events = run.events
     reads = events[
-        events["kind"].astype(str).isin(["read", "pread64", "readv"])
+        events["kind"].astype(str).isin(READ_KINDS)
         & (events["container"].astype(str) == "storage")
         & events["path"].astype(str).str.startswith("/data/")
         & (events["ts_ns"] >= t0)
@@ -487,11 +462,6 @@ def sophon_figure(result: Mapping[str, Any]) -> go.Figure:
 # Running
 
 
-def _fingerprint(spec: SophonSpec) -> str:
-    text = json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def run_order(spec: SophonSpec) -> list[tuple[str, float, str]]:
     """(bandwidth, storage CPUs, mode) of every run, in the order they run."""
     return [(b, c, m) for b in spec.bandwidths for c in spec.storage_cpus for m in spec.modes]
@@ -501,11 +471,14 @@ def run_key(bandwidth: str, cpus: float, mode: str) -> str:
     return f"{bandwidth}-cpu{cpus:g}-{mode}"
 
 
+def _key(run: tuple[str, float, str]) -> str:
+    return run_key(*run)
+
+
 def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
     """Run the study (module doc) under ``out``; return the path of ``sophon.json``."""
     from tracing.remote import StorageNode
     from tracing.request import Limits, RunOptions, workload_request
-    from tracing.runner import trace
     from tracing.shaper import parse_rate
 
     del data  # check_study refuses [[datasets]]
@@ -523,28 +496,21 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         f"({dataset['cropped_bytes']} B)"
     )
     state_path = out / STATE_NAME
-    state = load_state(state_path, _fingerprint(spec), log)
+    state = study_state.load_state(
+        state_path, study_state.fingerprint(dataclasses.asdict(spec)), log
+    )
     order = run_order(spec)
-    for i, (bandwidth, cpus, mode) in enumerate(order, 1):
-        key = run_key(bandwidth, cpus, mode)
-        if run_done(state["runs"].get(key)):
-            log(f"[{i}/{len(order)}] {key}: done before, kept")
-            continue
-        log(f"[{i}/{len(order)}] {key}")
+    for step, key, (bandwidth, cpus, mode) in study_state.pending_runs(order, _key, state, log):
+        log(f"{step} {key}")
         t0 = time.monotonic()
         request = workload_request(
             spec.workload,
             spec.variant,
             dataset_dir,
             runs_root,
-            settings={
-                "epochs": spec.epochs,
-                "batch_size": spec.batch_size,
-                "workers": spec.workers,
-                "seed": spec.seed,
-                "eval_every": 0,
-                "checkpoint_every": 0,
-            },
+            settings=study_state.run_settings(
+                spec.epochs, spec.batch_size, spec.workers, spec.seed
+            ),
             options={**{k: str(v) for k, v in spec.options.items()}, "dataset": mode},
             accelerator=spec.accelerator,
             storage=StorageNode(prep_workers=max(1, math.ceil(cpus)), cpus=cpus),
@@ -554,33 +520,23 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
                 net_bandwidth_bits_s=parse_rate(bandwidth),
             ),
         )
-        outcome = trace(request)
-        outcome.check()  # a failed run is a UserError naming it: the study cannot be complete
+        outcome = study_state.trace_run(request, key, state, state_path, t0)
         if outcome.error:
-            log(f"[{i}/{len(order)}] {key}: {outcome.status}: {outcome.error}")
-        state["runs"][key] = {
-            "run_dir": str(outcome.run_dir),
-            "status": outcome.status,
-            "duration_s": round(time.monotonic() - t0, 3),
+            log(f"{step} {key}: {outcome.status}: {outcome.error}")
+
+    def row(item: tuple[str, float, str], entry: Mapping[str, Any], run: Run) -> dict[str, Any]:
+        bandwidth, cpus, mode = item
+        return {
+            "cell": cell_name(bandwidth, cpus),
+            "bandwidth": bandwidth,
+            "storage_cpus": cpus,
+            "mode": mode,
+            "run_dir": entry["run_dir"],
+            "status": entry["status"],
+            "figures": run_figures(run),
         }
-        save_state(state_path, state)
-    runs = []
-    host: dict[str, Any] = {}
-    for bandwidth, cpus, mode in order:
-        entry = state["runs"][run_key(bandwidth, cpus, mode)]
-        run = load_run(Path(entry["run_dir"]))
-        host = host or dict(run.manifest.get("host") or {})
-        runs.append(
-            {
-                "cell": cell_name(bandwidth, cpus),
-                "bandwidth": bandwidth,
-                "storage_cpus": cpus,
-                "mode": mode,
-                "run_dir": entry["run_dir"],
-                "status": entry["status"],
-                "figures": run_figures(run),
-            }
-        )
+
+    runs, host = study_state.load_runs(order, _key, state, row)
     result = versioned.stamp(
         RESULTS,
         {

@@ -1,26 +1,67 @@
-"""What the studies share: checks of their ``[study]`` settings, a state file of the runs done
-(to resume), results made JSON-ready, and a results file read back with its kind and schema
-checked (both versioned files, :mod:`core.versioned`).
+"""What the studies share: checks of their ``[study]`` settings, their files' names and the
+layout of their results, a state file of the runs done (to resume), the loop that traces the
+runs and records them, results made JSON-ready, written and read back with their kind and
+schema checked (versioned files, :mod:`core.versioned`), and their dataset's files and where
+they lie on the disk.
 
 A study (grouping, sophon, hfta) records each finished run in ``OUT/NAME/<kind>-state.json``
 (:data:`STATE`) with the fingerprint of its settings; run again with the same settings, it
 skips the runs whose run directories still say they finished, and starts over when the
-settings changed.
+settings changed. One study never imports another: what two of them use is here, in
+:mod:`analysis.samples` (figures of a run's samples) or :mod:`tracing.extents` (where files
+lie on the disk).
+
+A study's run loop::
+
+    state = load_state(state_path, fingerprint(spec.settings()), log)
+    for step, key, item in pending_runs(order, key_of, state, log):
+        t0 = time.monotonic()
+        trace_run(make_request(item), key, state, state_path, t0)
+    rows, host = load_runs(order, key_of, state, figures)
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from core import versioned
+from core.atomic import atomic_write_json
 from core.errors import UserError
-from core.rundir import FINISHED, load_manifest
+from core.rundir import FINISHED, Run, load_manifest, load_run
 from core.versioned import Layout
+from tracing.extents import DiskExtents, disk_extents
+
+Log = Callable[[str], None]
+T = TypeVar("T")
+
+
+def refuse_unknown_keys(spec: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
+    """A one-line UserError naming the first key of ``spec`` that is not one of ``keys`` (the
+    ``[study]`` table's, besides ``kind``)."""
+    unknown = sorted(set(spec) - set(keys))
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: kind, {', '.join(keys)}")
+
+
+def image_workload(value: Any, where: str) -> str:
+    """``value`` when it names an image workload (one that reads the images generator's
+    datasets), else a one-line UserError listing them."""
+    from workloads.registry import WORKLOADS
+
+    names = sorted(n for n, w in WORKLOADS.items() if w.datagen == "images")
+    if value not in names:
+        raise UserError(
+            f"{where}: workload must be an image workload ({', '.join(names)}), got {value!r}"
+        )
+    return value
 
 
 def whole_number(value: Any, key: str, where: str, low: int, high: int) -> int:
@@ -49,6 +90,35 @@ def distinct_whole_numbers(
             f"{high}, got {value!r}"
         )
     return tuple(sorted(value))
+
+
+def results_layout(kind: str, version: int) -> Layout:
+    """The layout of a study's results file (``<kind>.json``) at schema ``version``."""
+    return Layout(f"{kind} study's results", version, kind=kind, remedy="run the study again")
+
+
+def file_names(kind: str) -> tuple[str, str, str]:
+    """The names of a study's results, figure and state files in its output directory."""
+    return f"{kind}.json", f"{kind}.html", f"{kind}-state.json"
+
+
+def fingerprint(settings: Any) -> str:
+    """A short digest of a study's ``settings`` (JSON-ready; anything else as its ``str``):
+    its state is kept while this stays the same."""
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_settings(epochs: int, batch_size: int, workers: int, seed: int) -> dict[str, Any]:
+    """A study run's training settings: no evaluation, no checkpoints."""
+    return {
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "workers": workers,
+        "seed": seed,
+        "eval_every": 0,
+        "checkpoint_every": 0,
+    }
 
 
 #: A study's state file: the runs done, under the fingerprint of the settings they ran with.
@@ -92,6 +162,64 @@ def run_done(entry: Mapping[str, Any] | None) -> bool:
         return False
 
 
+def pending_runs(
+    order: Sequence[T], key: Callable[[T], str], state: Mapping[str, Any], log: Log
+) -> Iterator[tuple[str, str, T]]:
+    """(progress ``[i/n]``, key, item) of each run of ``order`` still to do, in order; a run
+    done before (:func:`run_done`, its ``key`` in ``state``) is said to be kept and skipped."""
+    for i, item in enumerate(order, 1):
+        step, name = f"[{i}/{len(order)}]", key(item)
+        if run_done(state["runs"].get(name)):
+            log(f"{step} {name}: done before, kept")
+            continue
+        yield step, name, item
+
+
+def trace_run(
+    request: Any,
+    key: str,
+    state: dict[str, Any],
+    state_path: Path,
+    started: float,
+    **extra: Any,
+) -> Any:
+    """Trace ``request`` (a :class:`tracing.request.RunRequest`) and record it in ``state`` as
+    run ``key``: its directory, status, the seconds since ``started`` (``time.monotonic()``)
+    and ``extra``; the state is saved at once. A failed run is a UserError naming it (the study
+    cannot be complete). Returns the run's :class:`tracing.runner.RunOutcome`."""
+    from tracing.runner import trace
+
+    outcome = trace(request)
+    outcome.check()
+    state["runs"][key] = {
+        "run_dir": str(outcome.run_dir),
+        "status": outcome.status,
+        "duration_s": round(time.monotonic() - started, 3),
+        **extra,
+    }
+    save_state(state_path, state)
+    return outcome
+
+
+def load_runs(
+    order: Sequence[T],
+    key: Callable[[T], str],
+    state: Mapping[str, Any],
+    row: Callable[[T, Mapping[str, Any], Run], dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each run of ``order`` loaded from the directory its state entry names, one at a time,
+    and made a row by ``row(item, entry, run)``; the rows, and the host of the first run that
+    recorded one."""
+    rows = []
+    host: dict[str, Any] = {}
+    for item in order:
+        entry = state["runs"][key(item)]
+        run = load_run(Path(entry["run_dir"]))
+        host = host or dict(run.manifest.get("host") or {})
+        rows.append(row(item, entry, run))
+    return rows, host
+
+
 def json_ready(value: Any) -> Any:
     """``value`` with NaN (no reads, say) as null, numpy scalars as Python's, tuples as lists:
     JSON has no NaN."""
@@ -111,3 +239,53 @@ def load_results(path: Path, layout: Layout) -> dict[str, Any]:
     refusing another study's (its ``kind``) or a version this twintrace cannot bring up to date
     with a line saying what to do."""
     return versioned.load_json(Path(path), layout, missing="run the study first")
+
+
+def write_results(
+    path: Path,
+    result: Mapping[str, Any],
+    figure_path: Path,
+    figure: Callable[[Mapping[str, Any]], Any],
+    table: Callable[[Mapping[str, Any]], Sequence[str]],
+    log: Log,
+) -> Path:
+    """Write a study's ``result`` to ``path`` (:func:`json_ready`, atomically), then its
+    ``figure(result)`` to ``figure_path``; log ``table(result)`` and where the figure is.
+    Returns ``path``."""
+    from analysis.figures import write_figure
+
+    atomic_write_json(path, json_ready(result))
+    write_figure(figure(result), figure_path)
+    for line in table(result):
+        log(line)
+    log(f"figure: {figure_path}")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# The dataset
+
+
+def dataset_files(path: Path) -> list[tuple[str, int]]:
+    """(name, bytes) of the dataset's image or group files, from its manifest (the index and
+    the manifest itself are not read by the epoch)."""
+    from datagen.common import load_manifest as load_data_manifest
+
+    manifest = load_data_manifest(path)
+    return [
+        (f["name"], int(f["bytes"]))
+        for f in manifest["files"]
+        if not f["name"].endswith("index.csv")
+    ]
+
+
+def dataset_extents(path: Path) -> DiskExtents | None:
+    """Where the dataset's image or group files (:func:`dataset_files`) lie on the disk
+    (:func:`tracing.extents.disk_extents`), or None where that cannot be known."""
+
+    def files() -> Iterator[Path]:
+        # Read once the disk is known, as disk_extents iterates: not on tmpfs, say.
+        for name, _ in dataset_files(path):
+            yield path / name
+
+    return disk_extents(path, files())

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,16 +40,18 @@ from datagen.bert import (
     varint_sizes,
 )
 from datagen.bert_encode import ENTRY_ORDER, encode_block, encode_varints
-from datagen.common import MANIFEST_NAME, MARKER_NAME, load_manifest
+from datagen.common import load_manifest
+from tests.datagen_helpers import (
+    assert_progress_reaches_the_total,
+    assert_same_data,
+    data_files,
+    generated,
+)
 from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
 from workloads.bert.records import iter_records, parse_example
 
 SMALL = BertGenParams(seq_length=64, max_predictions=10, records_per_file=60)
 SIZE = 100_000
-
-
-def data_files(directory: Path) -> set[str]:
-    return set(os.listdir(directory)) - {MANIFEST_NAME, MARKER_NAME}
 
 
 def decoded(directory: Path) -> list[dict[str, np.ndarray]]:
@@ -64,9 +65,7 @@ def decoded(directory: Path) -> list[dict[str, np.ndarray]]:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("ds") / "bert"
-    manifest = generate_bert(out, SIZE, seed=7, workers=2, params=SMALL)
-    return out, manifest
+    return generated(tmp_path_factory, "bert", generate_bert, SIZE, seed=7, workers=2, params=SMALL)
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,8 +251,7 @@ def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
     one_worker = tmp_path / "one"
     again = generate_bert(one_worker, SIZE, seed=7, workers=1, params=SMALL)
     assert again["files"] == manifest["files"]
-    for name in data_files(two_workers):
-        assert (one_worker / name).read_bytes() == (two_workers / name).read_bytes(), name
+    assert_same_data(one_worker, two_workers)
 
 
 def test_other_seed_other_content_and_smaller_size_a_prefix(
@@ -477,13 +475,7 @@ def test_invalid_params_are_rejected(kwargs: dict, message: str) -> None:
 
 
 def test_progress_reports_reach_the_total(tmp_path: Path) -> None:
-    calls: list[tuple[int, int]] = []
-    manifest = generate_bert(
-        tmp_path / "ds", SIZE, workers=2, params=SMALL, progress=lambda d, t: calls.append((d, t))
-    )
-    assert calls[-1] == (manifest["total_bytes"], manifest["total_bytes"])
-    done = [d for d, _ in calls]
-    assert done == sorted(done)
+    assert_progress_reaches_the_total(generate_bert, tmp_path / "ds", SIZE, workers=2, params=SMALL)
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.int64])

@@ -39,6 +39,13 @@ from datagen.dlrm import (
     minimum_dataset_bytes,
     plan_dlrm,
 )
+from tests.datagen_helpers import (
+    assert_progress_reaches_the_total,
+    assert_same_data,
+    data_files,
+    generated,
+    temp_files,
+)
 from workloads.dlrm.files import (
     COUNTS_NAME,
     RECORD_BYTES,
@@ -54,24 +61,13 @@ SIZE = 2_000_000
 BIG_PARTS = DLRMGenParams(min_records=256, part_records=50_000)
 
 
-def data_files(directory: Path) -> set[str]:
-    return set(os.listdir(directory)) - {MANIFEST_NAME, MARKER_NAME}
-
-
-def temp_files(directory: Path) -> list[str]:
-    """Temporary files (core.atomic.temp_path's names) left in ``directory``."""
-    return [n for n in os.listdir(directory) if n.startswith(".") and n.endswith(".tmp")]
-
-
 def records(path: Path) -> np.ndarray:
     return np.fromfile(path, dtype="<i4").reshape(-1, 40)
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("ds") / "dlrm"
-    manifest = generate_dlrm(out, SIZE, seed=7, workers=2, params=SMALL)
-    return out, manifest
+    return generated(tmp_path_factory, "dlrm", generate_dlrm, SIZE, seed=7, workers=2, params=SMALL)
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,8 +177,7 @@ def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
     two_workers, _ = dataset
     one_worker = tmp_path / "one"
     generate_dlrm(one_worker, SIZE, seed=7, workers=1, params=SMALL)
-    for name in data_files(two_workers):
-        assert (one_worker / name).read_bytes() == (two_workers / name).read_bytes(), name
+    assert_same_data(one_worker, two_workers)
 
 
 def test_different_seed_differs_and_smaller_size_is_a_prefix(
@@ -388,10 +383,4 @@ def test_interrupted_generation_leaves_no_partial_record_file(
 
 
 def test_progress_reaches_the_total(tmp_path: Path) -> None:
-    calls: list[tuple[int, int]] = []
-    manifest = generate_dlrm(
-        tmp_path / "ds", SIZE, workers=2, params=SMALL, progress=lambda d, t: calls.append((d, t))
-    )
-    assert calls[-1] == (manifest["total_bytes"], manifest["total_bytes"])
-    done = [d for d, _ in calls]
-    assert done == sorted(done)
+    assert_progress_reaches_the_total(generate_dlrm, tmp_path / "ds", SIZE, workers=2, params=SMALL)

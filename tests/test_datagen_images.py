@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from core.errors import UserError
-from datagen.common import MANIFEST_NAME, MARKER_NAME, load_manifest
+from datagen.common import load_manifest
 from datagen.images import (
     OVERHEAD_BYTES,
     ImageGenParams,
@@ -28,22 +28,11 @@ from datagen.images import (
     pool_caps,
     unique_jpeg,
 )
+from tests.datagen_helpers import assert_same_data, data_bytes, data_files, generated
 
 SIZE = 3_000_000
 FOLDER = ImageGenParams(classes=5, val_fraction=0.1, distinct_images=12)
 GROUPED = ImageGenParams(classes=3, val_fraction=0.2, distinct_images=10, group_size=4)
-
-
-def data_files(directory: Path) -> dict[str, bytes]:
-    """Every data file (relative name -> bytes), without the manifest and the marker."""
-    found = {}
-    for root, _, names in os.walk(directory):
-        for name in names:
-            path = Path(root, name)
-            rel = path.relative_to(directory).as_posix()
-            if rel not in (MANIFEST_NAME, MARKER_NAME):
-                found[rel] = path.read_bytes()
-    return found
 
 
 def decode_rgb(data: bytes) -> np.ndarray:
@@ -54,14 +43,16 @@ def decode_rgb(data: bytes) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("ds") / "folder"
-    return out, generate_images(out, SIZE, seed=3, workers=2, params=FOLDER)
+    return generated(
+        tmp_path_factory, "folder", generate_images, SIZE, seed=3, workers=2, params=FOLDER
+    )
 
 
 @pytest.fixture(scope="module")
 def grouped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("ds") / "grouped"
-    return out, generate_images(out, SIZE, seed=3, workers=2, params=GROUPED)
+    return generated(
+        tmp_path_factory, "grouped", generate_images, SIZE, seed=3, workers=2, params=GROUPED
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,13 +67,13 @@ def test_folder_layout_names_splits_and_round_robin_labels(folder: tuple[Path, d
     assert n_val == round(p["images"] * 0.1)
     expected = {f"train/{class_name(k % 5)}/{class_name(k % 5)}_{k}.JPEG" for k in range(n_train)}
     expected |= {f"val/{class_name(k % 5)}/ILSVRC2012_val_{k + 1:08d}.JPEG" for k in range(n_val)}
-    assert set(data_files(out)) == expected
+    assert data_files(out) == expected
     assert sorted(os.listdir(out / "train")) == [class_name(c) for c in range(5)]
 
 
 def test_folder_sizes_are_exact_realistic_and_fill_the_request(folder: tuple[Path, dict]) -> None:
     out, manifest = folder
-    files = data_files(out)
+    files = data_bytes(out)
     sizes = np.array([len(b) for b in files.values()])
     # The last image is shrunk to fill what remains: the total is exactly the request here.
     assert manifest["total_bytes"] == sizes.sum() == SIZE
@@ -96,7 +87,7 @@ def test_folder_sizes_are_exact_realistic_and_fill_the_request(folder: tuple[Pat
 def test_every_file_is_a_decodable_realistic_jpeg(folder: tuple[Path, dict]) -> None:
     out, manifest = folder
     distinct = set()
-    for name, data in data_files(out).items():
+    for name, data in data_bytes(out).items():
         pixels = decode_rgb(data)
         h, w, _ = pixels.shape
         assert min(w, h) >= 100 and max(w, h) <= 1500, (name, w, h)
@@ -106,7 +97,7 @@ def test_every_file_is_a_decodable_realistic_jpeg(folder: tuple[Path, dict]) -> 
         distinct.add(hashlib.sha256(pixels.tobytes()).hexdigest())
     # Files repeat pool images (same pixels) but no two files have the same bytes.
     assert 2 < len(distinct) <= manifest["params"]["distinct_images"] == FOLDER.distinct_images
-    hashes = {hashlib.sha256(b).hexdigest() for b in data_files(out).values()}
+    hashes = {hashlib.sha256(b).hexdigest() for b in data_bytes(out).values()}
     assert len(hashes) == manifest["params"]["images"]
 
 
@@ -136,7 +127,7 @@ def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
     two, _ = folder
     one = tmp_path / "one"
     generate_images(one, SIZE, seed=3, workers=1, params=FOLDER)
-    assert data_files(one) == data_files(two)
+    assert_same_data(one, two)
 
 
 def test_different_seed_gives_different_images(tmp_path: Path, folder: tuple[Path, dict]) -> None:
@@ -168,7 +159,7 @@ def test_grouped_layout_has_one_file_per_g_images_and_an_index(
     g = GROUPED.group_size
     assert p["layout"] == "grouped" and p["train_images"] % g == 0 and p["val_images"] % g == 0
     assert p["val_images"] >= g
-    files = set(data_files(out))
+    files = data_files(out)
     for split, n in (("train", p["train_images"]), ("val", p["val_images"])):
         groups = {f"{split}/groups/group_{i:06d}.bin" for i in range(n // g)}
         assert groups | {f"{split}/index.csv"} == {f for f in files if f.startswith(split)}

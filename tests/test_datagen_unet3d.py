@@ -39,26 +39,23 @@ from datagen.unet3d import (
     minimum_dataset_bytes,
     plan_unet3d_cases,
 )
+from tests.datagen_helpers import (
+    assert_progress_reaches_the_total,
+    assert_same_data,
+    data_files,
+    generated,
+    temp_files,
+)
 
 SMALL = UNet3DGenParams(s1_range=(8, 20), s2_range=(10, 24), min_dim=6)
 SIZE = 400_000
 
 
-def data_files(directory: Path) -> set[str]:
-    """Every entry of a dataset directory except the manifest and the marker."""
-    return set(os.listdir(directory)) - {MANIFEST_NAME, MARKER_NAME}
-
-
-def temp_files(directory: Path) -> list[str]:
-    """Temporary files (core.atomic.temp_path's names) left in ``directory``."""
-    return [n for n in os.listdir(directory) if n.startswith(".") and n.endswith(".tmp")]
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("ds") / "unet3d"
-    manifest = generate_unet3d(out, SIZE, seed=7, workers=2, params=SMALL)
-    return out, manifest
+    return generated(
+        tmp_path_factory, "unet3d", generate_unet3d, SIZE, seed=7, workers=2, params=SMALL
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,9 +182,7 @@ def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
     two_workers, _ = dataset
     one_worker = tmp_path / "one"
     generate_unet3d(one_worker, SIZE, seed=7, workers=1, params=SMALL)
-    assert data_files(one_worker) == data_files(two_workers)
-    for name in data_files(one_worker):
-        assert (one_worker / name).read_bytes() == (two_workers / name).read_bytes(), name
+    assert_same_data(one_worker, two_workers)
 
 
 def test_different_seed_gives_different_content(tmp_path: Path, dataset: tuple[Path, dict]) -> None:
@@ -423,13 +418,9 @@ def test_temp_files_of_a_dead_writer_are_removed(tmp_path: Path) -> None:
 
 
 def test_progress_reports_reach_the_total(tmp_path: Path) -> None:
-    calls: list[tuple[int, int]] = []
-    manifest = generate_unet3d(
-        tmp_path / "ds", SIZE, workers=2, params=SMALL, progress=lambda d, t: calls.append((d, t))
+    assert_progress_reaches_the_total(
+        generate_unet3d, tmp_path / "ds", SIZE, workers=2, params=SMALL
     )
-    assert calls[-1] == (manifest["total_bytes"], manifest["total_bytes"])
-    done = [d for d, _ in calls]
-    assert done == sorted(done)
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.samples import other_cpu_cores
 from core.errors import UserError
 from experiments import grouping
 from experiments.grouping import (
@@ -26,7 +27,9 @@ from experiments.grouping import (
     sequential_requests,
 )
 from experiments.studies import Study, load_study
-from tests.synthetic import START_NS, events_frame, phases_frame, samples_frame
+from experiments.study_state import dataset_extents
+from tests.synthetic import START_NS, events_frame, make_run, phases_frame, samples_frame
+from tracing.extents import DiskExtents, file_extents
 
 SEC = 1_000_000_000
 
@@ -219,7 +222,7 @@ def test_epoch_evidence_counts_the_dataset_files_in_the_epoch_weighted_by_count(
     assert got["open_s"] == pytest.approx(3 * 1000e-9)  # the synthetic latency, 1 us a call
     assert got["io_s"] == pytest.approx(got["open_s"] + got["read_s"])
     # The files occupy the first 260 KiB of 8:0: the request at 10 MB is something else's.
-    extents = grouping.DiskExtents("8:0", np.array([0]), np.array([266_240]))
+    extents = DiskExtents("8:0", np.array([0]), np.array([266_240]))
     got = epoch_evidence(events, phases, files, extents)
     assert (got["block_dataset_reads"], got["block_dataset_bytes"]) == (3, 266_240)
     assert (got["block_reads"], got["block_other_bytes"]) == (4, 4096)
@@ -267,7 +270,7 @@ def test_layouts_take_the_median_of_their_epochs_normalised_to_the_folder_layout
 
 
 def test_extents_count_the_bytes_of_requests_that_fall_in_them() -> None:
-    extents = grouping.DiskExtents("8:0", np.array([100, 1000]), np.array([200, 1500]))
+    extents = DiskExtents("8:0", np.array([100, 1000]), np.array([200, 1500]))
     offsets = np.array([0, 150, 1500, 2000, 100])
     sizes = np.array([150, 950, 100, 10, 100])
     assert extents.overlap(offsets, sizes).tolist() == [50, 150, 0, 0, 100]
@@ -278,7 +281,7 @@ def test_file_extents_cover_a_written_file(tmp_path: Path) -> None:
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * 1_000_000)
     try:
-        pieces = grouping.file_extents(path)
+        pieces = file_extents(path)
     except OSError:
         pytest.skip(f"no FIEMAP on the file system of {tmp_path}")
     assert 1_000_000 <= sum(n for _, n in pieces) < 1_000_000 + 4096 * len(pieces)
@@ -301,8 +304,8 @@ def test_other_cpu_is_the_hosts_busy_cores_less_the_runs() -> None:
     )
     start, end = START_NS + SEC // 2, START_NS + 2 * SEC
     # 75 % of 2 cores busy = 1.5 cores; the run's own: 1.15.
-    assert grouping.other_cpu_cores(samples, 2, start, end) == pytest.approx(0.35)
-    assert math.isnan(grouping.other_cpu_cores(samples.iloc[:0], 2, start, end))
+    assert other_cpu_cores(samples, 2, start, end) == pytest.approx(0.35)
+    assert math.isnan(other_cpu_cores(samples.iloc[:0], 2, start, end))
 
 
 def test_published_curves_are_normalised_to_their_ungrouped_value() -> None:
@@ -400,6 +403,59 @@ def test_a_study_state_of_another_version_or_settings_or_damaged_starts_afresh(
     assert load_state(path, "abc", log.append)["runs"] == state["runs"]
 
 
+def test_the_study_loop_traces_the_runs_not_done_records_them_and_loads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loop every study runs (experiments/study_state.py), with a fake tracer: each traced
+    # run is recorded at once, a second pass keeps them, a failed run stops the study.
+    from experiments import study_state
+    from tracing import runner
+
+    traced: list[str] = []
+
+    def fake_trace(request: str) -> runner.RunOutcome:
+        traced.append(request)
+        if request == "broken":
+            return runner.RunOutcome(tmp_path / "broken", "failed", "it broke")
+        run_id = f"20261121-163005-alexnet-sleep-{len(traced):04d}"
+        return runner.RunOutcome(make_run(tmp_path / "runs", run_id), "completed")
+
+    monkeypatch.setattr(runner, "trace", fake_trace)
+    path = tmp_path / "state.json"
+    order = [(0, "folder"), (0, "g4"), (1, "g4")]
+
+    def key(item: tuple[int, str]) -> str:
+        return f"{item[1]}-e{item[0]}"
+
+    settings = study_state.fingerprint({"sizes": (1, 4)})
+
+    def run_all(log: list[str]) -> None:
+        state = study_state.load_state(path, settings, log.append)
+        for step, name, item in study_state.pending_runs(order, key, state, log.append):
+            log.append(f"{step} {name}")
+            study_state.trace_run(item[1], name, state, path, 0.0, cached_before_bytes=7)
+
+    first: list[str] = []
+    run_all(first)
+    assert first == ["[1/3] folder-e0", "[2/3] g4-e0", "[3/3] g4-e1"]
+    assert traced == ["folder", "g4", "g4"]
+    state = study_state.load_state(path, settings, first.append)
+    assert state["runs"]["g4-e1"]["cached_before_bytes"] == 7
+    assert state["runs"]["g4-e1"]["status"] == "completed"
+    again: list[str] = []
+    run_all(again)
+    assert traced == ["folder", "g4", "g4"]
+    assert again == [f"[{i}/3] {key(o)}: done before, kept" for i, o in enumerate(order, 1)]
+    rows, host = study_state.load_runs(
+        order, key, state, lambda item, entry, run: {"key": key(item), "id": run.run_id}
+    )
+    assert [r["key"] for r in rows] == ["folder-e0", "g4-e0", "g4-e1"]
+    assert rows[0]["id"].endswith("-0001") and host["cpus"] == 2
+    with pytest.raises(UserError, match="it broke"):
+        study_state.trace_run("broken", "x", state, path, 0.0)
+    assert "x" not in study_state.load_state(path, settings, first.append)["runs"]
+
+
 # -- The layouts -------------------------------------------------------------------------------
 
 
@@ -424,7 +480,7 @@ def test_every_layout_holds_the_same_images(tmp_path: Path) -> None:
     assert list(layouts) == ["folder", "g1", "g4", "g8"]
     dataset = check_same_images(layouts)
     assert dataset["images"] == 32 and dataset["bytes"] == size
-    where = grouping.dataset_extents(layouts["g4"])
+    where = dataset_extents(layouts["g4"])
     if where is not None:  # a file system on a disk or partition, with FIEMAP
         assert size <= where.bytes < size + 4096 * 8
     assert {n: d["files"] for n, d in dataset["layouts"].items()} == {
@@ -484,7 +540,7 @@ def test_a_tiny_study_traces_one_open_and_read_per_file_and_the_dataset_bytes(
         # block lane skips no request (bench/block_exact.py), yet not every block is read in
         # the epoch: one run of this test found one 24 KiB file with no request at all, and
         # no probe hit skipped (its pages were likely still cached; not explained further).
-        where = grouping.dataset_extents(Path(dataset["layouts"][run["layout"]]["path"]))
+        where = dataset_extents(Path(dataset["layouts"][run["layout"]]["path"]))
         if where is not None:
             assert 0.9 * dataset["bytes"] <= run["block_dataset_bytes"] <= where.bytes
         assert 0 <= run["sequential_fraction"] <= 1

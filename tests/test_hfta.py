@@ -419,7 +419,7 @@ def test_a_tiny_study_reads_the_dataset_once_per_fused_array_and_b_times_otherwi
     images, tiny_images: Path, tiny_profiles: Path, tmp_path: Path
 ) -> None:
     from datagen.common import load_manifest
-    from experiments.grouping import dataset_extents
+    from experiments.study_state import dataset_extents
     from tracing.runner import trace
 
     files = hfta.training_files(tiny_images)
@@ -480,7 +480,7 @@ def test_a_tiny_study_reads_the_dataset_once_per_fused_array_and_b_times_otherwi
 
 
 def test_other_cpu_counts_every_container_of_the_run_as_the_runs() -> None:
-    from experiments.grouping import other_cpu_cores
+    from analysis.samples import other_cpu_cores
 
     rows = []
     for t in range(5):

@@ -5,7 +5,7 @@ functions and under ``if TYPE_CHECKING:`` count too, and so do ``importlib.impor
 calls and ``"package.module:Name"`` strings naming a module to import later) and each import of
 another project package is checked against :data:`ALLOWED`. ``cli.py`` sits on top and
 ``bench/`` and ``tests/`` may import anything, so they are not checked; no package may import
-them.
+them. Inside ``experiments/``, no study (:data:`STUDIES`) imports another.
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ ALLOWED: dict[str, frozenset[str]] = {
 
 #: Project modules outside the packages: nothing in a package may import them.
 TOP: frozenset[str] = frozenset({"cli", "bench", "tests"})
+
+#: The studies of experiments/: none may import another. What two of them share lives where
+#: each can reach it: experiments/study_state.py, analysis/ (figures of a run) or tracing/.
+STUDIES: frozenset[str] = frozenset(
+    f"experiments.{name}" for name in ("grouping", "sophon", "hfta", "stalls", "dlio", "fidelity")
+)
 
 _MODULE_STRING = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?$")
 
@@ -187,6 +193,18 @@ def test_no_cycle_between_packages() -> None:
     assert not cycles, "import cycles between packages: " + "; ".join(
         " -> ".join(c) for c in cycles
     )
+
+
+def test_no_study_imports_another() -> None:
+    assert all(_is_project_module(study) for study in STUDIES), "a study was renamed: update"
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {name}"
+        for path in package_files("experiments")
+        if _module_name(path) in STUDIES
+        for line, name in imports_of(path)
+        if any(name == s or name.startswith(f"{s}.") for s in STUDIES - {_module_name(path)})
+    ]
+    assert not bad, "a study may not import another study:\n  " + "\n  ".join(bad)
 
 
 def test_every_project_import_names_an_existing_module() -> None:

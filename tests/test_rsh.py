@@ -1,6 +1,6 @@
 """twintrace-rsh (images/dlio/rsh.py), the remote shell of DLIO's rank containers, on loopback:
 the command runs as ssh runs it, its output and exit code come back, a wrong token runs
-nothing, a client that goes away takes its command with it, and a server that hears nothing
+nothing, a client that goes away takes its command with it (the server ending well: the launcher decides), and a server that hears nothing
 gives up. The real thing (mpirun starting Open MPI's daemon through it, in containers and
 across nodes) is in tests/test_dlio.py and tests/test_cluster.py."""
 
@@ -104,8 +104,8 @@ def test_a_client_that_goes_away_takes_its_command_with_it(token: Path, tmp_path
     while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
     pid = int(pidfile.read_text())
-    sock.close()  # mpirun killed, say
-    assert server.wait(10) == 128 + 9  # its command was killed (SIGKILL)
+    sock.close()  # mpirun done (or killed): it closes its remote shells
+    assert server.wait(10) == 0  # the launcher's exit code is the job's (module doc)
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
 
 

@@ -14,8 +14,10 @@ first process, on the run's private network.
   (255 when the server cannot be reached or the connection ends first, as ssh does).
 - ``twintrace-rsh --serve``: accepts connections until one presents the token, runs its
   command (stdin: /dev/null), sends its output and exit code, and exits with that code: the
-  container ends as its MPI daemon does. A client that goes away kills the command. No
-  connection with the token within ``--wait`` seconds: exit 1.
+  container ends as its MPI daemon does. A client that goes away kills the command, and the
+  server exits 0: the launcher ended the session (mpirun closes its remote shells when the job
+  is over, the daemons' own exit still under way), so the job's outcome is the launcher's exit
+  code, in rank 0's container. No connection with the token within ``--wait`` seconds: exit 1.
 
 The token is a random secret of the run, in a file the coordinator gives every rank's container
 (``--token-file``, read-only); the network is the run's own (internal: no route out), so a
@@ -131,6 +133,8 @@ def _serve_one(conn: socket.socket, token: str) -> int | None:
         for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):  # type: ignore[attr-defined]
             send(kind, chunk)
 
+    abandoned = threading.Event()
+
     def watch() -> None:  # the client went away: so does the command
         try:
             while conn.recv(1):
@@ -138,6 +142,7 @@ def _serve_one(conn: socket.socket, token: str) -> int | None:
         except OSError:
             pass
         if proc.poll() is None:
+            abandoned.set()
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -158,6 +163,12 @@ def _serve_one(conn: socket.socket, token: str) -> int | None:
         conn.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+    if abandoned.is_set():
+        print(
+            "twintrace-rsh: the launcher closed the session: its command was stopped",
+            file=sys.stderr,
+        )
+        return 0
     return code
 
 
