@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from analysis.extents import file_extents  # noqa: E402
 from bench.spread import median_spread, warm_rounds  # noqa: E402
-from tracing.extents import file_extents  # noqa: E402
 from tracing.request import image_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
 from workloads.config import BASE_TAG  # noqa: E402

@@ -109,6 +109,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.extents import DiskExtents
 from analysis.hfta import PUBLISHED, hfta_figure, mode_rows, table_lines
 from analysis.samples import other_cpu_cores, sampled_total
 from analysis.tables import is_value as _is
@@ -117,7 +118,6 @@ from core.errors import UserError
 from core.rundir import READ_KINDS, Run, git_revision
 from experiments import study_state
 from experiments.study_state import Log, distinct_whole_numbers, whole_number
-from tracing.extents import DiskExtents
 
 #: Version of the layout of ``hfta.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.

@@ -8,7 +8,7 @@ A study (grouping, sophon, hfta) records each finished run in ``OUT/NAME/<kind>-
 (:data:`STATE`) with the fingerprint of its settings; run again with the same settings, it
 skips the runs whose run directories still say they finished, and starts over when the
 settings changed. One study never imports another: what two of them use is here, in
-:mod:`analysis.samples` (figures of a run's samples) or :mod:`tracing.extents` (where files
+:mod:`analysis.samples` (figures of a run's samples) or :mod:`analysis.extents` (where files
 lie on the disk).
 
 A study's run loop::
@@ -32,12 +32,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from analysis.extents import DiskExtents, disk_extents
 from core import versioned
 from core.atomic import atomic_write_json
 from core.errors import UserError
 from core.rundir import FINISHED, Run, load_manifest, load_run
 from core.versioned import Layout
-from tracing.extents import DiskExtents, disk_extents
 
 Log = Callable[[str], None]
 T = TypeVar("T")
@@ -281,7 +281,7 @@ def dataset_files(path: Path) -> list[tuple[str, int]]:
 
 def dataset_extents(path: Path) -> DiskExtents | None:
     """Where the dataset's image or group files (:func:`dataset_files`) lie on the disk
-    (:func:`tracing.extents.disk_extents`), or None where that cannot be known."""
+    (:func:`analysis.extents.disk_extents`), or None where that cannot be known."""
 
     def files() -> Iterator[Path]:
         # Read once the disk is known, as disk_extents iterates: not on tmpfs, say.

@@ -14,6 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import grouping as grouping_analysis
+from analysis.extents import DiskExtents, file_extents
+from analysis.grouping import epoch_evidence, layout_rows, sequential_requests
 from analysis.samples import other_cpu_cores
 from core.errors import UserError
 from experiments import grouping
@@ -21,15 +24,11 @@ from experiments.grouping import (
     FOLDER,
     GroupingSpec,
     check_same_images,
-    epoch_evidence,
-    layout_rows,
     parse_spec,
-    sequential_requests,
 )
 from experiments.studies import Study, load_study
 from experiments.study_state import dataset_extents
 from tests.synthetic import START_NS, events_frame, make_run, phases_frame, samples_frame
-from tracing.extents import DiskExtents, file_extents
 
 SEC = 1_000_000_000
 
@@ -236,9 +235,9 @@ def test_epoch_evidence_needs_the_loop_events() -> None:
 
 
 def _run_row(layout: str, stall: float, **more: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {field: 1.0 for field in grouping.MEAN_FIELDS}
+    row: dict[str, Any] = {field: 1.0 for field in grouping_analysis.MEAN_FIELDS}
     row["other_cpu_cores"] = 0.0
-    row.update(dict.fromkeys(grouping.OPTIONAL_MEAN_FIELDS))
+    row.update(dict.fromkeys(grouping_analysis.OPTIONAL_MEAN_FIELDS))
     row.update(layout=layout, data_stall_s=stall, reads=10, read_bytes=1000, block_reads=5)
     row.update(block_read_bytes=500, sequential_reads=2)
     row.update(more)
@@ -336,11 +335,11 @@ def _result() -> dict[str, Any]:
 
 def test_the_table_and_figure_show_every_layout_and_both_published_curves(tmp_path: Path) -> None:
     result = _result()
-    lines = grouping.table_lines(result)
+    lines = grouping_analysis.table_lines(result)
     assert len(lines) == 8 and lines[1].split()[:4] == ["folder", "64", "10.00", "1.00"]
     assert max(map(len, lines)) < 80
     assert lines[2].split()[3:6] == ["0.60", "0.62", "0.65"]  # ours, gpufs, GPEmu at G=2
-    fig = grouping.grouping_figure(result)
+    fig = grouping_analysis.grouping_figure(result)
     names = {t.name for t in fig.data}
     assert {"ours (normalised to folder)", "gpufs (published)", "GPEmu (plot data)"} <= names
     gpemu = next(t for t in fig.data if t.name == "GPEmu (plot data)")
