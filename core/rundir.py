@@ -21,7 +21,6 @@ import functools
 import secrets
 import subprocess
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +47,6 @@ SCHEMA_VERSION = 4
 RUN_FORMAT = versioned.Layout(
     "run format file", SCHEMA_VERSION, {3: lambda body: {**body, "tables_version": 3}}
 )
-#: The versions this code reads.
-READABLE_VERSIONS: tuple[int, ...] = RUN_FORMAT.readable()
 
 #: Event kinds by what they do (``kind`` column of events).
 READ_KINDS: tuple[str, ...] = ("read", "pread64", "readv")
@@ -259,7 +256,7 @@ def load_json(path: Path, what: str) -> dict[str, Any]:
     path = Path(path)
     missing = f"is {path.parent} a twintrace run directory? (`./cli.py runs` lists runs)"
     data = versioned.read_json(path, what, missing)
-    return versioned.upgrade(replace(RUN_FORMAT, what=what), data, str(path))
+    return versioned.upgrade(dataclasses.replace(RUN_FORMAT, what=what), data, str(path))
 
 
 # ---------------------------------------------------------------------------------------------
