@@ -1,4 +1,4 @@
-"""Analysis of run directories (:mod:`core.rundir`): plots, similarity, breakdowns, exports.
+"""Analysis of run directories (:mod:`store.rundir`): plots, similarity, breakdowns, exports.
 
 Everything here is a pure function over DataFrames read from a run directory
 (``docs/run-format.md``); the CLI only resolves arguments and writes the results. Importing this
@@ -8,7 +8,7 @@ package does not import plotly, so commands that only list or summarise runs sta
 container and phase) are shared by the others.
 """
 
-from core.rundir import (
+from store.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,

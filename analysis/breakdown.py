@@ -59,7 +59,7 @@ from plotly.subplots import make_subplots
 from analysis.figures import write_figure
 from analysis.tables import kind_mask
 from core.errors import UserError
-from core.rundir import READ_KINDS, Run
+from store.rundir import READ_KINDS, Run
 
 LOADER_KEYS: tuple[str, ...] = ("sample_load", "batch_load")
 

@@ -30,7 +30,7 @@ from plotly.subplots import make_subplots
 
 from analysis.similarity import ASPECTS, AspectScore, Comparison
 from core.atomic import atomic_write_text
-from core.rundir import Run
+from store.rundir import Run
 
 #: Lanes in a report: one per aspect, skipped aspects included (they say why).
 REPORT_LANES = len(ASPECTS)

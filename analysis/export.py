@@ -88,7 +88,7 @@ from analysis.tables import (
 from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_path
 from core.errors import UserError
-from core.rundir import TABLES, Run
+from store.rundir import TABLES, Run
 
 # Pseudo-process ids: above any Linux pid (pid_max is at most 2**22) and below 2**31, which
 # some trace readers require. A run of several containers has an application and a samples
@@ -228,6 +228,19 @@ class _Groups:
         """Slot 0: application, 1: samples, 2: the container's processes."""
         return 3 * group - 3 + slot
 
+    def processes(
+        self, group: np.ndarray, base_pid: int, base: str, slot: int
+    ) -> list[dict[str, Any]]:
+        """The names and sort indexes of the pseudo-processes ``base`` (pid ``base_pid`` in
+        the first group, sort slot ``slot``) of the groups in ``group``."""
+        return [
+            meta
+            for g in np.unique(group).tolist()
+            for meta in _process_meta(
+                base_pid + CONTAINER_PID_STRIDE * g, self.label(base, g), self.sort_index(g, slot)
+            )
+        ]
+
 
 def _column(events: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
     return events[name].to_numpy()[rows]
@@ -249,6 +262,14 @@ def _times(tid: np.ndarray, ts: np.ndarray, dur: np.ndarray | None = None) -> li
     """An event's thread, start and (for complete events) duration, ns since the origin."""
     fields = [const(',"tid":'), ints(tid), const(',"ts":'), *micros(ts)]
     return fields if dur is None else [*fields, const(',"dur":'), *micros(dur)]
+
+
+def _args(*values: tuple[str, Field]) -> list[Field]:
+    """An event's ``"args"`` (``(name, value)`` in order) and the event's closing braces."""
+    fields: list[Field] = []
+    for i, (name, value) in enumerate(values):
+        fields += [const(f',"{name}":' if i else f',"args":{{"{name}":'), value]
+    return [*fields, const("}}")]
 
 
 def _after_previous(
@@ -303,22 +324,11 @@ def _syscall_group(
     path = path[rows]
 
     def fields(at: np.ndarray) -> list[Field]:
-        more = [f for c in extra for f in (const(f',"{c}":'), ints(cols[c][at]))]
+        numbers = [(c, ints(cols[c][at])) for c in ("bytes", "fd", "offset", "ret", *extra)]
         return [
             *_head('"ph":"X","cat":"syscall"', kinds.field(kind[at]), cols["pid"][at]),
             *_times(cols["tid"][at], start[at], duration[at]),
-            const(',"args":{"path":'),
-            paths.field(path[at]),
-            const(',"bytes":'),
-            ints(cols["bytes"][at]),
-            const(',"fd":'),
-            ints(cols["fd"][at]),
-            const(',"offset":'),
-            ints(cols["offset"][at]),
-            const(',"ret":'),
-            ints(cols["ret"][at]),
-            *more,
-            const("}}"),
+            *_args(("path", paths.field(path[at])), *numbers),
         ]
 
     name = "aggregated syscall" if extra else "syscall"
@@ -340,11 +350,7 @@ def _process_group(events: pd.DataFrame, origin: int) -> _Group | None:
         return [
             *_head('"ph":"i","s":"t","cat":"process"', kinds.field(kind[at]), cols["pid"][at]),
             *_times(cols["tid"][at], ts[at]),
-            const(',"args":{"path":'),
-            paths.field(path[at]),
-            const(',"ret":'),
-            ints(cols["ret"][at]),
-            const("}}"),
+            *_args(("path", paths.field(path[at])), ("ret", ints(cols["ret"][at]))),
         ]
 
     return _Group("process", len(rows), fields, row_bytes(fields(np.arange(1))) + paths.width)
@@ -381,15 +387,12 @@ def _block_group(events: pd.DataFrame, origin: int) -> tuple[_Group | None, list
         return [
             *_head('"ph":"X","cat":"block"', kinds.field(kind[at]), pid[at]),
             *_times(lane[at] + 1, start[at], duration[at]),
-            const(',"args":{"bytes":'),
-            ints(cols["bytes"][at]),
-            const(',"offset":'),
-            ints(cols["offset"][at]),
-            const(',"in_container":'),
-            flag.field(inside[at]),
-            const(',"issuer":'),
-            ints(cols["pid"][at]),
-            const("}}"),
+            *_args(
+                ("bytes", ints(cols["bytes"][at])),
+                ("offset", ints(cols["offset"][at])),
+                ("in_container", flag.field(inside[at])),
+                ("issuer", ints(cols["pid"][at])),
+            ),
         ]
 
     return _Group("block", len(rows), fields, row_bytes(fields(np.arange(1)))), meta
@@ -453,27 +456,16 @@ def _phase_groups(
             return [
                 *_head(f'{what},"cat":"application"', keys.field(key[r]), pid[r]),
                 *_times(thread[r], start[r], None if point else duration[r]),
-                const(',"args":{"epoch":'),
-                ints(epoch[r]),
-                const(',"step":'),
-                ints(step[r]),
-                const(',"value":'),
-                values.field(value[r]),
-                const("}}"),
+                *_args(
+                    ("epoch", ints(epoch[r])),
+                    ("step", ints(step[r])),
+                    ("value", values.field(value[r])),
+                ),
             ]
 
         width = row_bytes(fields(np.arange(1))) + keys.width + values.width
         groups.append(_Group("application", len(rows), fields, width))
-    processes = [
-        meta
-        for g in np.unique(group).tolist()
-        for meta in _process_meta(
-            APP_PID + CONTAINER_PID_STRIDE * g,
-            groups_of.label("application", g),
-            groups_of.sort_index(g, 0),
-        )
-    ]
-    return groups, processes + meta
+    return groups, groups_of.processes(group, APP_PID, "application", 0) + meta
 
 
 def _counter_group(
@@ -495,20 +487,10 @@ def _counter_group(
         return [
             *_head('"ph":"C","cat":"samples"', names.field(name[at]), pid[at]),
             *_times(np.zeros(len(at), dtype=np.int64), ts[at]),
-            const(',"args":{"value":'),
-            floats(value[at]),
-            const("}}"),
+            *_args(("value", floats(value[at]))),
         ]
 
-    processes = [
-        meta
-        for g in np.unique(group).tolist()
-        for meta in _process_meta(
-            SAMPLES_PID + CONTAINER_PID_STRIDE * g,
-            groups_of.label("samples", g),
-            groups_of.sort_index(g, 1),
-        )
-    ]
+    processes = groups_of.processes(group, SAMPLES_PID, "samples", 1)
     return _Group("counter", len(rows), fields, row_bytes(fields(np.arange(1))) + 32), processes
 
 

@@ -17,8 +17,9 @@ from plotly.subplots import make_subplots
 from analysis.extents import DiskExtents
 from analysis.samples import other_cpu_cores
 from analysis.stalls import union_s
+from analysis.studyrows import add_line, fmt, series
 from core.errors import UserError
-from core.rundir import READ_KINDS, Run
+from store.rundir import READ_KINDS, Run
 
 _NS = 1e-9
 
@@ -257,14 +258,6 @@ def _category(group_size: int) -> str:
     return "folder" if group_size == 0 else str(group_size)
 
 
-def _fmt(value: float, digits: int = 2) -> str:
-    return (
-        "-"
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else f"{value:.{digits}f}"
-    )
-
-
 def _mb(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e6:.1f}"
 
@@ -288,11 +281,11 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
         g = row["group_size"]
         lines.append(
             f"{row['layout']:>6} {result['dataset']['layouts'][row['layout']]['files']:>5} "
-            f"{row['data_stall_s']:>8.2f} {_fmt(row['normalised_stall']):>5} "
-            f"{_fmt(published['gpufs'].get(g, math.nan)):>5} "
-            f"{_fmt(published['gpemu'].get(g, math.nan)):>5} "
+            f"{row['data_stall_s']:>8.2f} {fmt(row['normalised_stall']):>5} "
+            f"{fmt(published['gpufs'].get(g, math.nan)):>5} "
+            f"{fmt(published['gpemu'].get(g, math.nan)):>5} "
             f"{row['compute_s']:>9.2f} {row['epoch_s']:>8.2f} {row['io_s']:>6.2f} "
-            f"{_fmt(row['normalised_io']):>7}"
+            f"{fmt(row['normalised_io']):>7}"
         )
     lines.append(
         f"{'layout':>6} {'opens':>5} {'reads':>5} {'read kB':>8} {'blk reqs':>8} {'blk kB':>7} "
@@ -301,18 +294,13 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
     for row in rows:
         lines.append(
             f"{row['layout']:>6} {row['opens']:>5.0f} {row['reads']:>5.0f} "
-            f"{_fmt(row['mean_read_bytes'] / 1e3, 1):>8} {row['block_reads']:>8.0f} "
-            f"{_fmt(row['mean_block_read_bytes'] / 1e3, 1):>7} "
+            f"{fmt(row['mean_read_bytes'] / 1e3, 1):>8} {row['block_reads']:>8.0f} "
+            f"{fmt(row['mean_block_read_bytes'] / 1e3, 1):>7} "
             f"{_mb(row['block_dataset_bytes']):>7} {_mb(row['block_other_bytes']):>7} "
-            f"{_fmt(row['sequential_fraction']):>5} "
-            f"{_fmt(row['mean_sequential_run_bytes'] / 1e3, 1):>7}"
+            f"{fmt(row['sequential_fraction']):>5} "
+            f"{fmt(row['mean_sequential_run_bytes'] / 1e3, 1):>7}"
         )
     return lines
-
-
-def _values(rows: Sequence[Mapping[str, Any]], field: str, scale: float = 1.0) -> list[Any]:
-    """A field of every row, scaled; None stays None (a gap in the plot)."""
-    return [None if r.get(field) is None else r[field] / scale for r in rows]
 
 
 def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
@@ -334,111 +322,68 @@ def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
         vertical_spacing=0.14,
     )
     base = next((r["data_stall_s"] for r in rows if r["group_size"] == 0), math.nan)
-    fig.add_trace(
-        go.Scatter(
-            x=cats,
-            y=_values(rows, "normalised_stall"),
-            mode="lines+markers",
-            name="ours (normalised to folder)",
-            error_y={
-                "type": "data",
-                "symmetric": False,
-                "array": [(r["data_stall_max_s"] - r["data_stall_s"]) / base for r in rows],
-                "arrayminus": [(r["data_stall_s"] - r["data_stall_min_s"]) / base for r in rows],
-            },
-        ),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=cats,
-            y=_values(rows, "normalised_io"),
-            mode="lines+markers",
-            line={"dash": "dashdot"},
-            name="ours: time in dataset opens + reads (normalised)",
-        ),
-        row=1,
-        col=1,
-    )
+    error = {
+        "type": "data",
+        "symmetric": False,
+        "array": [(r["data_stall_max_s"] - r["data_stall_s"]) / base for r in rows],
+        "arrayminus": [(r["data_stall_s"] - r["data_stall_min_s"]) / base for r in rows],
+    }
+    add_line(
+        fig, (1, 1), cats, series(rows, "normalised_stall"), "ours (normalised to folder)",
+        error_y=error,
+    )  # fmt: skip
+    add_line(
+        fig, (1, 1), cats, series(rows, "normalised_io"),
+        "ours: time in dataset opens + reads (normalised)", line={"dash": "dashdot"},
+    )  # fmt: skip
     shown = set(cats)
     for key, dash in (("gpufs", "dash"), ("gpemu", "dot")):
         curve = result["published"][key]
         points = [p for p in curve["points"] if _category(p["group_size"]) in shown]
-        fig.add_trace(
-            go.Scatter(
-                x=[_category(p["group_size"]) for p in points],
-                y=[p["normalised_stall"] for p in points],
-                mode="lines+markers",
-                line={"dash": dash},
-                name=curve["label"],
-            ),
-            row=1,
-            col=1,
-        )
+        x = [_category(p["group_size"]) for p in points]
+        y = [p["normalised_stall"] for p in points]
+        add_line(fig, (1, 1), x, y, curve["label"], line={"dash": dash})
     for field, label in (
         ("data_stall_s", "data stall"),
         ("compute_s", "compute"),
         ("epoch_s", "epoch"),
         ("io_s", "in dataset opens + reads (all workers)"),
     ):
-        fig.add_trace(go.Bar(x=cats, y=_values(rows, field), name=f"{label} (s)"), row=1, col=2)
+        fig.add_trace(go.Bar(x=cats, y=series(rows, field), name=f"{label} (s)"), row=1, col=2)
     for field, label in (
         ("opens", "opens"),
         ("reads", "read calls"),
         ("block_reads", "block read requests"),
     ):
-        fig.add_trace(
-            go.Scatter(x=cats, y=_values(rows, field), mode="lines+markers", name=label),
-            row=1,
-            col=3,
-        )
+        add_line(fig, (1, 3), cats, series(rows, field), label)
     for field, label in (
         ("mean_read_bytes", "read call"),
         ("mean_block_read_bytes", "block request"),
         ("mean_sequential_run_bytes", "sequential run of requests"),
     ):
-        fig.add_trace(
-            go.Scatter(
-                x=cats, y=_values(rows, field, 1e3), mode="lines+markers", name=f"mean {label} (kB)"
-            ),
-            row=2,
-            col=1,
-        )
+        add_line(fig, (2, 1), cats, series(rows, field, 1e3), f"mean {label} (kB)")
     fig.add_trace(
-        go.Bar(x=cats, y=_values(rows, "read_bytes", 1e6), name="read calls (MB)", offsetgroup=0),
+        go.Bar(x=cats, y=series(rows, "read_bytes", 1e6), name="read calls (MB)", offsetgroup=0),
         row=2,
         col=2,
     )
+    # From the disk: the dataset's files with the rest stacked on them, where a run tells them
+    # apart (field, name, the field stacked on).
     if all(r.get("block_dataset_bytes") is not None for r in rows):
-        fig.add_trace(
-            go.Bar(
-                x=cats,
-                y=_values(rows, "block_dataset_bytes", 1e6),
-                name="from disk: the dataset's files (MB)",
-                offsetgroup=1,
-            ),
-            row=2,
-            col=2,
-        )
-        fig.add_trace(
-            go.Bar(
-                x=cats,
-                y=_values(rows, "block_other_bytes", 1e6),
-                name="from disk: metadata, libraries (MB)",
-                offsetgroup=1,
-                base=_values(rows, "block_dataset_bytes", 1e6),
-            ),
-            row=2,
-            col=2,
-        )
+        disk = [
+            ("block_dataset_bytes", "from disk: the dataset's files (MB)", None),
+            ("block_other_bytes", "from disk: metadata, libraries (MB)", "block_dataset_bytes"),
+        ]
     else:
+        disk = [("block_read_bytes", "from disk (MB)", None)]
+    for field, name, below in disk:
         fig.add_trace(
             go.Bar(
                 x=cats,
-                y=_values(rows, "block_read_bytes", 1e6),
-                name="from disk (MB)",
+                y=series(rows, field, 1e6),
+                name=name,
                 offsetgroup=1,
+                base=None if below is None else series(rows, below, 1e6),
             ),
             row=2,
             col=2,
@@ -447,13 +392,7 @@ def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
         ("sequential_fraction", "all the container's requests"),
         ("dataset_sequential_fraction", "the dataset's requests"),
     ):
-        fig.add_trace(
-            go.Scatter(
-                x=cats, y=_values(rows, field), mode="lines+markers", name=f"sequential: {label}"
-            ),
-            row=2,
-            col=3,
-        )
+        add_line(fig, (2, 3), cats, series(rows, field), f"sequential: {label}")
     fig.update_yaxes(type="log", row=1, col=3)
     fig.update_yaxes(type="log", row=2, col=1)
     fig.update_yaxes(range=[0, 1.05], row=2, col=3)

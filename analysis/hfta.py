@@ -33,6 +33,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from analysis.studyrows import add_line, fmt, series
+
 MODES = ("serial", "concurrent", "fused")
 #: Run totals reported per model trained (divided by the models a mode trains).
 PER_MODEL = (
@@ -124,15 +126,6 @@ def mode_rows(
     return rows
 
 
-def _missing(value: Any) -> bool:
-    """None (NaN in a results file) or NaN."""
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _fmt(value: Any, digits: int = 2, scale: float = 1.0) -> str:
-    return "-" if _missing(value) else f"{value / scale:.{digits}f}"
-
-
 def table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Two fixed-width tables (under 80 columns): throughput and speedup per mode and B, then
     what each model trained cost (MB read through the calls, from storage and from the page
@@ -143,9 +136,9 @@ def table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
     for r in rows:
         lines.append(
-            f"{r['array_size']:>3} {r['mode']:<10} {_fmt(r['throughput'], 1):>10} "
-            f"{_fmt(r['speedup']):>7} {_fmt(r['wall_s'], 1):>7} {r['containers']:>4} "
-            f"{_fmt(r['accelerator_wait_s'], 1):>10}"
+            f"{r['array_size']:>3} {r['mode']:<10} {fmt(r['throughput'], 1):>10} "
+            f"{fmt(r['speedup']):>7} {fmt(r['wall_s'], 1):>7} {r['containers']:>4} "
+            f"{fmt(r['accelerator_wait_s'], 1):>10}"
         )
     lines.append(
         f"{'B':>3} {'mode':<10} {'opens':>6} {'read MB':>8} {'disk MB':>8} {'cache MB':>8} "
@@ -153,18 +146,13 @@ def table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     )
     for r in rows:
         lines.append(
-            f"{r['array_size']:>3} {r['mode']:<10} {_fmt(r['opens_per_model'], 0):>6} "
-            f"{_fmt(r['read_bytes_per_model'], 1, 1e6):>8} "
-            f"{_fmt(r['storage_bytes_per_model'], 1, 1e6):>8} "
-            f"{_fmt(r['cache_hit_bytes_per_model'], 1, 1e6):>8} "
-            f"{_fmt(r['cpu_s_per_model'], 1):>7} {_fmt(r['loader_cpu_s_per_model'], 1):>8}"
+            f"{r['array_size']:>3} {r['mode']:<10} {fmt(r['opens_per_model'], 0):>6} "
+            f"{fmt(r['read_bytes_per_model'], 1, 1e6):>8} "
+            f"{fmt(r['storage_bytes_per_model'], 1, 1e6):>8} "
+            f"{fmt(r['cache_hit_bytes_per_model'], 1, 1e6):>8} "
+            f"{fmt(r['cpu_s_per_model'], 1):>7} {fmt(r['loader_cpu_s_per_model'], 1):>8}"
         )
     return lines
-
-
-def _series(rows: Sequence[Mapping[str, Any]], field: str, scale: float = 1.0) -> list[Any]:
-    """A field of every row, scaled; NaN as None (a gap in the plot)."""
-    return [None if _missing(r[field]) else r[field] / scale for r in rows]
 
 
 _COLOURS = {"serial": "#d62728", "concurrent": "#2ca02c", "fused": "#9467bd"}
@@ -192,29 +180,11 @@ def hfta_figure(result: Mapping[str, Any]) -> go.Figure:
         x = [r["array_size"] for r in mine]
         colour = _COLOURS[mode]
 
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=_series(mine, "speedup"),
-                mode="lines+markers",
-                name=mode,
-                line={"color": colour},
-            ),
-            row=1,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=_series(mine, "throughput"),
-                mode="lines+markers",
-                name=f"{mode} samples/s",
-                line={"color": colour},
-                showlegend=False,
-            ),
-            row=2,
-            col=1,
-        )
+        add_line(fig, (1, 1), x, series(mine, "speedup"), mode, line={"color": colour})
+        add_line(
+            fig, (2, 1), x, series(mine, "throughput"), f"{mode} samples/s",
+            line={"color": colour}, showlegend=False,
+        )  # fmt: skip
         lanes = (
             (1, 1e6, (("read_bytes_per_model", "solid"), ("storage_bytes_per_model", "dash"),
                       ("cache_hit_bytes_per_model", "dot"))),
@@ -222,18 +192,10 @@ def hfta_figure(result: Mapping[str, Any]) -> go.Figure:
         )  # fmt: skip
         for row, scale, fields in lanes:
             for field, dash in fields:
-                fig.add_trace(
-                    go.Scatter(
-                        x=x,
-                        y=_series(mine, field, scale),
-                        mode="lines+markers",
-                        name=f"{mode}: {field}",
-                        line={"color": colour, "dash": dash},
-                        showlegend=False,
-                    ),
-                    row=row,
-                    col=2,
-                )
+                add_line(
+                    fig, (row, 2), x, series(mine, field, scale), f"{mode}: {field}",
+                    line={"color": colour, "dash": dash}, showlegend=False,
+                )  # fmt: skip
     sizes = sorted({r["array_size"] for r in rows})
     for row in (1, 2):
         for col in (1, 2):

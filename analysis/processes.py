@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.tables import BLOCK_KINDS
-from core.rundir import READ_KINDS, WRITE_KINDS
+from store.rundir import READ_KINDS, WRITE_KINDS
 
 PROCESS_GROUPS: tuple[str, ...] = ("main", "loader worker", "other")
 

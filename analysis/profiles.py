@@ -22,7 +22,7 @@ import numpy as np
 
 from analysis.profile_fit import PointSamples, fit_points
 from core.errors import UserError
-from core.rundir import Run
+from store.rundir import Run
 from workloads.hostrecord import HostRecord, this_host, torch_version
 from workloads.profile import SleepProfile, Split
 

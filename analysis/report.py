@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.tables import container_codes, is_value
-from core import rundir
 from core.errors import UserError
 from core.units import format_size
+from store import rundir
 
 #: The groups of event kinds of a summary, in the order summary.json has them.
 SUMMARY_GROUPS: tuple[str, ...] = ("syscalls", "block", "page_cache")

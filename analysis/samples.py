@@ -3,7 +3,7 @@ total of a sampled rate (:func:`sampled_total`: bytes on the network, CPU second
 container) and the CPU something outside the run used (:func:`other_cpu_cores`: whether another
 job shared the host).
 
-The samples table is that of ``core.rundir`` (``docs/run-format.md``): ``ts_ns``, ``metric``,
+The samples table is that of ``store.rundir`` (``docs/run-format.md``): ``ts_ns``, ``metric``,
 ``value``, ``container`` (null for host-wide metrics such as ``host_cpu_idle``).
 """
 

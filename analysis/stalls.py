@@ -47,8 +47,8 @@ from plotly.subplots import make_subplots
 from analysis.breakdown import dataset_reads
 from analysis.tables import interval_rows, is_value, kind_mask
 from core.errors import UserError
-from core.rundir import Run
 from core.versioned import Layout
+from store.rundir import Run
 
 #: Version of the layout of a stalls result (``stalls.json``) and of a stalls study's summary
 #: (``study.json``); bump on any change, with a migration from the old one in :data:`STALLS`

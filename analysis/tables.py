@@ -1,6 +1,6 @@
 """Selecting rows of a run's tables: event kinds, containers, phase intervals and steps.
 
-The event kinds and the tables' columns are those of ``core.rundir`` (``docs/run-format.md``).
+The event kinds and the tables' columns are those of ``store.rundir`` (``docs/run-format.md``).
 Schema version 2 tags every row with ``container``, the role of the run's container it came
 from (``main`` for an ordinary run; ``rank0``, ``rank1``... for a run of several containers),
 null for host-wide rows (host CPU samples, block requests no container issued). The helpers
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from core.rundir import FD_KINDS, Run
+from store.rundir import FD_KINDS, Run
 
 BLOCK_KINDS: tuple[str, ...] = ("block_read", "block_write", "block_other")
 PROCESS_KINDS: tuple[str, ...] = ("fork", "exec", "exit")

@@ -63,7 +63,7 @@ from analysis.tables import (
 )
 from core.atomic import atomic_write_text
 from core.errors import UserError
-from core.rundir import READ_KINDS, WRITE_KINDS, Run
+from store.rundir import READ_KINDS, WRITE_KINDS, Run
 
 #: Lane names, top to bottom, for each run.
 LANES: tuple[str, ...] = (
@@ -92,17 +92,12 @@ GIB = float(2**30)
 # Reads blue and writes red, as in the published plots.
 READ_COLOR = "#1f77b4"
 WRITE_COLOR = "#d62728"
-PHASE_COLORS: Mapping[str, str] = {
-    "init": "#7f7f7f",
-    "epoch": "#2ca02c",
-    "eval": "#9467bd",
-    "checkpoint": "#ff7f0e",
-}
-PHASE_LABELS: Mapping[str, str] = {
-    "init": "init",
-    "epoch": "training",
-    "eval": "eval",
-    "checkpoint": "checkpoint",
+#: The phases drawn, in order: key -> (label, colour).
+PHASES: Mapping[str, tuple[str, str]] = {
+    "init": ("init", "#7f7f7f"),
+    "epoch": ("training", "#2ca02c"),
+    "eval": ("eval", "#9467bd"),
+    "checkpoint": ("checkpoint", "#ff7f0e"),
 }
 STEP_COLORS = ("#98df8a", "#5fae57")
 BUSY_COLOR = "#17becf"
@@ -267,7 +262,7 @@ def _phase_lane(phases: pd.DataFrame, clock: _Clock) -> _Lane:
     lane = _Lane("phases", 120)
     categories: list[str] = []
     hover = "%{customdata[0]:.3f} – %{customdata[1]:.3f} s<extra>%{fullData.name}</extra>"
-    for key, label in PHASE_LABELS.items():
+    for key, (label, colour) in PHASES.items():
         rows = interval_rows(phases, key)
         if len(rows) == 0:
             continue
@@ -275,7 +270,7 @@ def _phase_lane(phases: pd.DataFrame, clock: _Clock) -> _Lane:
         start = clock.seconds(rows["ts_ns"])
         end = clock.seconds(rows["end_ns"])
         data = np.column_stack([start, end])
-        lane.add(_bars(label, start, end, PHASE_COLORS[key], data, hover))
+        lane.add(_bars(label, start, end, colour, data, hover))
     steps = step_intervals(phases)
     if len(steps) > MAX_STEPS:
         lane.note = f"{len(steps):,} steps not drawn (more than {MAX_STEPS:,})"
@@ -556,43 +551,50 @@ def _cpu_lane(samples: pd.DataFrame, clock: _Clock) -> _Lane:
     return lane
 
 
-def _memory_lane(samples: pd.DataFrame, clock: _Clock) -> _Lane:
-    lane = _Lane("memory", 130)
-    traces = _sample_traces(
-        samples,
-        clock,
-        {
-            "container_mem_rss": "rss (anon)",
-            "container_mem_cache": "page cache (file)",
-            "container_mem_shm": "shared memory (shm)",
-        },
-        scale=1 / GIB,
-    )
+def _samples_lane(
+    name: str,
+    samples: pd.DataFrame,
+    clock: _Clock,
+    metrics: Mapping[str, str],
+    unit: tuple[str, float],
+    empty_text: str,
+    colors: Mapping[str, str] | None = None,
+) -> _Lane:
+    """A lane of a line per sampled metric (``metrics``: metric -> label), in ``unit`` (its
+    name, and how many of the samples' units make one), coloured by ``colors`` where it names
+    the metric."""
+    lane = _Lane(name, 130)
+    traces = _sample_traces(samples, clock, metrics, scale=1 / unit[1])
     if not traces:
-        lane.empty_text = "no memory samples"
+        lane.empty_text = empty_text
         return lane
-    for trace in traces.values():
+    for metric, trace in traces.items():
+        if colors and metric in colors:
+            trace.line.color = colors[metric]
         lane.add(trace)
-    lane.yaxis = {"title": {"text": "GiB"}, "rangemode": "tozero"}
+    lane.yaxis = {"title": {"text": unit[0]}, "rangemode": "tozero"}
     return lane
+
+
+def _memory_lane(samples: pd.DataFrame, clock: _Clock) -> _Lane:
+    metrics = {
+        "container_mem_rss": "rss (anon)",
+        "container_mem_cache": "page cache (file)",
+        "container_mem_shm": "shared memory (shm)",
+    }
+    return _samples_lane("memory", samples, clock, metrics, ("GiB", GIB), "no memory samples")
 
 
 def _network_lane(samples: pd.DataFrame, clock: _Clock) -> _Lane:
-    lane = _Lane("network", 130)
-    traces = _sample_traces(
+    return _samples_lane(
+        "network",
         samples,
         clock,
         {"container_net_rx": "received", "container_net_tx": "sent"},
-        scale=1 / MIB,
+        ("MiB/s", MIB),
+        "no network samples (a run of one container has no network)",
+        {"container_net_rx": READ_COLOR, "container_net_tx": WRITE_COLOR},
     )
-    if not traces:
-        lane.empty_text = "no network samples (a run of one container has no network)"
-        return lane
-    for metric, trace in traces.items():
-        trace.line.color = READ_COLOR if metric == "container_net_rx" else WRITE_COLOR
-        lane.add(trace)
-    lane.yaxis = {"title": {"text": "MiB/s"}, "rangemode": "tozero"}
-    return lane
 
 
 @dataclasses.dataclass(frozen=True)

@@ -121,8 +121,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--where", type=Path, default=Path("/var/tmp"), help="a folder on a disk")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="twintrace-block-", dir=args.where))
-    try:
+    with tempfile.TemporaryDirectory(
+        prefix="twintrace-block-", dir=args.where, ignore_cleanup_errors=True
+    ) as tmp:
+        work = Path(tmp)
         folder = work / "data"
         make_files(folder, args.files, args.size)
         dev, disk, base = device_of(folder)
@@ -140,8 +142,6 @@ def main() -> None:
             f"median of {args.rounds}: files not seen {median_spread([r[0] for r in rows], '.0f')}"
             f"; skipped hits {median_spread([r[1] for r in rows], '.0f')}"
         )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

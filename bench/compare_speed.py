@@ -36,7 +36,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from analysis.similarity import compare_runs, comparison_table  # noqa: E402
-from core.rundir import (  # noqa: E402
+from store.rundir import (  # noqa: E402
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,

@@ -5,7 +5,7 @@ Natively, without Docker (a GPU machine may have no engine): for each workload, 
 generated here once in the workload's real format,
 
 1. ``./cli.py profile measure --device cuda --db --accelerator ACC`` at the run's batch size
-   and half of it (the profile lands in ``workloads/profiles/measured/ACC-<model>.json`` and
+   and half of it (the profile lands in ``store/profiles/measured/ACC-<model>.json`` and
    is copied to ``OUT/profiles/``);
 2. ``python -m workloads run`` with ``variant original`` on the GPU: the real job;
 3. the same with ``variant sleep`` and that profile: the data pipeline is the same, the

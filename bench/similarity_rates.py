@@ -37,14 +37,14 @@ sys.path.insert(0, str(REPO))
 
 from analysis.profiles import fit_runs  # noqa: E402
 from analysis.similarity import Comparison, compare_runs  # noqa: E402
-from core.rundir import load_run  # noqa: E402
 from datagen.registry import generate  # noqa: E402
 from experiments.fidelity import step_times  # noqa: E402
+from store.hostprofiles import ForeignProfileWarning  # noqa: E402
+from store.profiledb import sleep_profile_for  # noqa: E402
+from store.rundir import load_run  # noqa: E402
 from tracing.host import drop_caches  # noqa: E402
 from tracing.request import workload_request  # noqa: E402
 from tracing.runner import trace  # noqa: E402
-from workloads.hostprofiles import ForeignProfileWarning  # noqa: E402
-from workloads.profiledb import sleep_profile_for  # noqa: E402
 
 #: The activity aspects' channels: (prefix of their terms in the evidence, channel label).
 ACTIVITY = {

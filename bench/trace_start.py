@@ -43,8 +43,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="twintrace-start-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="twintrace-start-", ignore_cleanup_errors=True) as tmp:
+        work = Path(tmp)
         rows = warm_rounds(  # warm: images, page cache
             args.rounds,
             lambda: one(work),
@@ -55,8 +55,6 @@ def main() -> None:
             f"median of {args.rounds}: to the release {median_spread(release, '.2f')} s; "
             f"whole run {median_spread(whole, '.2f')} s"
         )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -63,8 +63,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.spread import median_spread  # noqa: E402
-from core.rundir import Run, load_run, load_summary  # noqa: E402
 from experiments.fidelity import SETUPS, dataset, step_ends, step_times  # noqa: E402
+from store.rundir import Run, load_run, load_summary  # noqa: E402
 from tracing.cgroups import ProcessCgroups, cgroups_of  # noqa: E402
 from tracing.container import AGENT_LABEL, RUN_LABEL, client  # noqa: E402
 from tracing.host import drop_caches  # noqa: E402

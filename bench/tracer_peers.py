@@ -58,10 +58,10 @@ import pyarrow.json as pa_json  # noqa: E402
 
 from bench.tracer_storm import FILE, run_job  # noqa: E402
 from core.errors import UserError  # noqa: E402
-from core.rundir import load_run  # noqa: E402
 from core.units import parse_size  # noqa: E402
 from datagen.common import load_manifest  # noqa: E402
 from experiments.fidelity import SETUPS, dataset, step_times  # noqa: E402
+from store.rundir import load_run  # noqa: E402
 from tracing.container import DATA_MOUNT, OUT_MOUNT, BindMount  # noqa: E402
 from tracing.host import drop_caches  # noqa: E402
 from tracing.request import RunOptions, workload_request  # noqa: E402

@@ -43,14 +43,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from core.errors import UserError
+from core.errors import SettingError, UserError
 from datagen.common import MARKER_NAME, load_manifest, write_manifest
+from store.hostprofiles import foreign_fix, rank_threads, warn_if_foreign
 from tracing import container
 from tracing.container import BindMount
 from tracing.request import ContainerSpec, RunOptions, RunRequest, accelerator_profile
 from workloads import dlio
 from workloads.config import WorkloadConfig
-from workloads.hostprofiles import foreign_fix, rank_threads, warn_if_foreign
 
 Log = Callable[[str], None]
 #: Pillow's default JPEG quality, which DLIO's generator uses.
@@ -320,8 +320,8 @@ def checkpoint_bytes(config: WorkloadConfig, data_dir: Path, profile: Any) -> in
     bytes per parameter (counted on torch's meta device: nothing is allocated)."""
     if profile.checkpoint_bytes is not None:
         return int(profile.checkpoint_bytes)
+    from workloads.emulation import parameter_count
     from workloads.registry import WORKLOADS
-    from workloads.training import parameter_count
 
     spec = WORKLOADS[config.workload]
     sleep = config.replace(variant="sleep")
@@ -354,20 +354,21 @@ def dlio_request(
         )
     spec = WORKLOADS[workload]
     if data_dir is None:
-        raise UserError(
-            f"--data is required: generate a dataset with "
-            f"`./cli.py datagen {spec.datagen} --out DIR --size 1GB`"
+        raise SettingError(
+            "{data} is required: generate a dataset with "
+            "`./cli.py datagen {generator} --out DIR --size 1GB`",
+            generator=spec.datagen,
         )
     settings = dict(settings or {})
     if settings.get("synthetic"):
-        raise UserError("--synthetic is not for the dlio variant: DLIO always reads its dataset")
+        raise SettingError("{synthetic} is not for the dlio variant: DLIO always reads its dataset")
     data_dir = Path(data_dir).resolve()
     spec.check_data(data_dir)
     options = dict(options or {})
     spec.parse_options(options)
     config = spec.config(dlio.DLIO_VARIANT, options=options, **settings)
     if rank_containers and config.accelerators < 2:
-        raise UserError("--rank-containers needs --accelerators 2 or more")
+        raise SettingError("{rank_containers} needs {accelerators} 2 or more")
     check_image()
     as_sleep = config.replace(variant="sleep")
     if accelerator is not None or profile_model is not None:

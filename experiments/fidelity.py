@@ -15,7 +15,7 @@ Per pair (:func:`pair_figures`):
 - ``cost``: container CPU seconds of ``sleep`` / ``original`` while training (the epoch;
   interpreter start-up and imports are alike in both and left out; goal <= 0.15);
 - sleep precision: the compute times the emulator requested, replayed from its generator
-  (:func:`workloads.training.draw_step`), against the ``accelerator_busy`` intervals it
+  (:func:`workloads.emulation.draw_step`), against the ``accelerator_busy`` intervals it
   logged: ``requested_s`` and ``busy_s`` (means per step) and ``late_ms`` (median of busy -
   requested per step; GPEmu reports 0.188 s -> 0.18824 s);
 - ``own_step_error``: the emulated median step against the median of the steps it requested
@@ -54,13 +54,13 @@ import numpy as np
 
 from analysis.profiles import fit_runs
 from analysis.similarity import compare_runs
-from core.rundir import Run, load_run
 from datagen.registry import generate
+from experiments.request import TraceSettings, build_request
+from store.rundir import Run, load_run
 from tracing.host import drop_caches
-from tracing.request import workload_request
 from tracing.runner import trace
+from workloads.emulation import draw_step, emulation_rng
 from workloads.profile import SleepProfile
-from workloads.training import draw_step, emulation_rng
 
 GOALS: Mapping[str, float] = {
     "step_error": 0.02,
@@ -129,14 +129,17 @@ def traced(
 ) -> Run:
     drop_caches()
     settings = {"epochs": 1, "checkpoint_every": 0, "seed": 0, **setup.settings}
-    request = workload_request(
-        workload,
-        variant,
-        data,
+    request = build_request(
+        TraceSettings(
+            workload=workload,
+            variant=variant,
+            data=data,
+            options=dict(setup.options),
+            profile=profile,
+            quiet=True,
+            **settings,
+        ),
         runs,
-        settings=settings,
-        options=dict(setup.options),
-        profile=profile,
     )
     return load_run(trace(request).check())
 

@@ -116,9 +116,9 @@ import numpy as np
 from analysis.grouping import grouping_figure, layout_rows, run_evidence, table_lines
 from core import versioned
 from core.errors import UserError
-from core.rundir import Run, git_revision
 from experiments import study_state
 from experiments.study_state import Log, dataset_files, distinct_whole_numbers, whole_number
+from store.rundir import Run, git_revision
 
 #: Version of the layout of ``grouping.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.
@@ -553,14 +553,10 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
 
     ``data`` (the file's ``[[datasets]]``) is empty: the layouts are generated here."""
     from tracing.host import drop_caches, resident_bytes
-    from tracing.request import RunOptions, workload_request
 
     del data  # check_study refuses [[datasets]]
     spec = parse_spec(study.spec, f"{study.path}: [study]")
-    started = time.monotonic()
-    out = Path(out)
-    runs_root = out / "runs"
-    runs_root.mkdir(parents=True, exist_ok=True)
+    out, runs_root, started = study_state.study_home(out)
     layouts = ensure_layouts(spec, out / "data", log)
     dataset = check_same_images(layouts)
     log(
@@ -580,16 +576,8 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
     for step, key, (r, name, _) in study_state.pending_runs(order, run_key, state, log):
         log(f"{step} {key}: cold cache, tracing one epoch")
         t0 = time.monotonic()
-        request = workload_request(
-            spec.workload,
-            spec.variant,
-            layouts[name],
-            runs_root,
-            settings=study_state.run_settings(1, spec.batch_size, spec.workers, spec.seed + r),
-            options=dict(spec.options),
-            accelerator=spec.accelerator,
-            profile_model=spec.profile_model,
-            run=RunOptions(timeout_s=spec.timeout_s),
+        request = study_state.study_request(
+            spec, layouts[name], runs_root, log, epochs=1, seed=spec.seed + r, options=spec.options
         )
         # After the request is made: making it checks the dataset, which reads the start of
         # every group file and would leave them in the page cache.

@@ -19,7 +19,7 @@ computation with profiles measured by ``./cli.py profile measure`` on the fused 
 array size (one file per B in ``profiles``, :func:`profile_path`; the study refuses profiles
 whose model, options or batch size differ from its own). Concurrent emulated jobs share one
 emulated accelerator, as B processes share one GPU: their containers see one lock file
-(:data:`workloads.training.SHARED_ACCELERATOR_ENV`) and compute one at a time
+(:data:`workloads.emulation.SHARED_ACCELERATOR_ENV`) and compute one at a time
 (``accelerator_wait``).
 
 An experiment file with ``kind = "hfta"`` (or ``./cli.py hfta``, the same settings as
@@ -115,9 +115,9 @@ from analysis.samples import other_cpu_cores, sampled_total
 from analysis.tables import is_value as _is
 from core import versioned
 from core.errors import UserError
-from core.rundir import READ_KINDS, Run, git_revision
 from experiments import study_state
 from experiments.study_state import Log, distinct_whole_numbers, whole_number
+from store.rundir import READ_KINDS, Run, git_revision
 
 #: Version of the layout of ``hfta.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.
@@ -446,31 +446,31 @@ def concurrent_threads(spec: HftaSpec, array_size: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // array_size)
 
 
-def build_request(
+def run_request(
     spec: HftaSpec, key: str, data_dir: Path, out: Path, log: Callable[[str], None] = print
 ) -> Any:
     """The :class:`tracing.request.RunRequest` of run ``key`` (module doc)."""
     from tracing.container import BindMount
-    from tracing.request import Limits, RunOptions, workload_request
-    from workloads.training import SHARED_ACCELERATOR_ENV
+    from workloads.emulation import SHARED_ACCELERATOR_ENV
 
     mode, number = _parse_key(key)
     size = 1 if mode == "serial" else number
     options = fused_options(spec, size) if mode == "fused" else job_options(spec, 0)
     if mode == "serial":
         options = job_options(spec, number)
-    run = RunOptions(limits=Limits.parse(spec.memory_limit, spec.cpus), timeout_s=spec.timeout_s)
-    request = workload_request(
-        spec.workload,
-        spec.variant,
+    request = study_state.study_request(
+        spec,
         data_dir,
         out / "runs",
-        settings=study_state.run_settings(spec.epochs, spec.batch_size, spec.workers, spec.seed),
+        log,
+        epochs=spec.epochs,
+        seed=spec.seed,
         options=options,
         profile=check_profile(spec, 1 if mode != "fused" else size, data_dir, log)
         if spec.variant == "sleep"
         else None,
-        run=run,
+        memory_limit=spec.memory_limit,
+        cpus=spec.cpus,
     )
     request = dataclasses.replace(request, label=f"{spec.workload}-{key}")
     if mode != "concurrent":
@@ -697,7 +697,7 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
     )
     for step, key, _ in study_state.pending_runs(keys, str, state, log):
         mode, number = _parse_key(key)
-        request = build_request(spec, key, data_dir, out, log)
+        request = run_request(spec, key, data_dir, out, log)
         cold = spec.cold_cache and (mode != "serial" or number == 0)
         if cold:  # after the request: making it checks the dataset
             drop_caches()
@@ -774,7 +774,7 @@ def load_results(path: Path) -> dict[str, Any]:
 __all__ = [
     "SCHEMA_VERSION",
     "HftaSpec",
-    "build_request",
+    "run_request",
     "check_profile",
     "check_study",
     "job_figures",

@@ -2,7 +2,7 @@
 
 ``trace``, the experiment runner and the studies call :func:`ensure_host_profile` before they
 build a run whose emulated accelerator is this host's CPU: when the host cache
-(:mod:`workloads.hostprofiles`) has no measurement of the workload with the run's options at
+(:mod:`store.hostprofiles`) has no measurement of the workload with the run's options at
 its batch size, ``profile measure`` (:mod:`experiments.measure`) measures it now on the run's
 own dataset, at the batch and half of it, with the torch threads a rank of the run computes
 with, and files it; later runs on this host find it. Each step is said: what is measured, on
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.measure import MeasureSettings, measure
-from workloads.hostprofiles import (
+from store.hostprofiles import (
     current_host,
     find_host_profile,
     measure_batches,
@@ -24,7 +24,7 @@ from workloads.hostprofiles import (
     rank_threads,
     save_host_profile,
 )
-from workloads.profiledb import is_host_cpu
+from store.profiledb import is_host_cpu
 
 #: Seconds of timed steps per batch size (after two warm-up steps): enough for the step's
 #: mean to 2-3 % on the zoo's default configurations, short enough for the first run of a day.

@@ -23,7 +23,7 @@ Each step is timed phase by phase, as the ``instrumented`` variant marks it:
   the card's capacity, and the model's one-off host-to-device transfer
   (``model_transfer_s``).
 
-With ``database_key``, :func:`workloads.profiledb.add_measured` also files the profile in the
+With ``database_key``, :func:`store.profiledb.add_measured` also files the profile in the
 profile database under that accelerator (``./cli.py trace --accelerator KEY`` then uses it).
 """
 
@@ -46,12 +46,13 @@ from analysis.profile_fit import PointSamples, fit_points
 from analysis.profiles import SPLIT_PHASES, split_of
 from core import __version__ as TWINTRACE_VERSION
 from core.errors import UserError
+from store.profiledb import default_database
 from workloads.events import Emitter
 from workloads.hostrecord import cpu_model, this_host
+from workloads.loaders import batches_of
 from workloads.profile import Linear, Memory, Normal, SleepProfile, Split
-from workloads.profiledb import default_database
 from workloads.registry import get_workload
-from workloads.training import ModelCompute, available_cpus, batches_of, resolve_device
+from workloads.training import ModelCompute, available_cpus, resolve_device
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,8 +78,8 @@ from typing import Any
 
 from core.atomic import atomic_write_text
 from core.errors import UserError
-from core.rundir import FINISHED, load_json, write_json
 from core.units import parse_size
+from store.rundir import FINISHED, load_json, write_json
 from workloads.config import RUN_VARIANTS
 from workloads.registry import WORKLOADS
 
@@ -408,8 +408,8 @@ def _emulated(
     """A sleep (or DLIO) run's spec with its emulated accelerator, checked against the
     profile database (so a typo fails before any run starts): a DLIO run's computation time
     comes from the same profile as the sleep run's."""
-    from workloads.hostprofiles import check_host_model
-    from workloads.profiledb import is_host_cpu, sleep_profile_for
+    from store.hostprofiles import check_host_model
+    from store.profiledb import is_host_cpu, sleep_profile_for
 
     accelerator, model = emulation(spec.workload, settings, workloads)
     if fitted(spec.workload, settings, workloads):
@@ -522,8 +522,7 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
     """Run (or resume) every run of the grid, then produce the outputs; return the outcomes."""
     import time
 
-    from experiments.hostprofile import prepare_emulation
-    from tracing.request import Limits, RunOptions, workload_request
+    from experiments.request import TraceSettings, build_request
     from tracing.runner import RunInterrupted, trace
 
     home = Path(out_root) / experiment.name
@@ -544,7 +543,7 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
             continue
         log(f"[{i}/{total}] {spec.key}")
         per_workload = experiment.workloads.get(spec.workload, {})
-        settings = {
+        fixed = {
             k: v for k, v in {**experiment.settings, **per_workload}.items() if k in SETTINGS_KEYS
         }
         data = datasets[experiment.dataset_for(spec.workload).name]
@@ -555,40 +554,29 @@ def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> 
         )
         started = time.monotonic()
         run_dir: Path | None = None
-        common: dict[str, Any] = {
-            "settings": {
-                "batch_size": spec.batch_size,
-                "accelerators": spec.accelerators,
-                "workers": spec.workers,
-                **settings,
-            },
-            "options": dict(per_workload.get("options", {})),
-            "accelerator": accelerator,
-            "profile_model": model,
-        }
-        limits = Limits.parse(spec.memory_limit or None, None)
+        settings = TraceSettings(
+            workload=spec.workload,
+            variant=spec.variant,
+            data=data,
+            batch_size=spec.batch_size,
+            accelerators=spec.accelerators,
+            workers=spec.workers,
+            options=dict(per_workload.get("options", {})),
+            accelerator=accelerator,
+            profile_model=model,
+            memory_limit=spec.memory_limit or None,
+            gpus=None
+            if spec.variant == "dlio"
+            else run_gpus(spec.workload, experiment.settings, experiment.workloads),
+            quiet=True,
+            **fixed,
+        )
         try:
             if spec.emulated == "fitted":
-                common["profile"] = fit_profile(spec, state, home, log)
-            prepare_emulation(
-                spec.workload, accelerator, data, common["settings"], common["options"], log
-            )
-            if spec.variant == "dlio":
-                from experiments.dlio import dlio_request
-
-                request = dlio_request(
-                    spec.workload, data, runs_root, run=RunOptions(limits=limits), log=log, **common
+                settings = dataclasses.replace(
+                    settings, profile=fit_profile(spec, state, home, log)
                 )
-            else:
-                gpus = run_gpus(spec.workload, experiment.settings, experiment.workloads)
-                request = workload_request(
-                    spec.workload,
-                    spec.variant,
-                    data,
-                    runs_root,
-                    run=RunOptions(limits=limits, gpus=gpus),
-                    **common,
-                )
+            request = build_request(settings, runs_root, log)
             if cold_cache(spec.workload, experiment.settings, experiment.workloads):
                 # after the request is built: building it checks (reads) the dataset
                 from tracing.host import drop_caches
@@ -618,7 +606,7 @@ def fit_profile(spec: RunSpec, state: Mapping[str, Any], home: Path, log: Log) -
     """The profile of a fitted sleep or DLIO run: fitted to its configuration's instrumented
     run (:func:`fit_source`), kept in ``home/profiles/<that run's directory name>.json``."""
     from analysis.profiles import fit_runs
-    from core.rundir import load_run
+    from store.rundir import load_run
 
     source = fit_source(spec)
     entry = state["runs"].get(source.key, {})
@@ -662,7 +650,7 @@ def produce_outputs(
     experiment: Experiment, state: dict[str, Any], home: Path, log: Log
 ) -> list[Path]:
     """Timelines, breakdowns and comparisons of the completed runs, as the file asks."""
-    from core.rundir import load_run
+    from store.rundir import load_run
 
     done: dict[str, Any] = {}
     for spec in experiment.runs:

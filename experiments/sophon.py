@@ -73,9 +73,9 @@ from analysis.samples import sampled_total
 from core import versioned
 from core.atomic import atomic_write_json, atomic_write_text
 from core.errors import UserError
-from core.rundir import READ_KINDS, Run, git_revision
 from experiments import study_state
 from experiments.study_state import Log, whole_number
+from store.rundir import READ_KINDS, Run, git_revision
 
 #: Version of the layout of ``sophon.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.
@@ -477,16 +477,10 @@ def _key(run: tuple[str, float, str]) -> str:
 
 def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
     """Run the study (module doc) under ``out``; return the path of ``sophon.json``."""
-    from tracing.remote import StorageNode
-    from tracing.request import Limits, RunOptions, workload_request
-    from tracing.shaper import parse_rate
 
     del data  # check_study refuses [[datasets]]
     spec = parse_spec(study.spec, f"{study.path}: [study]")
-    started = time.monotonic()
-    out = Path(out)
-    runs_root = out / "runs"
-    runs_root.mkdir(parents=True, exist_ok=True)
+    out, runs_root, started = study_state.study_home(out)
     dataset_dir = ensure_dataset(spec, out / "data", log)
     image_size = int(spec.options.get("image_size", 224))
     dataset = dataset_summary(dataset_dir, image_size)
@@ -503,22 +497,18 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
     for step, key, (bandwidth, cpus, mode) in study_state.pending_runs(order, _key, state, log):
         log(f"{step} {key}")
         t0 = time.monotonic()
-        request = workload_request(
-            spec.workload,
-            spec.variant,
+        request = study_state.study_request(
+            spec,
             dataset_dir,
             runs_root,
-            settings=study_state.run_settings(
-                spec.epochs, spec.batch_size, spec.workers, spec.seed
-            ),
+            log,
+            epochs=spec.epochs,
+            seed=spec.seed,
             options={**{k: str(v) for k, v in spec.options.items()}, "dataset": mode},
-            accelerator=spec.accelerator,
-            storage=StorageNode(prep_workers=max(1, math.ceil(cpus)), cpus=cpus),
-            run=RunOptions(
-                limits=Limits(cpus=spec.train_cpus),
-                timeout_s=spec.timeout_s,
-                net_bandwidth_bits_s=parse_rate(bandwidth),
-            ),
+            prep_workers=max(1, math.ceil(cpus)),
+            storage_cpus=cpus,
+            cpus=spec.train_cpus,
+            net_bandwidth=bandwidth,
         )
         outcome = study_state.trace_run(request, key, state, state_path, t0)
         if outcome.error:

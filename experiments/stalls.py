@@ -38,11 +38,17 @@ As a study (``[study] kind = "stalls"``, ``./cli.py experiment run FILE.toml``, 
 :func:`check_study`), the measurement is repeated for every model of ``models`` (the emulated
 model of an image workload, ``--profile-model``) and the study adds the figures across models:
 fetch and prep stall per model and throughput vs cores per model.
+
+Resuming: each measurement records its runs in ``stalls-state.json`` beside its results
+(:mod:`experiments.study_state`); measured again into the same directory with the same settings
+(an interrupted study run again), the runs whose directories say they finished are kept, and
+only the rest are traced. Other settings start the runs afresh.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -66,11 +72,12 @@ from analysis.stalls import (
 from analysis.tables import interval_rows, kind_mask
 from core import versioned
 from core.errors import UserError
-from core.rundir import READ_KINDS, Run, load_run
 from core.units import parse_size
+from experiments import study_state
+from experiments.request import TraceSettings, build_request
+from store.rundir import READ_KINDS, Run, load_run
 from tracing.container import DATA_MOUNT
 from tracing.host import drop_caches, resident_fraction, warm_files
-from tracing.request import Limits, RunOptions, workload_request
 from tracing.runner import trace
 from workloads.registry import WORKLOADS
 
@@ -79,6 +86,8 @@ Log = Callable[[str], None]
 #: Added to the base of a cache-sweep memory limit: the kernel's own charges
 #: (page tables, socket buffers) that the samplers' figures leave out.
 MEMORY_MARGIN = 32 << 20
+#: A measurement's state file (its runs so far), beside its results.
+STATE_NAME = study_state.file_names("stalls")[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,18 +172,21 @@ def traced_run(
         settings["batch_size"] = s.batch_size
     if workers is not None or s.workers is not None:
         settings["workers"] = workers if workers is not None else s.workers
-    request = workload_request(
-        s.workload,
-        s.variant,
-        Path(s.data),
-        runs_root,
-        settings=settings,
-        options={k: str(v) for k, v in s.options.items()},
-        accelerator=s.accelerator,
-        profile_model=s.profile_model,
-        run=RunOptions(
-            limits=Limits(memory_bytes, cpus if cpus is not None else s.cpus, s.read_bps)
+    request = build_request(
+        TraceSettings(
+            workload=s.workload,
+            variant=s.variant,
+            data=Path(s.data),
+            options={k: str(v) for k, v in s.options.items()},
+            accelerator=s.accelerator,
+            profile_model=s.profile_model,
+            memory_limit=memory_bytes,
+            cpus=cpus if cpus is not None else s.cpus,
+            read_limit=s.read_bps,
+            quiet=True,
+            **settings,
         ),
+        runs_root,
     )
     if prepare is not None:
         prepare()
@@ -216,15 +228,23 @@ def measure_stalls(
     started = time.monotonic()
     files = dataset_files(s.data)
     label = s.profile_model or s.workload
+    # Run again into the same directory with the same settings, the runs done are kept.
+    state_path = out / STATE_NAME
+    state = study_state.load_state(state_path, study_state.fingerprint(s.to_dict()), log)
+
+    def run(key: str, **how: Any) -> Run:
+        make = functools.partial(traced_run, s, runs_root, **how)
+        return study_state.kept_or_traced(key, state, state_path, make, log)
+
     log(f"{label}: 1/3 synthetic data in memory (the accelerators' ingestion rate)")
-    synthetic = traced_run(s, runs_root, synthetic=True)
+    synthetic = run("synthetic", synthetic=True)
     # DS-Analyzer's order: cold before cached, so that the cold run also faults in the code
     # the real pipeline runs (decoders the synthetic run never touched) and the cached run
     # finds it in memory with the data.
     log(f"{label}: 2/3 real data, cold cache")
-    cold = traced_run(s, runs_root, prepare=drop_caches)
+    cold = run("cold", prepare=drop_caches)
     log(f"{label}: 3/3 real data, fully cached (warming {len(files)} files first)")
-    cached = traced_run(s, runs_root, prepare=lambda: warm_files(files))
+    cached = run("cached", prepare=lambda: warm_files(files))
     figures = {
         k: epoch_figures(r)
         for k, r in zip(("synthetic", "cached", "cold"), (synthetic, cached, cold), strict=True)
@@ -242,13 +262,13 @@ def measure_stalls(
         },
     )
     if cache_fractions:
-        result["sweep"] = cache_sweep(s, cache_fractions, result, cold, runs_root, log)
+        result["sweep"] = cache_sweep(s, cache_fractions, result, cold, run, log)
         result["runs_used"] += [
             {"kind": "cache_sweep", "run_id": p["run_id"], "path": p["path"], "epoch": 2}
             for p in result["sweep"]
         ]
     if cores:
-        result["cores"] = cores_sweep(s, cores, runs_root, log)
+        result["cores"] = cores_sweep(s, cores, run, log)
         result["runs_used"] += [
             {"kind": "cores_sweep", "run_id": p["run_id"], "path": p["path"], "epoch": 1}
             for p in result["cores"]
@@ -276,7 +296,7 @@ def cache_sweep(
     fractions: Sequence[float],
     result: Mapping[str, Any],
     cold: Run,
-    runs_root: Path,
+    run: Callable[..., Run],
     log: Log = print,
 ) -> list[dict[str, Any]]:
     """One run per requested cached fraction (module doc); per point the requested, measured
@@ -285,7 +305,8 @@ def cache_sweep(
 
     The limit's base is what the cold run held that the kernel cannot reclaim while it runs:
     its peak of resident memory plus pinned page cache (mapped code and libraries, shared
-    memory: ``container_mem_pinned``).
+    memory: ``container_mem_pinned``). ``run(key, **how)`` traces a run of ``s`` (or keeps the
+    one done before).
     """
     base = peak_memory(cold, ("container_mem_rss", "container_mem_pinned")) + MEMORY_MARGIN
     epoch_bytes = int(result["storage"]["dataset_bytes"])
@@ -297,9 +318,9 @@ def cache_sweep(
             f"cache sweep {i}/{len(fractions)}: {fraction:.0%} of {epoch_bytes / 1e6:.0f} MB "
             f"-> memory limit {limit / 2**20:.0f} MiB"
         )
-        run = traced_run(s, runs_root, epochs=2, memory_bytes=limit, prepare=drop_caches)
-        fig = epoch_figures(run, epoch=2)
-        read = epoch_files(run, s.data, 2)
+        traced = run(f"cache-{fraction:g}", epochs=2, memory_bytes=limit, prepare=drop_caches)
+        fig = epoch_figures(traced, epoch=2)
+        read = epoch_files(traced, s.data, 2)
         hit = 1 - fig.block_read_bytes / fig.dataset_bytes if fig.dataset_bytes else 0.0
         measured = min(max(hit, 0.0), 1.0)
         throughput = fig.throughput
@@ -311,8 +332,8 @@ def cache_sweep(
                 "memory_limit_bytes": limit,
                 "measured_fraction": measured,
                 "resident_fraction": resident_fraction(read),
-                "run_id": run.run_id,
-                "path": str(run.path),
+                "run_id": traced.run_id,
+                "path": str(traced.path),
                 "epoch_s": fig.epoch_s,
                 "throughput": throughput,
                 "data_wait_s": fig.data_wait_s,
@@ -329,26 +350,25 @@ def cache_sweep(
 
 
 def cores_sweep(
-    s: StallSettings, cores: Sequence[float], runs_root: Path, log: Log = print
+    s: StallSettings, cores: Sequence[float], run: Callable[..., Run], log: Log = print
 ) -> list[dict[str, Any]]:
-    """Throughput per CPU cores per accelerator, warm cache (module doc)."""
+    """Throughput per CPU cores per accelerator, warm cache (module doc); ``run`` as
+    :func:`cache_sweep`'s."""
     files = dataset_files(s.data)
     points = []
     for i, c in enumerate(cores, 1):
         workers = max(1, math.ceil(c))  # per accelerator
         cpus = c * s.accelerators
         log(f"cores sweep {i}/{len(cores)}: {c:g} core(s) and {workers} worker(s) per accelerator")
-        run = traced_run(
-            s, runs_root, cpus=cpus, workers=workers, prepare=lambda: warm_files(files)
-        )
-        fig = epoch_figures(run)
+        traced = run(f"cores-{c:g}", cpus=cpus, workers=workers, prepare=lambda: warm_files(files))
+        fig = epoch_figures(traced)
         points.append(
             {
                 "cores_per_accelerator": c,
                 "cpus": cpus,
                 "workers_per_accelerator": workers,
-                "run_id": run.run_id,
-                "path": str(run.path),
+                "run_id": traced.run_id,
+                "path": str(traced.path),
                 "epoch_s": fig.epoch_s,
                 "throughput": fig.throughput,
                 "data_wait_s": fig.data_wait_s,

@@ -36,8 +36,8 @@ from analysis.extents import DiskExtents, disk_extents
 from core import versioned
 from core.atomic import atomic_write_json
 from core.errors import UserError
-from core.rundir import FINISHED, Run, load_manifest, load_run
 from core.versioned import Layout
+from store.rundir import FINISHED, Run, load_manifest, load_run
 
 Log = Callable[[str], None]
 T = TypeVar("T")
@@ -121,6 +121,46 @@ def run_settings(epochs: int, batch_size: int, workers: int, seed: int) -> dict[
     }
 
 
+def study_home(out: Path) -> tuple[Path, Path, float]:
+    """A study's output directory ``out``, its ``runs/`` (made now) and when it started
+    (``time.monotonic()``)."""
+    out = Path(out)
+    runs_root = out / "runs"
+    runs_root.mkdir(parents=True, exist_ok=True)
+    return out, runs_root, time.monotonic()
+
+
+def study_request(
+    spec: Any,
+    data: Path,
+    runs_root: Path,
+    log: Log,
+    *,
+    epochs: int,
+    seed: int,
+    **settings: Any,
+) -> Any:
+    """The request (:func:`experiments.request.build_request`) of one run of a study whose
+    ``spec`` has a workload, variant, batch size and workers (and, where it has them, an
+    accelerator, a profile model, a timeout ``timeout_s``): ``epochs`` without evaluation or
+    checkpoints, on ``data``, quiet; ``settings`` (:class:`experiments.request.TraceSettings`
+    fields) on top."""
+    from experiments.request import TraceSettings, build_request
+
+    given: dict[str, Any] = {
+        "workload": spec.workload,
+        "variant": spec.variant,
+        "data": data,
+        "accelerator": getattr(spec, "accelerator", None),
+        "profile_model": getattr(spec, "profile_model", None),
+        "timeout": getattr(spec, "timeout_s", None),
+        "quiet": True,
+        **run_settings(epochs, spec.batch_size, spec.workers, seed),
+        **settings,
+    }
+    return build_request(TraceSettings(**given), runs_root, log)
+
+
 #: A study's state file: the runs done, under the fingerprint of the settings they ran with.
 STATE = Layout("study state", 1)
 
@@ -191,14 +231,43 @@ def trace_run(
 
     outcome = trace(request)
     outcome.check()
+    record_run(state, state_path, key, outcome.run_dir, outcome.status, started, **extra)
+    return outcome
+
+
+def record_run(
+    state: dict[str, Any],
+    state_path: Path,
+    key: str,
+    run_dir: Path,
+    status: str,
+    started: float,
+    **extra: Any,
+) -> None:
+    """Record run ``key`` (its directory, status, the seconds since ``started`` and ``extra``) in
+    ``state`` and save it at once."""
     state["runs"][key] = {
-        "run_dir": str(outcome.run_dir),
-        "status": outcome.status,
+        "run_dir": str(run_dir),
+        "status": status,
         "duration_s": round(time.monotonic() - started, 3),
         **extra,
     }
     save_state(state_path, state)
-    return outcome
+
+
+def kept_or_traced(
+    key: str, state: dict[str, Any], state_path: Path, make: Callable[[], Run], log: Log
+) -> Run:
+    """Run ``key``: the one done before when ``state`` says so and its directory still says it
+    finished (:func:`run_done`), else the run ``make()`` traces, recorded at once."""
+    entry = state["runs"].get(key)
+    if run_done(entry):
+        log(f"{key}: done before, kept ({entry['run_dir']})")
+        return load_run(Path(entry["run_dir"]))
+    started = time.monotonic()
+    run = make()
+    record_run(state, state_path, key, run.path, run.status, started)
+    return run
 
 
 def load_runs(

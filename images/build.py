@@ -24,15 +24,15 @@ Images and their inputs:
 - ``twintrace/<workload>:<variant>``, one per workload of ``workloads/registry.py`` and variant
   it supports, from ``images/Dockerfile.workload`` (or ``images/<workload>/Dockerfile`` where a
   workload has its own) with the build arguments ``WORKLOAD`` and ``VARIANT``. The build context
-  is the repository root filtered by ``.dockerignore``: ``workloads/`` and ``core/`` without its
-  host-only modules.
+  is the repository root filtered by ``.dockerignore``: the packages ``workloads/`` and
+  ``core/``, whole (what is host-only lives in ``store/``).
 
 Each built image carries the label ``twintrace.inputs-hash``: a hash of everything it was built
 from (the files of its build context, build arguments, the parent image id; for the base image
 the torch build too, so switching ``--torch`` rebuilds). An image whose
 label matches is skipped. A workload image's files are listed by :func:`context_files` with the
 rules docker itself applies to the context (``.dockerignore``, the Dockerfile always sent), so
-editing host-only code (``tracing/``, ``analysis/``, ``core/rundir.py``, ``cli.py``...) rebuilds
+editing host-only code (``store/``, ``tracing/``, ``analysis/``, ``cli.py``...) rebuilds
 nothing, and editing anything that goes into the images rebuilds them.
 """
 
@@ -222,6 +222,28 @@ def _stream_build(cli: docker.DockerClient, log: Log, **kwargs: object) -> str:
     if image_id is None:
         image_id = cli.images.get(str(kwargs["tag"])).id
     return image_id
+
+
+def _build_labelled(
+    cli: docker.DockerClient,
+    log: Log,
+    tag: str,
+    inputs: str,
+    what: str = "",
+    stage: Callable[[], None] | None = None,
+    **build: object,
+) -> BuildResult:
+    """Build ``tag`` unless its inputs hash label is already ``inputs`` (then the image as it
+    is): ``stage()`` first where its build context must be made, then the build (``build``:
+    its context, Dockerfile and build arguments) labelled with the hash, logged as "building
+    <tag><what>"."""
+    if (done := _up_to_date(cli, tag, inputs)) is not None:
+        return done
+    if stage is not None:
+        stage()
+    log(f"building {tag}{what}")
+    image_id = _stream_build(cli, log, tag=tag, labels={HASH_LABEL: inputs}, **build)
+    return BuildResult(tag, image_id, True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -628,23 +650,20 @@ def build_base(
     inputs = _hash_files(
         [REPO / "Dockerfile.base"], [os_image, os_id, f"torch={torch_build}", *wheels]
     )
-    if (done := _up_to_date(cli, BASE_TAG, inputs)) is not None:
-        return done
-    log(f"building {BASE_TAG} on {os_image} with torch {torch.version} ({torch_build})")
-    image_id = _stream_build(
+    return _build_labelled(
         cli,
         log,
+        BASE_TAG,
+        inputs,
+        f" on {os_image} with torch {torch.version} ({torch_build})",
         path=str(BASE_CONTEXT),
         dockerfile=str(REPO / "Dockerfile.base"),
-        tag=BASE_TAG,
         buildargs={
             "BASE_IMAGE": os_image,
             "TORCH_BUILD": torch_build,
             "TORCH_VERSION": torch.version,
         },
-        labels={HASH_LABEL: inputs},
     )
-    return BuildResult(BASE_TAG, image_id, True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -682,19 +701,15 @@ def build_workload(
     tag = image_tag(workload, variant)
     dockerfile = workload_dockerfile(workload)
     inputs = workload_inputs_hash(workload, variant, base_id, context=context)
-    if (done := _up_to_date(cli, tag, inputs)) is not None:
-        return done
-    log(f"building {tag}")
-    image_id = _stream_build(
+    return _build_labelled(
         cli,
         log,
+        tag,
+        inputs,
         path=str(REPO),
         dockerfile=dockerfile,
-        tag=tag,
         buildargs=workload_build_args(workload, variant),
-        labels={HASH_LABEL: inputs},
     )
-    return BuildResult(tag, image_id, True)
 
 
 DLIO_DIR = REPO / "images" / "dlio"
@@ -724,29 +739,29 @@ def build_dlio(cli: docker.DockerClient, base_id: str, log: Log) -> BuildResult:
     files = sorted(p for p in DLIO_DIR.iterdir() if p.is_file())
     names = [f"{w.name}:{w.stat().st_size}" for w in sorted(wheels.glob("*.whl"))]
     inputs = _hash_files(files, [base_id, DLIO_VERSION, *names])
-    if (done := _up_to_date(cli, DLIO_IMAGE, inputs)) is not None:
-        return done
-    if DLIO_CONTEXT.exists():
-        shutil.rmtree(DLIO_CONTEXT)
-    (DLIO_CONTEXT / "wheelhouse").mkdir(parents=True)
-    for path in files:
-        shutil.copyfile(path, DLIO_CONTEXT / path.name)
-    for wheel in wheels.glob("*.whl"):
-        try:
-            os.link(wheel, DLIO_CONTEXT / "wheelhouse" / wheel.name)
-        except OSError:  # another file system: copy
-            shutil.copyfile(wheel, DLIO_CONTEXT / "wheelhouse" / wheel.name)
-    log(f"building {DLIO_IMAGE}")
-    image_id = _stream_build(
+
+    def stage() -> None:
+        if DLIO_CONTEXT.exists():
+            shutil.rmtree(DLIO_CONTEXT)
+        (DLIO_CONTEXT / "wheelhouse").mkdir(parents=True)
+        for path in files:
+            shutil.copyfile(path, DLIO_CONTEXT / path.name)
+        for wheel in wheels.glob("*.whl"):
+            try:
+                os.link(wheel, DLIO_CONTEXT / "wheelhouse" / wheel.name)
+            except OSError:  # another file system: copy
+                shutil.copyfile(wheel, DLIO_CONTEXT / "wheelhouse" / wheel.name)
+
+    return _build_labelled(
         cli,
         log,
+        DLIO_IMAGE,
+        inputs,
+        stage=stage,
         path=str(DLIO_CONTEXT),
         dockerfile="Dockerfile",
-        tag=DLIO_IMAGE,
         buildargs={"BASE_TAG": BASE_TAG, "DLIO_VERSION": DLIO_VERSION},
-        labels={HASH_LABEL: inputs},
     )
-    return BuildResult(DLIO_IMAGE, image_id, True)
 
 
 #: The virtual cluster's node (tracing/cluster.py): Debian 12's Docker engine (the host's

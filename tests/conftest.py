@@ -4,16 +4,33 @@ so CI can never pass by skipping the real thing."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from core.errors import UserError
+
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+#: The phases an instrumented training step logs (workloads/training.py).
+STEP_KEYS = frozenset(
+    {
+        "load_batch_mem",
+        "load_batch_gpu",
+        "model_forward_pass",
+        "loss_tensor_calc",
+        "model_backward_pass",
+        "model_optim_step",
+        "cum_loss_fn_calc",
+        "all_compute",
+    }
+)
 
 
 def _missing_prerequisites() -> list[str]:
@@ -40,9 +57,9 @@ def require_tracing() -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def host_profiles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """This host's CPU measurements (workloads/hostprofiles.py) go to a folder of the test
+    """This host's CPU measurements (store/hostprofiles.py) go to a folder of the test
     session: a test never finds, nor leaves, measurements in the user's cache."""
-    from workloads.hostprofiles import ENV
+    from store.hostprofiles import ENV
 
     folder = tmp_path_factory.mktemp("host-profiles")
     before = os.environ.get(ENV)
@@ -70,19 +87,43 @@ def runs_root(tmp_path: Path) -> Path:
     return tmp_path / "runs"
 
 
+def unet3d_cases(
+    out: Path, size: int, seed: int, s1_range: tuple[int, int], s2_range: tuple[int, int]
+) -> Path:
+    """UNet3D cases of about ``size`` bytes in all, no side under 40 (patch 32 fits in every
+    one), written into ``out``; returns ``out``."""
+    from datagen.unet3d import UNet3DGenParams, generate_unet3d
+
+    params = UNet3DGenParams(s1_range=s1_range, s2_range=s2_range, min_dim=40)
+    generate_unet3d(out, size, seed=seed, params=params)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_unet3d(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Six small UNet3D cases (patch 32 fits in every one), made once per session."""
-    from datagen.unet3d import UNet3DGenParams, generate_unet3d
-
     out = tmp_path_factory.mktemp("unet3d-tiny")
-    generate_unet3d(
-        out,
-        8_000_000,
-        seed=1,
-        params=UNet3DGenParams(s1_range=(40, 48), s2_range=(48, 56), min_dim=40),
-    )
-    return out
+    return unet3d_cases(out, 8_000_000, seed=1, s1_range=(40, 48), s2_range=(48, 56))
+
+
+def assert_one_line_error(message: str, call: Callable[..., object], *args: object) -> None:
+    """``call(*args)`` raises a UserError that matches ``message``, in one line."""
+    with pytest.raises(UserError, match=message) as caught:
+        call(*args)
+    assert "\n" not in str(caught.value)
+
+
+def assert_refuses_other_results(
+    load: Callable[[Path], object], path: Path, kind: str, other: str
+) -> None:
+    """``load`` (a study ``kind``'s results loader) refuses at ``path`` the results of study
+    ``other`` and those of a schema version it does not know."""
+    path.write_text(json.dumps({"kind": other, "schema_version": 1}))
+    with pytest.raises(UserError, match=f"not a {kind} study's results"):
+        load(path)
+    path.write_text(json.dumps({"kind": kind, "schema_version": 99}))
+    with pytest.raises(UserError, match="schema_version 99"):
+        load(path)
 
 
 def traced_events(run_dir: Path) -> pd.DataFrame:

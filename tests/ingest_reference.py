@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from core.rundir import (
+from store.rundir import (
     EVENTS_COLUMNS,
     FD_KINDS,
     READ_KINDS,
@@ -35,7 +35,7 @@ from core.rundir import (
 from tracing.ingest.schema import _LOST_RE, _PROC_COLUMNS, PAGE_SIZE
 from tracing.ingest.stats import ParseStats  # what it counts is not what the check is about
 
-# Column order and Arrow types of events.parquet: the single definition lives in core.rundir.
+# Column order and Arrow types of events.parquet: the single definition lives in store.rundir.
 EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
 
 _SYSCALL_COLUMNS = {

@@ -44,7 +44,7 @@ from analysis.series import (
 )
 from analysis.similarity import compare_profiles, order_similarity, run_profile
 from analysis.timeline import timeline_figure
-from core.rundir import EVENTS_COLUMNS, arrow_schema, load_run
+from store.rundir import EVENTS_COLUMNS, arrow_schema, load_run
 from tests.synthetic import (
     MIB,
     SEC,

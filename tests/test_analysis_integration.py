@@ -18,8 +18,9 @@ from click.testing import CliRunner
 
 from analysis.compare_report import REPORT_LANES, write_comparison_report
 from analysis.similarity import compare_runs
-from core.rundir import load_run
+from store.rundir import load_run
 from tests.browser import dom, subplot_count
+from tests.conftest import unet3d_cases
 from tracing.host import drop_caches
 from tracing.request import workload_request
 from tracing.runner import trace
@@ -35,16 +36,8 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def unet3d_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from datagen.unet3d import UNet3DGenParams, generate_unet3d
-
     out = tmp_path_factory.mktemp("u3d")
-    generate_unet3d(
-        out,
-        24_000_000,
-        seed=2,
-        params=UNet3DGenParams(s1_range=(40, 64), s2_range=(48, 72), min_dim=40),
-    )
-    return out
+    return unet3d_cases(out, 24_000_000, seed=2, s1_range=(40, 64), s2_range=(48, 72))
 
 
 def traced(

@@ -26,20 +26,12 @@ from analysis.breakdown import (
     write_breakdown,
 )
 from core.errors import UserError
-from core.rundir import (
+from store.rundir import (
     load_run,
 )
 from tests import synthetic
 from tests.browser import dom, render, subplot_count
-from tests.synthetic import (
-    SEC,
-    START_NS,
-    TWO,
-    TWO_ROLES,
-    TWO_STEPS,
-    events_frame,
-    phases_frame,
-)
+from tests.synthetic import SEC, START_NS, TWO, TWO_ROLES, TWO_STEPS, events_frame, phases_frame
 
 COMPUTE_S = 0.3
 GAP_S = 0.01  # logging between the end of all_compute and step_end

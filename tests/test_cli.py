@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import cli as cli_module
 from core.atomic import atomic_write_json
-from core.rundir import SCHEMA_VERSION, initial_manifest, new_run_dir, write_json
+from store.rundir import SCHEMA_VERSION, initial_manifest, new_run_dir, write_json
 
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:

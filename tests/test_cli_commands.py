@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import cli as cli_module
-from core.rundir import EVENTS_COLUMNS, PHASES_COLUMNS, SAMPLES_COLUMNS, SCHEMA_VERSION
+from store.rundir import EVENTS_COLUMNS, PHASES_COLUMNS, SAMPLES_COLUMNS, SCHEMA_VERSION
 from tests import synthetic
 from tests.synthetic import START_NS
 

@@ -105,6 +105,19 @@ def three_nodes(docker_cli: object, tiny_unet3d: Path) -> Path:
     return share
 
 
+def _on_the_cluster(test: Callable[..., None]) -> Callable[..., None]:
+    """A test of traced runs on the 3-node test cluster: its marks, and the fixtures it needs
+    but does not use by name (the cluster up, the images built)."""
+    for mark in (
+        pytest.mark.usefixtures("three_nodes", "images"),
+        pytest.mark.bpftrace,
+        pytest.mark.docker,
+        pytest.mark.integration,
+    ):
+        test = mark(test)
+    return test
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A shared folder with known files: 5 files of 1000 + i bytes."""
@@ -316,7 +329,7 @@ def _ranks_across_nodes(
     rank r on node-(r+1), each rank's events on its node, its opens exact for its shard of the
     shared dataset and its bytes each file's (a read of a page past the end at most). Returns
     the run directory, its manifest and its events."""
-    from core.rundir import READ_KINDS
+    from store.rundir import READ_KINDS
     from tests.conftest import traced_events
     from tests.test_multicontainer import _expected_shards
     from tracing.request import RunOptions, workload_request
@@ -352,13 +365,10 @@ def _ranks_across_nodes(
     return run_dir, manifest, events
 
 
-@pytest.mark.integration
-@pytest.mark.docker
-@pytest.mark.bpftrace
+@_on_the_cluster
 def test_a_traced_run_across_three_nodes(
-    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+    docker_cli: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
     """`trace --accelerators 3 --rank-containers --nodes 3` on a 3-node cluster: rank r on
     node-(r+1), traced by that node's agent; one run directory whose events carry the three
     hosts, each rank's opens and bytes exact for its shard of the shared dataset, every host's
@@ -367,7 +377,7 @@ def test_a_traced_run_across_three_nodes(
     left on any node, and nothing of the cluster after `cluster down`."""
     import pandas as pd
 
-    from core.rundir import load_run
+    from store.rundir import load_run
 
     require_tracing()
     cli = docker_cli
@@ -415,17 +425,14 @@ def test_a_traced_run_across_three_nodes(
     _nothing_of_the_run_left(cli, run_dir)
 
 
-@pytest.mark.integration
-@pytest.mark.docker
-@pytest.mark.bpftrace
+@_on_the_cluster
 def test_a_compose_run_across_nodes_keeps_its_placement_constraints(
-    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+    docker_cli: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
     """`trace --compose FILE --nodes 3`: a service whose deploy.placement.constraints fit only
     node-3 runs there (the swarm enforcing them too), the other is dealt round-robin; each
     reads its file, and the trace shows each open and its bytes on the service's node."""
-    from core.rundir import READ_KINDS
+    from store.rundir import READ_KINDS
     from tests.conftest import traced_events
     from tracing.request import RunOptions
     from tracing.runner import trace
@@ -468,13 +475,10 @@ services:
     _nothing_of_the_run_left(docker_cli, run_dir)
 
 
-@pytest.mark.integration
-@pytest.mark.docker
-@pytest.mark.bpftrace
+@_on_the_cluster
 def test_original_ranks_across_two_nodes(
-    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+    docker_cli: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
     """The real training job's ranks across nodes: `--variant original --accelerators 2
     --rank-containers --nodes 2`, the ranks' gradients all-reduced by gloo over the run's
     overlay network; each rank's opens and bytes exact for its shard, on its node."""
@@ -483,13 +487,10 @@ def test_original_ranks_across_two_nodes(
     _nothing_of_the_run_left(docker_cli, run_dir)
 
 
-@pytest.mark.integration
-@pytest.mark.docker
-@pytest.mark.bpftrace
+@_on_the_cluster
 def test_dlio_ranks_across_nodes_of_a_swarm_named_by_its_engine(
-    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+    docker_cli: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
     """DLIO's MPI ranks across nodes, on a swarm named as a real one is (its manager's engine,
     the registry its nodes pull from, the nodes by name): rank 0's mpirun on node-3 starts
     Open MPI's daemon in rank 1's container on node-2 through twintrace-rsh over the run's
@@ -532,19 +533,16 @@ def large_images(three_nodes: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return out
 
 
-@pytest.mark.integration
-@pytest.mark.docker
-@pytest.mark.bpftrace
+@_on_the_cluster
 def test_sophon_storage_and_training_nodes_across_nodes_with_the_link_capped(
-    docker_cli: object, three_nodes: Path, images: dict[str, str], large_images: Path,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+    docker_cli: object, large_images: Path, tmp_path: Path
+) -> None:
     """SOPHON's topology across nodes: the training container on node-1, the storage
     container on node-2, their link capped at 20 Mbit/s by each node's agent (what each
     container sends, in its own network namespace), with what the cap does on one host
     (tests/test_sophon_trace.py: check_capped); every image read on the storage node only
     (twice: SOPHON's profiling, then the epoch), and each agent removed its caps."""
-    from core.rundir import READ_KINDS
+    from store.rundir import READ_KINDS
     from tests.test_sophon_trace import check_capped, trace_sophon
     from workloads.images.files import load_image_data
 
@@ -659,13 +657,10 @@ def _broken_run(
     return outcome, outcome.run_dir, time.monotonic() - broken[0]
 
 
-@pytest.mark.integration
-@pytest.mark.docker
-@pytest.mark.bpftrace
+@_on_the_cluster
 def test_an_agent_dying_mid_run_fails_the_run_keeps_its_trace_and_leaves_nothing(
-    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+    docker_cli: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
     """node-3's agent killed 2 s into a 3-node run: the run is `failed`, its error and the
     manifest name node-3 and why; the other nodes' traces are kept and processed; every
     container, agent and network of the run is gone, on every node."""
@@ -695,13 +690,10 @@ def test_an_agent_dying_mid_run_fails_the_run_keeps_its_trace_and_leaves_nothing
     _nothing_of_the_run_left(docker_cli, run_dir)
 
 
-@pytest.mark.integration
-@pytest.mark.docker
-@pytest.mark.bpftrace
+@_on_the_cluster
 def test_ctrl_c_at_the_coordinator_of_a_run_across_nodes_leaves_nothing(
-    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+    docker_cli: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
     """Ctrl-C (SIGINT) at `./cli.py trace ... --nodes 3` 2 s after the release: exit 130, the
     run `interrupted`, every node's trace kept and processed, nothing of the run left on any
     node."""
@@ -742,13 +734,10 @@ def test_ctrl_c_at_the_coordinator_of_a_run_across_nodes_leaves_nothing(
     _nothing_of_the_run_left(docker_cli, run_dir)
 
 
-@pytest.mark.integration
-@pytest.mark.docker
-@pytest.mark.bpftrace
+@_on_the_cluster
 def test_a_node_leaving_mid_run_fails_the_run_and_leaves_nothing_on_the_others(
-    docker_cli: object, three_nodes: Path, images: dict[str, str], tiny_unet3d: Path,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+    docker_cli: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
     """node-3 crashed 2 s into a 3-node run (every process of it killed at once: its engine,
     agent and ranks): the run is `failed` naming node-3; node-1's and node-2's traces are
     kept and processed; nothing of the run is left on them, nor any process of the run on

@@ -42,10 +42,12 @@ from datagen.bert import (
 from datagen.bert_encode import ENTRY_ORDER, encode_block, encode_varints
 from datagen.common import load_manifest
 from tests.datagen_helpers import (
+    assert_bad_requests_refused,
     assert_progress_reaches_the_total,
-    assert_same_data,
+    assert_same_with_one_writer,
     data_files,
-    generated,
+    dataset_fixture,
+    user_directory,
 )
 from workloads.bert.files import FEATURES, check_dataset, count_records, list_shards, read_shape
 from workloads.bert.records import iter_records, parse_example
@@ -63,9 +65,7 @@ def decoded(directory: Path) -> list[dict[str, np.ndarray]]:
     ]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    return generated(tmp_path_factory, "bert", generate_bert, SIZE, seed=7, workers=2, params=SMALL)
+dataset = dataset_fixture("bert", generate_bert, SIZE, seed=7, workers=2, params=SMALL)
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,20 +247,19 @@ def test_word_ids_follow_a_zipf_like_law_over_the_whole_vocabulary(
 def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
     tmp_path: Path, dataset: tuple[Path, dict]
 ) -> None:
-    two_workers, manifest = dataset
-    one_worker = tmp_path / "one"
-    again = generate_bert(one_worker, SIZE, seed=7, workers=1, params=SMALL)
-    assert again["files"] == manifest["files"]
-    assert_same_data(one_worker, two_workers)
+    again = assert_same_with_one_writer(
+        generate_bert, dataset, tmp_path, SIZE, seed=7, params=SMALL
+    )
+    assert again["files"] == dataset[1]["files"]
 
 
 def test_other_seed_other_content_and_smaller_size_a_prefix(
     tmp_path: Path, dataset: tuple[Path, dict]
 ) -> None:
     full, manifest = dataset
+    name = manifest["files"][0]["name"]
     other = tmp_path / "other"
     generate_bert(other, SIZE, seed=8, workers=2, params=SMALL)
-    name = manifest["files"][0]["name"]
     assert (other / name).read_bytes() != (full / name).read_bytes()
     # A smaller dataset from the same seed: shard i holds the first records of shard i.
     small = tmp_path / "small"
@@ -423,12 +422,9 @@ def test_importing_the_generator_and_planning_leave_numba_for_the_writers() -> N
 
 
 def test_non_empty_directory_is_refused_without_force(tmp_path: Path) -> None:
-    out = tmp_path / "ds"
-    out.mkdir()
-    (out / "precious.txt").write_text("keep me")
-    with pytest.raises(UserError, match="is not empty: choose an empty directory or pass --force"):
+    message = "is not empty: choose an empty directory or pass --force"
+    with user_directory(tmp_path) as out, pytest.raises(UserError, match=message):
         generate_bert(out, SIZE, params=SMALL)
-    assert (out / "precious.txt").read_text() == "keep me"
     first = generate_bert(tmp_path / "again", SIZE, params=SMALL)
     with pytest.raises(UserError, match="not empty"):
         generate_bert(tmp_path / "again", SIZE // 2, params=SMALL)
@@ -441,17 +437,7 @@ def test_sizes_too_small_or_not_whole_are_rejected_before_touching_anything(
     tmp_path: Path,
 ) -> None:
     minimum = max_record_bytes(SMALL)
-    with pytest.raises(UserError, match=f"at least {minimum} bytes"):
-        generate_bert(tmp_path / "a", minimum - 1, params=SMALL)
-    with pytest.raises(UserError, match="greater than zero"):
-        generate_bert(tmp_path / "a", 0, params=SMALL)
-    with pytest.raises(UserError, match="whole number of bytes"):
-        generate_bert(tmp_path / "a", 1e6, params=SMALL)  # type: ignore[arg-type]
-    with pytest.raises(UserError, match="seed"):
-        generate_bert(tmp_path / "a", SIZE, seed=-1, params=SMALL)
-    with pytest.raises(UserError, match="workers"):
-        generate_bert(tmp_path / "a", SIZE, workers=0, params=SMALL)
-    assert not (tmp_path / "a").exists()
+    assert_bad_requests_refused(generate_bert, tmp_path / "a", minimum, SIZE, params=SMALL)
     # The smallest size holds one record.
     manifest = generate_bert(tmp_path / "b", minimum, params=SMALL)
     assert manifest["params"]["records"] == 1 and manifest["total_bytes"] <= minimum

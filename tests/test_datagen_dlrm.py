@@ -40,11 +40,13 @@ from datagen.dlrm import (
     plan_dlrm,
 )
 from tests.datagen_helpers import (
+    assert_bad_requests_refused,
     assert_progress_reaches_the_total,
-    assert_same_data,
+    assert_same_with_one_writer,
     data_files,
-    generated,
+    dataset_fixture,
     temp_files,
+    user_directory,
 )
 from workloads.dlrm.files import (
     COUNTS_NAME,
@@ -65,9 +67,7 @@ def records(path: Path) -> np.ndarray:
     return np.fromfile(path, dtype="<i4").reshape(-1, 40)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    return generated(tmp_path_factory, "dlrm", generate_dlrm, SIZE, seed=7, workers=2, params=SMALL)
+dataset = dataset_fixture("dlrm", generate_dlrm, SIZE, seed=7, workers=2, params=SMALL)
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,10 +174,7 @@ def test_values_are_in_range_and_distributed_as_documented(dataset: tuple[Path, 
 def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
     tmp_path: Path, dataset: tuple[Path, dict]
 ) -> None:
-    two_workers, _ = dataset
-    one_worker = tmp_path / "one"
-    generate_dlrm(one_worker, SIZE, seed=7, workers=1, params=SMALL)
-    assert_same_data(one_worker, two_workers)
+    assert_same_with_one_writer(generate_dlrm, dataset, tmp_path, SIZE, seed=7, params=SMALL)
 
 
 def test_different_seed_differs_and_smaller_size_is_a_prefix(
@@ -203,17 +200,7 @@ def test_different_seed_differs_and_smaller_size_is_a_prefix(
 def test_too_small_and_invalid_requests_touch_nothing(tmp_path: Path) -> None:
     minimum = minimum_dataset_bytes(SMALL)
     target = tmp_path / "a"
-    with pytest.raises(UserError, match=f"at least {minimum} bytes"):
-        generate_dlrm(target, minimum - 1, params=SMALL)
-    with pytest.raises(UserError, match="greater than zero"):
-        generate_dlrm(target, 0, params=SMALL)
-    with pytest.raises(UserError, match="whole number of bytes"):
-        generate_dlrm(target, 2e6, params=SMALL)  # type: ignore[arg-type]
-    with pytest.raises(UserError, match="seed"):
-        generate_dlrm(target, SIZE, seed=-1, params=SMALL)
-    with pytest.raises(UserError, match="workers"):
-        generate_dlrm(target, SIZE, workers=0, params=SMALL)
-    assert not target.exists()
+    assert_bad_requests_refused(generate_dlrm, target, minimum, SIZE, params=SMALL)
     # The default minimum holds 4096 records in each file.
     assert minimum_dataset_bytes() == 2 * 4096 * 160 + len(counts_npz(CRITEO_TB_COUNTS))
     generate_dlrm(target, minimum, params=SMALL)
@@ -221,15 +208,18 @@ def test_too_small_and_invalid_requests_touch_nothing(tmp_path: Path) -> None:
 
 
 def test_non_empty_directory_is_refused_without_force(tmp_path: Path) -> None:
-    out = tmp_path / "ds"
-    out.mkdir()
-    (out / "precious.txt").write_text("keep me")
-    with pytest.raises(UserError, match="not empty"):
+    with user_directory(tmp_path) as out, pytest.raises(UserError, match="not empty"):
         generate_dlrm(out, SIZE, params=SMALL)
-    assert (out / "precious.txt").read_text() == "keep me"
     generate_dlrm(tmp_path / "ok", SIZE, params=SMALL)
     manifest = generate_dlrm(tmp_path / "ok", SIZE // 2, params=SMALL, force=True)
     assert load_dataset(tmp_path / "ok").train_records == manifest["params"]["train_records"]
+
+
+def test_extreme_positive_rates(tmp_path: Path) -> None:
+    for rate, expected in ((0.0, 0), (1.0, 1)):
+        out = tmp_path / f"rate{rate}"
+        generate_dlrm(out, 200_000, params=DLRMGenParams(min_records=64, positive_rate=rate))
+        assert set(np.unique(records(out / TRAIN_NAME)[:, 0])) == {expected}
 
 
 @pytest.mark.parametrize(
@@ -251,13 +241,6 @@ def test_non_empty_directory_is_refused_without_force(tmp_path: Path) -> None:
 def test_invalid_params_are_rejected(kwargs: dict, message: str) -> None:
     with pytest.raises(UserError, match=message):
         DLRMGenParams(**kwargs)
-
-
-def test_extreme_positive_rates(tmp_path: Path) -> None:
-    for rate, expected in ((0.0, 0), (1.0, 1)):
-        out = tmp_path / f"rate{rate}"
-        generate_dlrm(out, 200_000, params=DLRMGenParams(min_records=64, positive_rate=rate))
-        assert set(np.unique(records(out / TRAIN_NAME)[:, 0])) == {expected}
 
 
 # --------------------------------------------------------------------------------------------

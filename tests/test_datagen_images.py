@@ -28,7 +28,12 @@ from datagen.images import (
     pool_caps,
     unique_jpeg,
 )
-from tests.datagen_helpers import assert_same_data, data_bytes, data_files, generated
+from tests.datagen_helpers import (
+    assert_same_with_one_writer,
+    data_bytes,
+    data_files,
+    dataset_fixture,
+)
 
 SIZE = 3_000_000
 FOLDER = ImageGenParams(classes=5, val_fraction=0.1, distinct_images=12)
@@ -41,18 +46,8 @@ def decode_rgb(data: bytes) -> np.ndarray:
     return np.asarray(img)
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    return generated(
-        tmp_path_factory, "folder", generate_images, SIZE, seed=3, workers=2, params=FOLDER
-    )
-
-
-@pytest.fixture(scope="module")
-def grouped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    return generated(
-        tmp_path_factory, "grouped", generate_images, SIZE, seed=3, workers=2, params=GROUPED
-    )
+folder = dataset_fixture("folder", generate_images, SIZE, seed=3, workers=2, params=FOLDER)
+grouped = dataset_fixture("grouped", generate_images, SIZE, seed=3, workers=2, params=GROUPED)
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,15 +116,6 @@ def test_manifest_records_the_pool_and_the_params(folder: tuple[Path, dict]) -> 
     assert loaded["total_bytes"] == SIZE
 
 
-def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
-    tmp_path: Path, folder: tuple[Path, dict]
-) -> None:
-    two, _ = folder
-    one = tmp_path / "one"
-    generate_images(one, SIZE, seed=3, workers=1, params=FOLDER)
-    assert_same_data(one, two)
-
-
 def test_different_seed_gives_different_images(tmp_path: Path, folder: tuple[Path, dict]) -> None:
     seed3, _ = folder
     other = tmp_path / "other"
@@ -138,6 +124,12 @@ def test_different_seed_gives_different_images(tmp_path: Path, folder: tuple[Pat
     a = decode_rgb((other / name).read_bytes())
     b = decode_rgb((seed3 / name).read_bytes())
     assert a.shape != b.shape or not np.array_equal(a, b)
+
+
+def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
+    tmp_path: Path, folder: tuple[Path, dict]
+) -> None:
+    assert_same_with_one_writer(generate_images, folder, tmp_path, SIZE, seed=3, params=FOLDER)
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,9 +41,9 @@ from datagen.unet3d import (
 )
 from tests.datagen_helpers import (
     assert_progress_reaches_the_total,
-    assert_same_data,
+    assert_same_with_one_writer,
     data_files,
-    generated,
+    dataset_fixture,
     temp_files,
 )
 
@@ -51,11 +51,7 @@ SMALL = UNet3DGenParams(s1_range=(8, 20), s2_range=(10, 24), min_dim=6)
 SIZE = 400_000
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    return generated(
-        tmp_path_factory, "unet3d", generate_unet3d, SIZE, seed=7, workers=2, params=SMALL
-    )
+dataset = dataset_fixture("unet3d", generate_unet3d, SIZE, seed=7, workers=2, params=SMALL)
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,10 +175,7 @@ def test_load_manifest_rejects_unknown_schema_and_missing_manifest(tmp_path: Pat
 def test_same_seed_gives_identical_bytes_whatever_the_worker_count(
     tmp_path: Path, dataset: tuple[Path, dict]
 ) -> None:
-    two_workers, _ = dataset
-    one_worker = tmp_path / "one"
-    generate_unet3d(one_worker, SIZE, seed=7, workers=1, params=SMALL)
-    assert_same_data(one_worker, two_workers)
+    assert_same_with_one_writer(generate_unet3d, dataset, tmp_path, SIZE, seed=7, params=SMALL)
 
 
 def test_different_seed_gives_different_content(tmp_path: Path, dataset: tuple[Path, dict]) -> None:

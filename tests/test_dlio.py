@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from core.errors import UserError
-from core.rundir import load_run, load_summary
 from experiments import dlio as dlio_runs
+from store.rundir import load_run, load_summary
 from tests.conftest import require_tracing, traced_events
 from tracing.runner import trace
 from workloads import dlio

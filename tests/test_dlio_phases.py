@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from analysis.breakdown import accelerator_utilisation, step_table
-from core.rundir import load_run
+from store.rundir import load_run
 from tests.synthetic import make_run
 from tracing import dlio, ingest
 

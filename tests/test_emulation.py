@@ -24,7 +24,8 @@ from tests.test_workloads_unet3d import (
     run_variant,
     sleep_profile,
 )
-from workloads.training import PinnedStaging, StagedBatches, available_cpus, locked_bytes
+from workloads.emulation import PinnedStaging, StagedBatches, locked_bytes
+from workloads.training import available_cpus
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +136,7 @@ def test_a_memlock_limit_below_the_batch_locks_what_it_can_and_says_so() -> None
     script = textwrap.dedent(
         """
         import os, resource, torch
-        from workloads.training import PinnedStaging, locked_bytes
+        from workloads.emulation import PinnedStaging, locked_bytes
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536))
         if os.getuid() == 0:  # root may lock beyond the limit (CAP_IPC_LOCK): drop it
             os.setgid(65534)
@@ -232,9 +233,9 @@ def test_ranks_wait_for_the_slowest_at_every_step(tmp_path: Path, data_dir: Path
 def test_the_all_reduce_model_and_its_time_after_the_meeting(
     tmp_path: Path, data_dir: Path
 ) -> None:
+    from workloads.emulation import parameter_count
     from workloads.profile import Collective
     from workloads.registry import get_workload
-    from workloads.training import parameter_count
     from workloads.unet3d.model import UNet3D  # noqa: F401  (the task builds it)
 
     ring = Collective(bandwidth_bytes_per_s=1e8)

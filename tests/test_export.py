@@ -25,12 +25,12 @@ from analysis.export import (
     pack_lanes,
 )
 from core.errors import UserError
-from core.rundir import (
+from store.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     load_run,
 )
-from tests.synthetic import (  # noqa: F401
+from tests.synthetic import (
     MIB,
     SEC,
     START_NS,
@@ -39,7 +39,6 @@ from tests.synthetic import (  # noqa: F401
     TWO_STEPS,
     events_frame,
     make_run,
-    manifest,
     phases_frame,
     samples_frame,
     two_container_run,

@@ -23,8 +23,8 @@ import json
 
 import pytest
 
-from core.rundir import load_run
 from experiments.fidelity import GOALS, measure_workload
+from store.rundir import load_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 

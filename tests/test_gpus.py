@@ -469,7 +469,7 @@ def test_rank_containers_need_a_gpu_per_rank(tiny_unet3d: Path, tmp_path: Path) 
         )
 
     # docker gives every container GPUs 0..N-1 for a count: both ranks would share GPU 0.
-    with pytest.raises(UserError, match="--gpus 1 gives every rank container the same 1 GPU"):
+    with pytest.raises(UserError, match="^gpus 1 gives every rank container the same 1 GPU"):
         request("1")
     with pytest.raises(UserError, match="fewer than the 2 ranks"):
         request("GPU-3f2a")
@@ -538,8 +538,8 @@ def test_experiment_gpus_reach_the_runs_options(
     ("settings", "message"),
     [
         ('gpus = "1"', r'2 accelerators need as many GPUs, gpus = "1" gives 1'),
-        ("gpus = 0", "gpus of unet3d: --gpus 0 asks for no GPU"),
-        ('gpus = "0,,1"', "gpus of unet3d: bad --gpus"),
+        ("gpus = 0", "gpus of unet3d: gpus 0 asks for no GPU"),
+        ('gpus = "0,,1"', "gpus of unet3d: bad gpus"),
         ("gpus = true", "gpus of unet3d must be"),
         ("gpu = 1", "unknown key 'gpu'"),
     ],
@@ -589,7 +589,7 @@ def test_compose_gpu_reservations_become_gpus(
             "count or device_ids, not both",
         ),
         ([{"capabilities": ["gpu"], "count": 1}, {"capabilities": ["gpu"], "count": 1}], "2 GPU"),
-        ([{"capabilities": ["gpu"], "count": 0}], "--gpus 0 asks for no GPU"),
+        ([{"capabilities": ["gpu"], "count": 0}], "gpus 0 asks for no GPU"),
         ([{"capabilities": ["gpu"], "count": "many"}], "GPU count must be a number or all"),
     ],
 )

@@ -28,6 +28,7 @@ from experiments.grouping import (
 )
 from experiments.studies import Study, load_study
 from experiments.study_state import dataset_extents
+from tests.conftest import assert_one_line_error
 from tests.synthetic import START_NS, events_frame, make_run, phases_frame, samples_frame
 
 SEC = 1_000_000_000
@@ -64,9 +65,7 @@ def test_defaults_are_alexnet_sleep_on_an_emulated_v100() -> None:
     ],
 )
 def test_bad_study_keys_are_refused_in_one_line(spec: dict[str, Any], message: str) -> None:
-    with pytest.raises(UserError, match=message) as caught:
-        parse_spec(spec)
-    assert "\n" not in str(caught.value)
+    assert_one_line_error(message, parse_spec, spec)
 
 
 def test_the_instrumented_variant_emulates_nothing_unless_asked() -> None:

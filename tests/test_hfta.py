@@ -5,7 +5,6 @@ file twice, the fused array once; the shared page cache gives the storage the da
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import os
@@ -19,10 +18,8 @@ from click.testing import CliRunner
 
 from analysis.hfta import hfta_figure, mode_rows, table_lines, throughput
 from core.errors import UserError
-from core.rundir import load_run
 from experiments import hfta
 from experiments.hfta import (
-    build_request,
     check_profile,
     job_figures,
     load_results,
@@ -30,8 +27,11 @@ from experiments.hfta import (
     parse_spec,
     run_figures,
     run_keys,
+    run_request,
 )
 from experiments.studies import load_study
+from store.rundir import load_run
+from tests.conftest import assert_one_line_error, assert_refuses_other_results
 from tests.synthetic import (
     START_NS,
     events_frame,
@@ -39,7 +39,7 @@ from tests.synthetic import (
     phases_frame,
     samples_frame,
 )
-from workloads.training import SHARED_ACCELERATOR_ENV, SharedAccelerator
+from workloads.emulation import SHARED_ACCELERATOR_ENV, SharedAccelerator
 
 SEC = 1_000_000_000
 REPO = Path(__file__).resolve().parent.parent
@@ -119,9 +119,7 @@ def test_defaults_are_resnet18_original_at_b_1_2_4_8() -> None:
     ],
 )
 def test_bad_settings_are_one_line_errors(spec: dict[str, Any], message: str) -> None:
-    with pytest.raises(UserError, match=message) as err:
-        parse_spec(spec)
-    assert "\n" not in str(err.value)
+    assert_one_line_error(message, parse_spec, spec)
 
 
 def test_the_shipped_study_file_loads() -> None:
@@ -177,7 +175,7 @@ def test_the_sleep_variant_needs_a_profile_of_its_own_model_per_array_size(
 
 
 def test_a_fused_arrays_profile_is_not_filed_in_the_database() -> None:
-    from workloads.profiledb import check_fileable
+    from store.profiledb import check_fileable
 
     check_fileable({"array_size": "1"})
     with pytest.raises(UserError, match="array_size 4.*--profile FILE"):
@@ -205,10 +203,10 @@ def test_requests_give_each_job_its_learning_rate_and_the_array_all_of_them(
     tiny_images: Path, tiny_profiles: Path, tmp_path: Path
 ) -> None:
     spec = parse_spec({"array_sizes": [1, 2], "batch_size": 8, "options": TINY_OPTIONS})
-    serial = build_request(spec, "serial-j1", tiny_images, tmp_path)
+    serial = run_request(spec, "serial-j1", tiny_images, tmp_path)
     assert [c.role for c in serial.containers] == ["main"]
     assert serial.config.options == {**TINY_OPTIONS, "learning_rate": 0.05}
-    concurrent = build_request(spec, "concurrent-b2", tiny_images, tmp_path)
+    concurrent = run_request(spec, "concurrent-b2", tiny_images, tmp_path)
     assert [c.role for c in concurrent.containers] == ["job0", "job1"]
     rates = [c.config.options["learning_rate"] for c in concurrent.containers]
     assert rates == [0.1, 0.05]
@@ -218,10 +216,10 @@ def test_requests_give_each_job_its_learning_rate_and_the_array_all_of_them(
     assert {c.config.threads for c in concurrent.containers} == {max(1, cores // 2)}
     assert serial.config.threads == 0
     alone = parse_spec({**spec.settings(), "share_cores": False})
-    naive = build_request(alone, "concurrent-b2", tiny_images, tmp_path)
+    naive = run_request(alone, "concurrent-b2", tiny_images, tmp_path)
     assert {c.config.threads for c in naive.containers} == {0}
     assert all(SHARED_ACCELERATOR_ENV not in c.environment for c in concurrent.containers)
-    fused = build_request(spec, "fused-b2", tiny_images, tmp_path)
+    fused = run_request(spec, "fused-b2", tiny_images, tmp_path)
     (main,) = fused.containers
     assert main.config.options == {**TINY_OPTIONS, "array_size": 2, "learning_rates": "0.1,0.05"}
     for request in (serial, concurrent, fused):
@@ -229,7 +227,7 @@ def test_requests_give_each_job_its_learning_rate_and_the_array_all_of_them(
         assert (config.epochs, config.eval_every, config.checkpoint_every) == (3, 0, 0)
     # Emulated, the concurrent jobs share one accelerator: one lock file they all see.
     sleep = parse_spec({**spec.settings(), "variant": "sleep", "profiles": str(tiny_profiles)})
-    shared = build_request(sleep, "concurrent-b2", tiny_images, tmp_path)
+    shared = run_request(sleep, "concurrent-b2", tiny_images, tmp_path)
     locks = {c.environment[SHARED_ACCELERATOR_ENV] for c in shared.containers}
     assert locks == {f"{hfta.SHARED_MOUNT}/accelerator.lock"}
     mounts = [
@@ -239,7 +237,7 @@ def test_requests_give_each_job_its_learning_rate_and_the_array_all_of_them(
     assert mounts == [{(hfta.SHARED_MOUNT, False)}] * 2
     profiles = {
         c.config.profile
-        for r in (shared, build_request(sleep, "fused-b2", tiny_images, tmp_path))
+        for r in (shared, run_request(sleep, "fused-b2", tiny_images, tmp_path))
         for c in r.containers
     }
     assert len(profiles) == 1  # mounted at one place; the files differ (x1, x2)
@@ -400,13 +398,7 @@ def test_run_figures_count_each_jobs_epochs_opens_reads_and_cpu(tmp_path: Path) 
 
 
 def test_results_of_another_kind_or_version_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / "hfta.json"
-    path.write_text(json.dumps({"kind": "grouping", "schema_version": 1}))
-    with pytest.raises(UserError, match="not a hfta study's results"):
-        load_results(path)
-    path.write_text(json.dumps({"kind": "hfta", "schema_version": 99}))
-    with pytest.raises(UserError, match="schema_version 99"):
-        load_results(path)
+    assert_refuses_other_results(load_results, tmp_path / "hfta.json", "hfta", "grouping")
 
 
 # -- One tiny traced study --------------------------------------------------------------------
@@ -469,7 +461,7 @@ def test_a_tiny_study_reads_the_dataset_once_per_fused_array_and_b_times_otherwi
 
     # Emulated: the two concurrent jobs share one accelerator and never compute at once.
     sleep = parse_spec({**spec.settings(), "variant": "sleep", "profiles": str(tiny_profiles)})
-    outcome = trace(build_request(sleep, "concurrent-b2", tiny_images, tmp_path / "sleep"))
+    outcome = trace(run_request(sleep, "concurrent-b2", tiny_images, tmp_path / "sleep"))
     run = load_run(outcome.check())
     phases = run.phases
     busy = phases[phases["key"].astype(str) == "accelerator_busy"].sort_values("ts_ns")

@@ -1,5 +1,5 @@
 """Profiles that know where they were measured (workloads/hostrecord.py), this host's CPU
-measured once and cached (workloads/hostprofiles.py, experiments/hostprofile.py), and the
+measured once and cached (store/hostprofiles.py, experiments/hostprofile.py), and the
 warning when a CPU profile is used on another host."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from core.errors import UserError
 from datagen.registry import generate
 from experiments.hostprofile import ensure_host_profile, prepare_emulation
-from workloads import hostprofiles
-from workloads.hostprofiles import (
+from store import hostprofiles
+from store.hostprofiles import (
     ForeignProfileWarning,
     current_host,
     find_host_profile,
@@ -23,9 +23,9 @@ from workloads.hostprofiles import (
     save_host_profile,
     warn_if_foreign,
 )
+from store.profiledb import default_database, lookup, sleep_profile_for
 from workloads.hostrecord import REFERENCE_TOLERANCE, HostRecord, foreign_warning, this_host
 from workloads.profile import Linear, Normal, SleepProfile, TablePoint, load_profile
-from workloads.profiledb import default_database, lookup, sleep_profile_for
 
 EPYC = HostRecord("AMD EPYC", 2, 2, "2.13.0+cpu", reference_s=0.030)
 

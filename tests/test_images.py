@@ -1,5 +1,5 @@
-"""The workload images' inputs: their build context is what docker sends for it (workloads/ and
-core/ less host-only modules), its hash changes with everything that goes into an image and with
+"""The workload images' inputs: their build context is what docker sends for it (the packages
+workloads/ and core/, whole), its hash changes with everything that goes into an image and with
 nothing else, and every module in it imports only what an image has. No Docker engine needed."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_context_is_workloads_and_core_without_host_only_modules() -> None:
         assert f"core/{name}" in files
     assert {"workloads/__init__.py", "workloads/__main__.py", "workloads/registry.py"} <= files
     assert WORKLOAD_DOCKERFILE in files  # docker always sends the Dockerfile
-    assert "core/rundir.py" not in files
+    assert "store/rundir.py" not in files
     tops = {f.split("/")[0] for f in files}
     assert tops == {"core", "workloads", "images", ".dockerignore"}
     assert [f for f in files if f.startswith("images/")] == [WORKLOAD_DOCKERFILE]
@@ -112,7 +112,7 @@ def test_context_files_are_what_the_docker_sdk_sends() -> None:
         "analysis/timeline.py",
         "datagen/new_module.py",
         "experiments/new_module.py",
-        "core/rundir.py",
+        "store/rundir.py",
         "cli.py",
         "README.md",
         "docker-compose.yml",
@@ -267,7 +267,7 @@ def test_modules_in_the_images_import_only_what_the_images_have() -> None:
 def test_the_import_check_sees_a_host_only_module() -> None:
     files = set(context_files())
     assert any(
-        "core/rundir.py imports pandas" in p for p in _import_problems(files | {"core/rundir.py"})
+        "store/rundir.py imports pandas" in p for p in _import_problems(files | {"store/rundir.py"})
     )
     problems = _import_problems(files - {"core/units.py"})
     assert problems and all("core.units, which is not in the image" in p for p in problems)

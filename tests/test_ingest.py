@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core.rundir import PHASES_COLUMNS, READ_KINDS, WRITE_KINDS, empty_frame
+from store.rundir import PHASES_COLUMNS, READ_KINDS, WRITE_KINDS, empty_frame
 from tracing import aggregates, ingest
 from tracing.ingest import tables as ingest_tables
 

@@ -163,7 +163,7 @@ def test_same_rows_as_the_reference(
         totals, stats = ingest.write_events(raw, tmp_path / "events.parquet", role_map, window_ns)
     finally:
         schema.BLOCK_BYTES, schema.HEAP_PATHS = ingest_blocks, heap_paths
-    from core import rundir
+    from store import rundir
 
     written = rundir.read_table(tmp_path / "events.parquet", rundir.EVENTS_COLUMNS)
     expected = rundir.conform(want.to_pandas(), rundir.EVENTS_COLUMNS, "reference")

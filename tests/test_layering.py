@@ -6,13 +6,22 @@ calls and ``"package.module:Name"`` strings naming a module to import later) and
 another project package is checked against :data:`ALLOWED`. ``cli.py`` sits on top and
 ``bench/`` and ``tests/`` may import anything, so they are not checked; no package may import
 them. Inside ``experiments/``, no study (:data:`STUDIES`) imports another.
+
+The host/image split is drawn by packages: the workload images carry the packages of
+:data:`IMAGE_PACKAGES` whole (``.dockerignore`` keeps out only generated files and caches), and
+no module of them imports a host-side package of the project (``store``: the run-directory
+format, the profile database) or a third-party package that ``images/requirements.txt`` does
+not install (:data:`HOST_ONLY` names the usual suspects).
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
+import importlib.metadata
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,12 +32,31 @@ REPO = Path(__file__).resolve().parent.parent
 ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "workloads": frozenset({"core"}),
+    # What the host stores and reads back (the run directory, the profile database).
+    "store": frozenset({"core", "workloads"}),
     "datagen": frozenset({"core", "workloads"}),
-    "tracing": frozenset({"core", "workloads"}),
-    "analysis": frozenset({"core", "workloads"}),
-    "images": frozenset({"core", "workloads"}),
-    "experiments": frozenset({"core", "workloads", "datagen", "tracing", "analysis", "images"}),
+    "tracing": frozenset({"core", "workloads", "store"}),
+    "analysis": frozenset({"core", "workloads", "store"}),
+    "images": frozenset({"core", "workloads", "store"}),
+    "experiments": frozenset(
+        {"core", "workloads", "store", "datagen", "tracing", "analysis", "images"}
+    ),
+    # The CLI's commands (cli.py assembles them): a thin call into any package below.
+    "commands": frozenset(
+        {"core", "workloads", "store", "datagen", "tracing", "analysis", "images", "experiments"}
+    ),
 }
+
+#: The packages the workload images carry, whole (images/Dockerfile.workload copies them).
+IMAGE_PACKAGES: frozenset[str] = frozenset({"core", "workloads"})
+#: Files of the image packages that the images do not take from the host: generated there
+#: (.dockerignore leaves them out; every image generates its own at build time).
+GENERATED: tuple[str, ...] = ("workloads/sophon/protos/*_pb2*.py",)
+#: Third-party packages the host has and the images do not: never imported by an image package.
+#: (The rule itself is images/requirements.txt; these are named so that a slip reads plainly.)
+HOST_ONLY: frozenset[str] = frozenset(
+    {"pandas", "pyarrow", "plotly", "docker", "click", "numba", "rich"}
+)
 
 #: Project modules outside the packages: nothing in a package may import them.
 TOP: frozenset[str] = frozenset({"cli", "bench", "tests"})
@@ -74,10 +102,11 @@ def _docstrings(tree: ast.Module) -> set[int]:
     return ids
 
 
-def imports_of(path: Path) -> Iterator[tuple[int, str]]:
-    """(line, absolute module name) for every import in ``path``, wherever it appears."""
+def imports_of(path: Path, module: str | None = None) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) for every import in ``path``, wherever it appears;
+    ``module``: the file's module name (by default from its place in the repository)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    module = _module_name(path)
+    module = module if module is not None else _module_name(path)
     package_parts = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     docstrings = _docstrings(tree)
     for node in ast.walk(tree):
@@ -208,7 +237,7 @@ def test_no_study_imports_another() -> None:
 
 
 def test_every_project_import_names_an_existing_module() -> None:
-    # After a move (tracing/rundir.py -> core/rundir.py) an import of the old place fails only
+    # After a move (core/rundir.py -> store/rundir.py) an import of the old place fails only
     # when its code runs: inside a function, in a benchmark, in a test that is skipped here.
     roots = [REPO / p for p in packages()] + [REPO / "bench", REPO / "tests"]
     files = [REPO / "cli.py"] + [
@@ -222,3 +251,106 @@ def test_every_project_import_names_an_existing_module() -> None:
         if name.split(".")[0] in project and not _is_project_module(name)
     ]
     assert not stale, "\n".join(stale)
+
+
+# -- the host/image split ------------------------------------------------------------------------
+
+
+def _generated(path: Path) -> bool:
+    rel = str(path.relative_to(REPO))
+    return any(fnmatch.fnmatch(rel, pattern) for pattern in GENERATED)
+
+
+def _normalise(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def image_distributions() -> set[str]:
+    """The distributions the images install: images/requirements.txt (normalised names)."""
+    lines = (REPO / "images" / "requirements.txt").read_text().splitlines()
+    names = (re.split(r"[=<>~!\[ ;]", line.strip(), maxsplit=1)[0] for line in lines)
+    return {_normalise(n) for n in names if n and not n.startswith("#")}
+
+
+def image_import_problems(files: Iterable[tuple[Path, str]]) -> list[str]:
+    """What the modules ``files`` ((path, module name) pairs) import that an image lacks: a
+    project package other than :data:`IMAGE_PACKAGES`, a :data:`HOST_ONLY` package, or any
+    other third-party package whose distribution images/requirements.txt does not install."""
+    project = set(packages()) | TOP
+    installed = image_distributions()
+    distributions = importlib.metadata.packages_distributions()
+    problems = []
+    for path, module in files:
+        for line, name in imports_of(path, module):
+            top = name.split(".")[0]
+            where = f"{module}:{line} imports {name}"
+            if top in sys.stdlib_module_names or top == "__future__" or top in IMAGE_PACKAGES:
+                continue
+            if top in project:
+                problems.append(f"{where}: host side, not in the images")
+            elif top in HOST_ONLY:
+                problems.append(f"{where}: a host-only package")
+            elif not {_normalise(d) for d in distributions.get(top, [top])} & installed:
+                problems.append(f"{where}: not installed by images/requirements.txt")
+    return problems
+
+
+def test_the_image_packages_import_only_each_other() -> None:
+    for package in sorted(IMAGE_PACKAGES):
+        assert ALLOWED[package] <= IMAGE_PACKAGES, f"{package} may not import a host package"
+
+
+def test_the_images_carry_the_image_packages_whole() -> None:
+    # .dockerignore draws the split by package: it lets in core/ and workloads/ and keeps out
+    # only their caches and generated files, never one of their modules or data files.
+    from images.build import WORKLOAD_DOCKERFILE, context_files
+
+    sent = {rel for rel in context_files() if (REPO / rel).is_file()}
+    expected = {
+        str(path.relative_to(REPO))
+        for package in IMAGE_PACKAGES
+        for path in (REPO / package).rglob("*")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and path.suffix != ".pyc"
+        and not any(part.startswith(".protoc-") for part in path.parts)
+        and not _generated(path)
+    }
+    assert sent - {".dockerignore", WORKLOAD_DOCKERFILE} == expected
+
+
+def test_the_image_packages_import_nothing_host_only() -> None:
+    modules = [
+        (path, _module_name(path))
+        for package in sorted(IMAGE_PACKAGES)
+        for path in package_files(package)
+        if not _generated(path)
+    ]
+    problems = image_import_problems(modules)
+    assert not problems, "the workload images would fail to import:\n  " + "\n  ".join(problems)
+
+
+def test_the_image_rule_sees_host_only_imports(tmp_path: Path) -> None:
+    assert not HOST_ONLY & image_distributions(), "the images install a HOST_ONLY package"
+    # The run-directory format is host side: it reads and writes with pandas and pyarrow.
+    rundir = image_import_problems([(REPO / "store" / "rundir.py", "store.rundir")])
+    assert any("imports pandas: a host-only package" in p for p in rundir)
+    assert any("imports pyarrow: a host-only package" in p for p in rundir)
+    # A module of workloads/ that slips, in each form the scanner reads.
+    (tmp_path / "slip.py").write_text(
+        "import importlib\n"
+        "from store.profiledb import lookup\n"
+        "TASK = 'store.rundir:Run'\n"
+        "def plot():\n"
+        "    import plotly.express\n"
+        "    return importlib.import_module('click')\n"
+        "import scipy.stats\n"
+    )
+    problems = image_import_problems([(tmp_path / "slip.py", "workloads.slip")])
+    assert sorted(p.partition(" imports ")[2] for p in problems) == [
+        "click: a host-only package",
+        "plotly.express: a host-only package",
+        "scipy.stats: not installed by images/requirements.txt",
+        "store.profiledb: host side, not in the images",
+        "store.rundir: host side, not in the images",
+    ]

@@ -30,7 +30,7 @@ from bench.long_run import (
     run_long,
     traced_counts,
 )
-from core.rundir import SAMPLES_COLUMNS
+from store.rundir import SAMPLES_COLUMNS
 from tracing.ingest import build_samples
 from tracing.samplers import SAMPLER_RSS, Sampler, process_rss
 

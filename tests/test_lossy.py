@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core import rundir
+from store import rundir
 from tracing import bpftrace, runner
 
 RAW = Path(__file__).parent / "data" / "raw"

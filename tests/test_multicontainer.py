@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core.rundir import load_run
+from store.rundir import load_run
 from tests.conftest import REPO, bpftrace_running, traced_events
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.request import ContainerSpec, RunRequest, workload_request

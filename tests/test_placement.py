@@ -144,7 +144,11 @@ def test_the_ready_nodes_of_a_swarm_in_natural_order_with_their_addresses() -> N
     [
         ({"nodes": 3, "node_names": ("a", "b")}, "name each node once"),
         ({"nodes": 2, "node_names": ("a", "a")}, "name each node once"),
-        ({"engine": "unix:///x.sock"}, "give --nodes"),
+        # By setting name: the CLI renders them as its flags (tests/test_cli.py).
+        (
+            {"engine": "unix:///x.sock"},
+            "^engine and registry are for runs across nodes: give nodes$",
+        ),
         ({"nodes": 2, "registry": "r:5000"}, "the virtual cluster has its own"),
         ({"nodes": 2, "net_bandwidth_bits_s": 10**6, "tracing": False}, "trace the run"),
     ],
@@ -155,9 +159,9 @@ def test_bad_swarm_options_are_one_line(options: dict[str, Any], message: str) -
 
 
 def test_nodes_by_count_or_by_name() -> None:
-    from cli import _parse_nodes
+    from experiments.request import parse_nodes
 
-    assert _parse_nodes(None) == {} and _parse_nodes("3") == {"nodes": 3}
-    assert _parse_nodes("node-3, node-1") == {"nodes": 2, "node_names": ("node-3", "node-1")}
+    assert parse_nodes(None) == {} and parse_nodes("3") == {"nodes": 3} == parse_nodes(3)
+    assert parse_nodes("node-3, node-1") == {"nodes": 2, "node_names": ("node-3", "node-1")}
     with pytest.raises(UserError, match="give a count"):
-        _parse_nodes("node-1,,node-2")
+        parse_nodes("node-1,,node-2")

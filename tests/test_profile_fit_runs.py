@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis.profiles import fit_runs
-from core.rundir import load_run
+from store.rundir import load_run
 from tests import synthetic
 
 

@@ -1,4 +1,4 @@
-"""The profile database (workloads/profiledb.py): the shipped tables against their sources,
+"""The profile database (store/profiledb.py): the shipped tables against their sources,
 the lookup rules, the conversion to sleep profiles, and the CLI and request plumbing of
 ``--accelerator`` (no container is started)."""
 
@@ -18,15 +18,16 @@ from click.testing import CliRunner
 import cli as cli_module
 from core.errors import UserError
 from experiments.orchestrate import load_experiment
-from workloads.profile import PROFILES_DIR, SleepProfile, load_profile
-from workloads.profiledb import (
+from store.profiledb import (
+    DATABASE_DIR,
     IMAGE_WORKLOADS,
     default_database,
     load_database,
-    local_slope,
     lookup,
     sleep_profile_for,
 )
+from store.profiletables import local_slope
+from workloads.profile import PROFILES_DIR, SleepProfile, load_profile
 from workloads.registry import WORKLOADS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ GIB = 2**30
 
 def csv_rows() -> dict[tuple[str, str, int], dict[str, float]]:
     """The shipped GPEmu table, read independently of the module under test."""
-    with gzip.open(PROFILES_DIR / "gpemu-profiles.csv.gz", "rt", newline="") as fh:
+    with gzip.open(DATABASE_DIR / "gpemu-profiles.csv.gz", "rt", newline="") as fh:
         return {
             (r["gpu"], r["model"], int(r["batch_size"])): {
                 k: float(v) for k, v in r.items() if k not in ("gpu", "model", "batch_size")
@@ -65,14 +66,14 @@ def _parsed_checksum(lines: list[list[str]]) -> tuple[int, str]:
     not (SHARED / "gpemu-profiles.csv").exists(), reason="../shared/reference-data is not here"
 )
 def test_the_compressed_table_is_the_shared_reference_table() -> None:
-    with gzip.open(PROFILES_DIR / "gpemu-profiles.csv.gz", "rt", newline="") as fh:
+    with gzip.open(DATABASE_DIR / "gpemu-profiles.csv.gz", "rt", newline="") as fh:
         shipped = list(csv.reader(fh))
     with (SHARED / "gpemu-profiles.csv").open(newline="") as fh:
         reference = list(csv.reader(fh))
     assert shipped[0] == reference[0]
     assert _parsed_checksum(shipped[1:]) == _parsed_checksum(reference[1:])
     assert len(shipped) - 1 == 6 * 36 * 256
-    transfer = (PROFILES_DIR / "gpemu-model-transfer.csv").read_bytes()
+    transfer = (DATABASE_DIR / "gpemu-model-transfer.csv").read_bytes()
     assert transfer == (SHARED / "gpemu-model-transfer.csv").read_bytes()
 
 
@@ -115,7 +116,7 @@ def test_the_database_stays_out_of_the_images() -> None:
 
     files = set(context_files())
     assert "workloads/profile.py" in files and "workloads/profiles/unet3d.json" in files
-    assert not {f for f in files if "profiledb" in f or "gpemu" in f}
+    assert not {f for f in files if f.startswith("store") or "profiledb" in f or "gpemu" in f}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +143,7 @@ def test_an_exact_lookup_is_the_csv_row(
     assert entry.h2d_s == row["h2d_s"] and entry.optimizer_s is None
     assert entry.peak_bytes == row["peak_memory_mb"] * 2**20
     assert entry.persistent_bytes == row["persistent_memory_mb"] * 2**20
-    with (PROFILES_DIR / "gpemu-model-transfer.csv").open() as fh:
+    with (DATABASE_DIR / "gpemu-model-transfer.csv").open() as fh:
         transfer = {
             (r["gpu"], r["model"]): float(r["model_transfer_s"]) for r in csv.DictReader(fh)
         }
@@ -633,7 +634,7 @@ def test_table_points_keep_their_phases_through_json(tmp_path: Path) -> None:
 
 
 def test_a_measured_profile_becomes_a_database_entry(measured_db: Path) -> None:
-    from workloads.profiledb import add_measured
+    from store.profiledb import add_measured
 
     written = add_measured(measured_profile(), "cpu-test", path=measured_db)
     assert written == measured_db.parent / "measured" / "cpu-test-unet3d.json"
@@ -659,7 +660,7 @@ def test_a_measured_profile_becomes_a_database_entry(measured_db: Path) -> None:
 
 
 def test_a_database_entry_is_replaced_only_when_asked(measured_db: Path) -> None:
-    from workloads.profiledb import add_measured
+    from store.profiledb import add_measured
 
     add_measured(measured_profile(), "cpu-test", path=measured_db)
     with pytest.raises(UserError, match="give --replace"):
@@ -680,7 +681,7 @@ def test_a_database_entry_is_replaced_only_when_asked(measured_db: Path) -> None
 
 
 def test_a_measured_gpu_declares_its_card_with_its_memory(measured_db: Path) -> None:
-    from workloads.profiledb import add_measured
+    from store.profiledb import add_measured
 
     add_measured(measured_profile("resnet18", memory=True), "gpu-x", path=measured_db)
     db = load_database(measured_db)
@@ -705,7 +706,7 @@ def test_the_shipped_cpu_entries_are_measured_phase_by_phase() -> None:
     covered = set(db.models("epyc-2t"))
     assert covered >= {"unet3d", "bert", "dlrm", "resnet18", "resnet50", "alexnet"}
     for model in ("unet3d", "bert", "dlrm", "resnet18", "resnet50", "alexnet"):
-        profile = load_profile(PROFILES_DIR / "measured" / f"epyc-2t-{model}.json")
+        profile = load_profile(DATABASE_DIR / "measured" / f"epyc-2t-{model}.json")
         assert profile.measured["database"]["accelerator"] == "epyc-2t"
         # where they were measured: a CPU profile says so, and is foreign elsewhere
         assert profile.host is not None and profile.host["cpu_model"] == "AMD EPYC"

@@ -1,4 +1,4 @@
-"""The run format's one owner (core/rundir.py) and the one atomic writer (core/atomic.py)."""
+"""The run format's one owner (store/rundir.py) and the one atomic writer (core/atomic.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core import __version__, rundir
+from core import __version__
 from core.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from core.errors import UserError
+from store import rundir
 
 
 def test_a_failed_atomic_write_leaves_neither_target_nor_temporary(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from core.rundir import PHASES_COLUMNS, SAMPLES_COLUMNS, empty_frame
+from store.rundir import PHASES_COLUMNS, SAMPLES_COLUMNS, empty_frame
 from tracing.ingest import build_samples
 from tracing.samplers import Gpus, Sampler
 

@@ -53,7 +53,7 @@ from analysis.similarity import (
     volume_similarity,
 )
 from core.errors import UserError
-from core.rundir import (
+from store.rundir import (
     EVENT_LOG_PATH,
     EVENTS_COLUMNS,
     PHASES_COLUMNS,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from analysis.timeline import lane_groups, timeline_figure
-from core.rundir import Run, load_run
 from datagen.images import ImageGenParams, generate_images
 from experiments.sophon import epoch_interval, sampled_total
+from store.rundir import Run, load_run
 from tests.conftest import REPO
 from tracing.remote import StorageNode
 from tracing.request import RunOptions, workload_request

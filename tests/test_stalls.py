@@ -27,7 +27,7 @@ from analysis.stalls import (
 )
 from core import versioned
 from core.errors import UserError
-from core.rundir import load_run
+from store.rundir import load_run
 from tests.synthetic import MIB, SEC, events_frame, make_run, phases_frame
 from tracing.host import resident_bytes, resident_fraction
 
@@ -370,6 +370,14 @@ def test_reduced_stalls_run(images: dict[str, str], tiny_images: Path, tmp_path:
     throttle = manifest["containers"][0]["device_read_bps"]
     assert throttle == [[block_device(tiny_images), READ_BPS]]
     assert result["epoch"]["fetch_stall_s"] > 0.1
+    # Measured again into the same directory (an interrupted study run again): the three runs
+    # are kept, none is traced again, and the figures are those of the same runs.
+    said: list[str] = []
+    resumed = measure_stalls(settings, out, log=said.append)
+    assert sum("done before, kept" in line for line in said) == 3, said
+    assert [r["path"] for r in resumed["runs_used"]] == [r["path"] for r in saved["runs_used"]]
+    assert len(list((out / "runs").glob("*/manifest.json"))) == 3
+    assert resumed["epoch"] == result["epoch"]
     # Fully cached, the "cold" run's place taken by a second cached run: no fetch stall.
     warm_files(sorted(p for p in tiny_images.rglob("*") if p.is_file()))
     again = epoch_figures(traced_run(settings, out / "runs"))

@@ -1,4 +1,4 @@
-"""Tests for the run-directory loader (core.rundir), the timeline plot (analysis.timeline) and
+"""Tests for the run-directory loader (store.rundir), the timeline plot (analysis.timeline) and
 the plain-text summary of ``./cli.py show`` (analysis.report).
 
 Run directories are built in tmp_path exactly as docs/run-format.md describes them: a
@@ -28,7 +28,7 @@ from analysis.timeline import (
     write_timeline,
 )
 from core.errors import UserError
-from core.rundir import (
+from store.rundir import (
     EVENTS_COLUMNS,
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,
@@ -39,13 +39,12 @@ from core.rundir import (
     load_run,
     resolve_run,
 )
-from tests.synthetic import (  # noqa: F401
+from tests.synthetic import (
     MIB,
     SEC,
     START_NS,
     events_frame,
     make_run,
-    manifest,
     phases_frame,
     samples_frame,
     two_container_run,

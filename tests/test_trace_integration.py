@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core.rundir import load_run
-from tests.conftest import REPO, bpftrace_running, traced_events
+from store.rundir import load_run
+from tests.conftest import REPO, STEP_KEYS, bpftrace_running, traced_events
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.host import drop_caches
 from tracing.request import image_request, workload_request
@@ -237,15 +237,7 @@ def test_unet3d_original_and_instrumented_runs_complete(
 
     instrumented = _unet3d_run(runs_root, tiny_unet3d, "instrumented", max_steps=2)
     phases = pd.read_parquet(instrumented / "phases.parquet")
-    per_step = {
-        "load_batch_mem",
-        "load_batch_gpu",
-        "model_forward_pass",
-        "loss_tensor_calc",
-        "model_backward_pass",
-        "model_optim_step",
-        "all_compute",
-    }
+    per_step = STEP_KEYS - {"cum_loss_fn_calc"}
     counts = phases[phases["key"].isin(per_step)].groupby("key").size()
     assert set(counts.index) == per_step and (counts == 2).all()
 

@@ -7,6 +7,7 @@ group file for grouped images, one open per shard per epoch for BERT's interleav
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -48,6 +49,21 @@ def _steps(run_dir: Path) -> int:
     return int(json.loads((run_dir / "summary.json").read_text())["steps"])
 
 
+def _generated(
+    factory: pytest.TempPathFactory,
+    name: str,
+    generate: Callable[..., object],
+    size: int,
+    seed: int,
+    params: object = None,
+) -> Path:
+    """A dataset of the module: ``generate(out, size, seed=seed, params=params)`` into a new
+    folder ``out`` (``params`` None: the generator's defaults)."""
+    out = factory.mktemp(name)
+    generate(out, size, seed=seed, params=params)
+    return out
+
+
 # -- DLRM --------------------------------------------------------------------------------------
 
 
@@ -55,9 +71,7 @@ def _steps(run_dir: Path) -> int:
 def dlrm_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from datagen.dlrm import generate_dlrm
 
-    out = tmp_path_factory.mktemp("dlrm")
-    generate_dlrm(out, 3_000_000, seed=3)
-    return out
+    return _generated(tmp_path_factory, "dlrm", generate_dlrm, 3_000_000, seed=3)
 
 
 @pytest.mark.parametrize("variant", ["sleep", "original"])
@@ -96,18 +110,20 @@ def test_dlrm_reads_one_contiguous_batch_per_step(
 def folder_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from datagen.images import ImageGenParams, generate_images
 
-    out = tmp_path_factory.mktemp("img-folder")
-    generate_images(out, 2_500_000, seed=4, params=ImageGenParams(classes=4))
-    return out
+    params = ImageGenParams(classes=4)
+    return _generated(
+        tmp_path_factory, "img-folder", generate_images, 2_500_000, seed=4, params=params
+    )
 
 
 @pytest.fixture(scope="module")
 def grouped_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from datagen.images import ImageGenParams, generate_images
 
-    out = tmp_path_factory.mktemp("img-grouped")
-    generate_images(out, 4_000_000, seed=5, params=ImageGenParams(classes=4, group_size=4))
-    return out
+    params = ImageGenParams(classes=4, group_size=4)
+    return _generated(
+        tmp_path_factory, "img-grouped", generate_images, 4_000_000, seed=5, params=params
+    )
 
 
 @pytest.mark.parametrize(("workload", "variant"), [("resnet18", "sleep"), ("alexnet", "original")])
@@ -170,9 +186,8 @@ def test_grouped_images_open_each_group_once_and_no_image_file(
 def bert_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from datagen.bert import BertGenParams, generate_bert
 
-    out = tmp_path_factory.mktemp("bert")
-    generate_bert(out, 450_000, seed=6, params=BertGenParams(records_per_file=16))
-    return out
+    params = BertGenParams(records_per_file=16)
+    return _generated(tmp_path_factory, "bert", generate_bert, 450_000, seed=6, params=params)
 
 
 @pytest.mark.parametrize("variant", ["sleep", "original"])

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from core.errors import UserError
+from tests.conftest import STEP_KEYS
 from tracing.mllog import parse_mllog
 from workloads.__main__ import main
 from workloads.config import WorkloadConfig
@@ -30,16 +31,6 @@ pytestmark = pytest.mark.integration
 CASES = 6
 SHAPE = (1, 40, 48, 48)
 OPTIONS = {"patch_size": 32, "base_channels": 4, "depth": 3}  # ~0.1 s per step
-STEP_KEYS = {
-    "load_batch_mem",
-    "load_batch_gpu",
-    "model_forward_pass",
-    "loss_tensor_calc",
-    "model_backward_pass",
-    "model_optim_step",
-    "cum_loss_fn_calc",
-    "all_compute",
-}
 
 
 def make_dataset(directory: Path, cases: int = CASES, shape: tuple[int, ...] = SHAPE) -> Path:

@@ -28,7 +28,7 @@ import docker
 import docker.errors
 from docker.types import DeviceRequest, EndpointConfig, Mount, Ulimit
 
-from core.errors import UserError
+from core.errors import SettingError, UserError
 from tracing.barrier import RELEASE_FIFO
 
 CTL_MOUNT = "/twintrace/ctl"
@@ -114,17 +114,21 @@ def gpu_request(text: str) -> DeviceRequest:
     if text.startswith("device="):
         ids = [part.strip() for part in text[len("device=") :].split(",")]
         if not all(ids):
-            raise UserError(f"bad --gpus {text!r}: name the GPUs, e.g. device=1 or device=0,2")
+            raise SettingError(
+                "bad {gpus} {text!r}: name the GPUs, e.g. device=1 or device=0,2", text=text
+            )
         return DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
     if text == "all":
         return DeviceRequest(count=-1, capabilities=[["gpu"]])
     if text.isdigit():
         if int(text) < 1:
-            raise UserError("--gpus 0 asks for no GPU: leave the option out")
+            raise SettingError("{gpus} 0 asks for no GPU: leave the option out")
         return DeviceRequest(count=int(text), capabilities=[["gpu"]])
     ids = [part.strip() for part in text.split(",")]
     if not text or not all(ids):
-        raise UserError(f"bad --gpus {text!r}: use all, a count such as 2, or ids such as 0,1")
+        raise SettingError(
+            "bad {gpus} {text!r}: use all, a count such as 2, or ids such as 0,1", text=text
+        )
     return DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
 
 
@@ -234,7 +238,7 @@ def start_held(
                 raise
             # The daemon's own locked-memory limit is lower than asked (it cannot be raised
             # without CAP_SYS_RESOURCE): run with its default; the emulation says what it
-            # could lock (workloads.training.PinnedStaging).
+            # could lock (workloads.emulation.PinnedStaging).
             _remove_named(cli, name)
             kwargs.pop("ulimits")
             container = run()

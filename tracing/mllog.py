@@ -30,11 +30,11 @@ from typing import Any
 
 import pandas as pd
 
-from core.rundir import PHASES_COLUMNS
+from store.rundir import PHASES_COLUMNS
 
 MARKER = ":::MLLOG"
 
-# The documented columns and dtypes of phases.parquet (the one definition is in core.rundir),
+# The documented columns and dtypes of phases.parquet (the one definition is in store.rundir),
 # but ``container`` and ``host``: one MLLOG file is one container's, and ingest says which.
 COLUMNS: Mapping[str, str] = {
     k: v for k, v in PHASES_COLUMNS.items() if k not in ("container", "host")

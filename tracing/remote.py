@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from core.errors import UserError
+from core.errors import SettingError, UserError
 from tracing.container import DATA_MOUNT, BindMount
 from tracing.request import ContainerSpec
 from workloads.images.files import load_image_data
@@ -33,9 +33,11 @@ class StorageNode:
 
     def __post_init__(self) -> None:
         if self.prep_workers < 1:
-            raise UserError(f"--prep-workers must be at least 1, got {self.prep_workers}")
+            raise SettingError(
+                "{prep_workers} must be at least 1, got {got}", got=self.prep_workers
+            )
         if self.cpus is not None and self.cpus <= 0:
-            raise UserError(f"--storage-cpus must be positive, got {self.cpus}")
+            raise SettingError("{storage_cpus} must be positive, got {got}", got=self.cpus)
 
 
 def check_served_dataset(data_dir: Path) -> None:

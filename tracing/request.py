@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.atomic import atomic_write_text
-from core.errors import UserError
+from core.errors import SettingError, UserError
 from core.units import parse_size
 from tracing.container import DATA_MOUNT, BindMount, gpu_request
 from tracing.host import block_device
@@ -103,7 +103,7 @@ class ContainerSpec:
                 f"memory limit {self.memory_bytes} bytes is below docker's minimum of 6 MiB"
             )
         if self.cpus is not None and self.cpus <= 0:
-            raise UserError(f"--cpus must be positive, got {self.cpus}")
+            raise SettingError("{cpus} must be positive, got {got}", got=self.cpus)
 
 
 def gpu_count(gpus: str) -> int | None:
@@ -168,25 +168,29 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         if self.nodes is not None and self.nodes < 1:
-            raise UserError(f"--nodes must be 1 or more, got {self.nodes}")
+            raise SettingError("{nodes} must be 1 or more, got {got}", got=self.nodes)
         if self.node_names and (
             self.nodes != len(self.node_names) or len(set(self.node_names)) != self.nodes
         ):
-            raise UserError(f"--nodes {','.join(self.node_names)}: name each node once")
+            raise SettingError(
+                "{nodes} {names}: name each node once", names=",".join(self.node_names)
+            )
         if self.nodes is None and (self.engine or self.registry):
-            raise UserError("--engine and --registry are for runs across nodes: give --nodes")
+            raise SettingError("{engine} and {registry} are for runs across nodes: give {nodes}")
         if self.registry is not None and self.engine is None:
-            raise UserError(
-                "--registry is for the swarm --engine names (the virtual cluster has its own)"
+            raise SettingError(
+                "{registry} is for the swarm {engine} names (the virtual cluster has its own)"
             )
         if self.nodes is not None and self.net_bandwidth_bits_s is not None and not self.tracing:
-            raise UserError(
-                "across nodes --net-bandwidth is set by each node's tracer agent: trace the run"
+            raise SettingError(
+                "across nodes {net_bandwidth} is set by each node's tracer agent: trace the run"
             )
         if self.sample_interval <= 0:
-            raise UserError(f"--sample-interval must be positive, got {self.sample_interval}")
+            raise SettingError(
+                "{sample_interval} must be positive, got {got}", got=self.sample_interval
+            )
         if self.timeout_s is not None and self.timeout_s <= 0:
-            raise UserError(f"--timeout must be positive, got {self.timeout_s}")
+            raise SettingError("{timeout} must be positive, got {got}", got=self.timeout_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,9 +226,10 @@ class RunRequest:
             )
         networked = len(self.containers) > 1 or bool(external)
         if self.run.net_bandwidth_bits_s is not None and not networked:
-            raise UserError(
-                "--net-bandwidth caps a run's network, and a run of one container has none: "
-                "use a remote dataset (--set dataset=remote-...), --compose or --rank-containers"
+            raise SettingError(
+                "{net_bandwidth} caps a run's network, and a run of one container has none: "
+                "use a remote dataset ({options} dataset=remote-...), {compose} or "
+                "{rank_containers}"
             )
 
     @property
@@ -288,27 +293,28 @@ def workload_request(
     remote = bool(getattr(parsed, "remote", False))
     external = remote and "storage_host" in options  # a storage node started elsewhere
     if "storage_host" in options and not remote:
-        raise UserError(
-            "--storage-host names the storage node of a remote dataset: add "
-            "--set dataset=remote-nooff (or remote-alloff, remote-partial, remote-sophon)"
+        raise SettingError(
+            "{storage_host} names the storage node of a remote dataset: add "
+            "{options} dataset=remote-nooff (or remote-alloff, remote-partial, remote-sophon)"
         )
     if storage is not None and (not remote or external):
-        raise UserError(
-            "--prep-workers and --storage-cpus size the run's storage container: they are for "
-            "a remote dataset (--set dataset=remote-...) without --storage-host"
+        raise SettingError(
+            "{prep_workers} and {storage_cpus} size the run's storage container: they are for "
+            "a remote dataset ({options} dataset=remote-...) without {storage_host}"
         )
     if external:
         if data_dir is not None:
-            raise UserError(
-                "--data and --storage-host both say where the samples are: with --storage-host "
-                "the storage server reads its own --data"
+            raise SettingError(
+                "{data} and {storage_host} both say where the samples are: with {storage_host} "
+                "the storage server reads its own {data}"
             )
         if rank_containers:
-            raise UserError("--rank-containers and --storage-host cannot be combined")
+            raise SettingError("{rank_containers} and {storage_host} cannot be combined")
     elif data_dir is None:
-        raise UserError(
-            f"--data is required: generate a dataset with "
-            f"`./cli.py datagen {spec.datagen} --out DIR --size 1GB`"
+        raise SettingError(
+            "{data} is required: generate a dataset with "
+            "`./cli.py datagen {generator} --out DIR --size 1GB`",
+            generator=spec.datagen,
         )
     else:
         data_dir = Path(data_dir).resolve()
@@ -318,7 +324,7 @@ def workload_request(
     extra = list(mounts)
     if profile is not None:
         if variant != "sleep":
-            raise UserError("--profile is only used by the sleep variant")
+            raise SettingError("{profile} is only used by the sleep variant")
         emulated = load_profile(profile)  # checked now; the warning below reads it
     elif emulated is not None:
         profile = write_profile(emulated, Path(runs_root))
@@ -327,7 +333,7 @@ def workload_request(
         settings["profile"] = f"{PROFILE_MOUNT}/profile.json"
     config = spec.config(variant, options=options, **settings)
     if variant == "sleep":
-        from workloads.hostprofiles import foreign_fix, rank_threads, warn_if_foreign
+        from store.hostprofiles import foreign_fix, rank_threads, warn_if_foreign
         from workloads.profile import default_profile
 
         warn_if_foreign(
@@ -347,17 +353,20 @@ def workload_request(
     }
     if rank_containers:
         if config.accelerators < 2:
-            raise UserError("--rank-containers needs --accelerators 2 or more")
+            raise SettingError("{rank_containers} needs {accelerators} 2 or more")
         # Every rank container gets the same --gpus: with a count N docker gives each GPUs
         # 0..N-1, with ids the same ids. Rank r computes on the r-th GPU it sees
         # (workloads.training.resolve_device), so fewer GPUs than ranks would put two ranks on
         # one GPU (NCCL refuses that).
         have = gpu_count(run.gpus) if run.gpus is not None else None
         if have is not None and have < config.accelerators:
-            raise UserError(
-                f"--gpus {run.gpus} gives every rank container the same {have} GPU(s), fewer "
-                f"than the {config.accelerators} ranks: use --gpus all (rank r computes on GPU "
-                "r), or a compose topology that reserves one GPU per rank service"
+            raise SettingError(
+                "{gpus} {given} gives every rank container the same {have} GPU(s), fewer "
+                "than the {ranks} ranks: use {gpus} all (rank r computes on GPU "
+                "r), or a compose topology that reserves one GPU per rank service",
+                given=run.gpus,
+                have=have,
+                ranks=config.accelerators,
             )
         master = "rank0"
         env = {MASTER_ADDR_ENV: master, MASTER_PORT_ENV: str(DEFAULT_MASTER_PORT)}
@@ -398,21 +407,22 @@ def accelerator_profile(
     number of accelerators; for ``cpu``, this host's measurement with the workload
     ``options`` (``experiments/hostprofile.py`` makes it). UserErrors for the combinations
     that make no sense."""
-    from workloads.profiledb import sleep_profile_for
+    from store.profiledb import sleep_profile_for
 
     if accelerator is None:
-        raise UserError(
-            "--profile-model picks the model whose profile --accelerator looks up: give "
-            "--accelerator too (./cli.py profiles lists what is covered)"
+        raise SettingError(
+            "{profile_model} picks the model whose profile {accelerator} looks up: give "
+            "{accelerator} too (./cli.py profiles lists what is covered)"
         )
     if config.variant != "sleep":
-        raise UserError(
-            f"--accelerator picks the emulated accelerator of the sleep variant; the "
-            f"{config.variant} variant runs the real computation: use --variant sleep"
+        raise SettingError(
+            "{accelerator} picks the emulated accelerator of the sleep variant; the "
+            "{name} variant runs the real computation: use {variant} sleep",
+            name=config.variant,
         )
     if profile is not None:
-        raise UserError(
-            "--accelerator and --profile both choose the sleep profile: give one of them"
+        raise SettingError(
+            "{accelerator} and {profile} both choose the sleep profile: give one of them"
         )
     return sleep_profile_for(
         config.workload,

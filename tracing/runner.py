@@ -37,8 +37,8 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from core import rundir
 from core.errors import UserError
+from store import rundir
 from tracing import barrier, bpftrace, container, dlio, host, ingest, placement, swarm
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.clock import host_clock
@@ -101,6 +101,31 @@ class _Member:
     main_pid: int = 0
     cgroups: ProcessCgroups | None = None
     logs: container.LogFollower | None = None
+
+    def held(
+        self, commands: dict[str, list[str]], run_id: str
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """What :func:`tracing.container.start_held` and :func:`tracing.swarm.start_role` both
+        take to start this container held at its barrier: the engine, image, command, barrier
+        folder, mounts, run id and role (in order); its limits and settings (by name)."""
+        spec = self.spec
+        first = (
+            self.host.cli,
+            self.host.ref(spec.image),
+            commands[spec.role],
+            self.barrier,
+            spec.mounts,
+            run_id,
+            spec.role,
+        )
+        settings = {
+            "memory_bytes": spec.memory_bytes,
+            "cpus": spec.cpus,
+            "environment": dict(spec.environment),
+            "shm_bytes": spec.shm_bytes,
+            "working_dir": spec.working_dir,
+        }
+        return first, settings
 
 
 @contextlib.contextmanager
@@ -500,22 +525,13 @@ def _start_all(
         network = container.DEFAULT_BRIDGE
     for i, m in enumerate(members):
         spec = m.spec
+        first, settings = m.held(commands, run_dir.name)
         m.ctr = container.start_held(
-            m.host.cli,
-            m.host.ref(spec.image),
-            commands[spec.role],
-            m.barrier,
-            spec.mounts,
-            run_dir.name,
-            spec.role,
+            *first,
             network=network,
-            memory_bytes=spec.memory_bytes,
-            cpus=spec.cpus,
             device_read_bps=spec.device_read_bps,
-            environment=dict(spec.environment),
-            shm_bytes=spec.shm_bytes,
-            working_dir=spec.working_dir,
             gpus=spec.gpus,
+            **settings,
         )
         m.main_pid = container.main_pid(m.ctr)
         m.cgroups = cgroups_of(m.main_pid)
@@ -545,23 +561,9 @@ def _start_services(
     held at its barrier; once every task runs, record its ids."""
     network = container.network_name(run_dir.name) if len(members) > 1 else None
     for m in members:  # every service first: the nodes pull and start them at once
-        spec = m.spec
+        first, settings = m.held(commands, run_dir.name)
         m.ctr = swarm.start_role(
-            m.host.cli,
-            m.host.ref(spec.image),
-            commands[spec.role],
-            m.barrier,
-            spec.mounts,
-            run_dir.name,
-            spec.role,
-            m.host.name,
-            constraints=spec.constraints,
-            network=network,
-            memory_bytes=spec.memory_bytes,
-            cpus=spec.cpus,
-            environment=dict(spec.environment),
-            shm_bytes=spec.shm_bytes,
-            working_dir=spec.working_dir,
+            *first, m.host.name, constraints=m.spec.constraints, network=network, **settings
         )
     for i, m in enumerate(members):
         task = m.ctr

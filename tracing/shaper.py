@@ -35,7 +35,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from core.errors import UserError
+from core.errors import SettingError, UserError
 
 #: tc's rate units (powers of 1000, bits per second).
 RATE_UNITS: Mapping[str, int] = {
@@ -61,13 +61,15 @@ def parse_rate(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", str(text))
     unit = match.group(2).lower() if match else ""
     if not match or unit not in RATE_UNITS:
-        raise UserError(
-            f"bad --net-bandwidth {text!r}: give a number and a unit of bits per second "
-            f"({', '.join(RATE_UNITS)}), e.g. 430mbit"
+        raise SettingError(
+            "bad {net_bandwidth} {text!r}: give a number and a unit of bits per second "
+            "({units}), e.g. 430mbit",
+            text=text,
+            units=", ".join(RATE_UNITS),
         )
     rate = round(float(match.group(1)) * RATE_UNITS[unit])
     if not MIN_RATE <= rate <= MAX_RATE:
-        raise UserError(f"--net-bandwidth {text!r} is outside 100kbit..1000gbit")
+        raise SettingError("{net_bandwidth} {text!r} is outside 100kbit..1000gbit", text=text)
     return rate
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from core.errors import UserError
 
@@ -64,6 +64,37 @@ def from_mapping(cls: type[T], data: dict[str, Any], where: str) -> T:
         return cls(**values)
     except TypeError as exc:  # a required field is missing
         raise UserError(f"{where}: {exc}") from None
+
+
+class WorkloadOptions:
+    """Base of a workload's options, a frozen dataclass (the ``options`` table of its config):
+    :meth:`from_dict` builds them, rejecting unknown keys by name; ``TABLE`` names the table in
+    its messages (``"bert options"``)."""
+
+    TABLE: ClassVar[str] = "workload options"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Build from a config's ``options`` table, rejecting unknown keys by name."""
+        return from_mapping(cls, dict(data), cls.TABLE)
+
+
+def check_fraction(where: str, value: float) -> None:
+    """``value`` strictly between 0 and 1; ``where`` names it (``"bert option eval_fraction"``)."""
+    if not 0.0 < value < 1.0:
+        raise UserError(f"{where} must be in (0, 1), got {value}")
+
+
+def check_optimizer(
+    where: str, optimizer: str, learning_rate: float, known: tuple[str, ...]
+) -> None:
+    """The settings every workload's options carry: ``optimizer`` one of ``known`` and a
+    positive ``learning_rate``; ``where`` begins the message (``"bert option"``)."""
+    if optimizer not in known:
+        choices = f"{', '.join(known[:-1])} or {known[-1]}" if len(known) > 1 else known[0]
+        raise UserError(f"{where} optimizer must be {choices}, got {optimizer!r}")
+    if learning_rate <= 0:
+        raise UserError(f"{where} learning_rate must be positive, got {learning_rate}")
 
 
 def _coerce(value: Any, kind: type, where: str) -> Any:

@@ -9,7 +9,7 @@ from analysis.similarity.aspects import ASPECTS, REGISTERED, Aspect, Outcome
 from analysis.similarity.profile import N_POINTS, RunProfile, run_profile
 from analysis.similarity.results import AspectScore, Comparison
 from core.errors import UserError
-from core.rundir import Run
+from store.rundir import Run
 
 #: Warn when the share of bytes read that missed the page cache differs by more than this
 #: between the runs (one read mostly from the device, the other mostly from memory). A warning

@@ -36,7 +36,7 @@ from analysis.series import (
 from analysis.similarity.measures import log2_buckets
 from analysis.tables import KindMask, is_value, run_roles, select_containers, step_intervals
 from core.errors import UserError
-from core.rundir import EVENT_LOG_PATH, READ_KINDS, WRITE_KINDS, Run
+from store.rundir import EVENT_LOG_PATH, READ_KINDS, WRITE_KINDS, Run
 from workloads.events import ACCELERATOR_KEY
 
 #: Points each time series is resampled to over its run's own [start, end].
@@ -307,7 +307,7 @@ def run_profile(
 
     series: dict[str, np.ndarray] = {}
     totals: dict[str, float] = {}
-    # The instrumentation's own event log is not the workload's I/O (core.rundir.EVENT_LOG_PATH).
+    # The instrumentation's own event log is not the workload's I/O (store.rundir.EVENT_LOG_PATH).
     tool_log = events["path"].eq(EVENT_LOG_PATH).to_numpy(dtype=bool, na_value=False)
     groups = {
         "read": mask(READ_KINDS),

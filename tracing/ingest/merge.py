@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from core.rundir import (
+from store.rundir import (
     FD_KINDS,
 )
 from tracing.ingest import jit, join_kernels, scan, schema

@@ -188,18 +188,43 @@ def _tab_numbers(buf: np.ndarray, words: np.ndarray, p: int, fields: np.ndarray,
 
 
 @_inline
+def _tab_name(
+    buf: np.ndarray,
+    words: np.ndarray,
+    p: int,
+    table: np.ndarray,
+    names: np.ndarray,
+    count: np.ndarray,
+) -> tuple[int, int]:
+    """The name after the tab at ``p`` (at most 16 bytes, ending at a tab) interned in a name
+    table (``table``, ``names``, ``count``: see :func:`_intern`): the position of its tab and
+    its code; the code -1 when the table is full, -2 when there is no such name."""
+    start = p + 1
+    p, w0, w1 = _read_name(words, start)
+    if buf[p] != 9 or p - start > 16:
+        return p, -2
+    return p, _intern(table, names, count, w0, w1, p - start)
+
+
+@_inline
 def _ev_field(
-    buf: np.ndarray, words: np.ndarray, p: int, ev: np.ndarray, f: int, separated: bool
+    buf: np.ndarray,
+    words: np.ndarray,
+    p: int,
+    ev: np.ndarray,
+    f: int,
+    separated: bool,
+    signed: bool,
 ) -> int:
-    """A signed number at ``p`` (after ", " when ``separated``; -1: none) into ``ev[f]``;
-    the position after it, or -1."""
+    """A number at ``p`` (after ", " when ``separated``; -1: none) into ``ev[f]``; the position
+    after it, or -1."""
     if p < 0:
         return -1
     if separated:
         p = _expect(buf, p, _AGG_SEP)
         if p < 0:
             return -1
-    value, p, ok = _read_number(buf, words, p, True)
+    value, p, ok = _read_number(buf, words, p, signed)
     if not ok:
         return -1
     ev[f] = value
@@ -220,17 +245,10 @@ def _parse_ev_map(buf: np.ndarray, words: np.ndarray, p: int, is_open: bool, ev:
     value, p, ok = _read_number(buf, words, p, False)
     if not ok or buf[p] != 91:  # '['
         return -1
-    value, p, ok = _read_number(buf, words, p + 1, False)
-    if not ok:
-        return -1
-    ev[0] = value
-    p = _expect(buf, p, _AGG_SEP)
+    p = _ev_field(buf, words, p + 1, ev, 0, False, False)
+    p = _ev_field(buf, words, p, ev, 1, True, False)
     if p < 0:
         return -1
-    value, p, ok = _read_number(buf, words, p, False)
-    if not ok:
-        return -1
-    ev[1] = value
     p = _expect(buf, p, _AGG_SEP)
     if p < 0:
         return -1
@@ -248,16 +266,10 @@ def _parse_ev_map(buf: np.ndarray, words: np.ndarray, p: int, is_open: bool, ev:
         ev[2] = _K_OPENAT
         ev[4] = -1
         ev[6] = -1
-        for f in (3, 5, 7):
-            if f > 3:
-                p = _expect(buf, p, _AGG_SEP)
-                if p < 0:
-                    return -1
-            value, p, ok = _read_number(buf, words, p, True)
-            if not ok:
-                return -1
-            ev[f] = value
-        p = _expect(buf, p, _AGG_SEP)
+        p = _ev_field(buf, words, p, ev, 3, False, True)
+        p = _ev_field(buf, words, p, ev, 5, True, True)
+        p = _ev_field(buf, words, p, ev, 7, True, True)
+        p = _expect(buf, p, _AGG_SEP) if p >= 0 else -1
         if p < 0:
             return -1
         stop = _line_end(words, p)
@@ -266,12 +278,12 @@ def _parse_ev_map(buf: np.ndarray, words: np.ndarray, p: int, is_open: bool, ev:
         ev[10] = p
         ev[11] = stop - 1
         return stop
-    p = _ev_field(buf, words, p, ev, 2, False)  # written out: each field's branches apart
-    p = _ev_field(buf, words, p, ev, 3, True)
-    p = _ev_field(buf, words, p, ev, 4, True)
-    p = _ev_field(buf, words, p, ev, 5, True)
-    p = _ev_field(buf, words, p, ev, 6, True)
-    p = _ev_field(buf, words, p, ev, 7, True)
+    p = _ev_field(buf, words, p, ev, 2, False, True)  # written out: each field's branches apart
+    p = _ev_field(buf, words, p, ev, 3, True, True)
+    p = _ev_field(buf, words, p, ev, 4, True, True)
+    p = _ev_field(buf, words, p, ev, 5, True, True)
+    p = _ev_field(buf, words, p, ev, 6, True, True)
+    p = _ev_field(buf, words, p, ev, 7, True, True)
     if p < 0:
         return -1
     ev[10] = p
@@ -355,31 +367,23 @@ def _parse_syscall_block(
         else:  # a tab-separated line (syscalls.bt before its calls were batched in maps)
             ts, p, digits = _read_number(buf, words, pos, False)
         if digits and buf[p] == 9:
-            kind_start = p + 1
-            p, w0, w1 = _read_name(words, kind_start)
-            ok = buf[p] == 9 and p - kind_start <= 16
-            if ok:
-                kind = _intern(kind_table, kind_names, kind_count, w0, w1, p - kind_start)
-                if kind < 0:
-                    info[_I_STATUS] = _FULL_NAMES
-                    break
+            p, kind = _tab_name(buf, words, p, kind_table, kind_names, kind_count)
+            if kind == -1:
+                info[_I_STATUS] = _FULL_NAMES
+                break
+            if kind >= 0:
                 p = _tab_numbers(buf, words, p, ev, 6)
-                ok = p >= 0
-                if ok:
-                    pid, tid, fd, ret, arg, lat = ev[0], ev[1], ev[2], ev[3], ev[4], ev[5]
-            if ok:
-                comm_start = p + 1
-                p, w0, w1 = _read_name(words, comm_start)
-                ok = buf[p] == 9 and p - comm_start <= 16
-            if ok:
-                comm = _intern(comm_table, comm_names, comm_count, w0, w1, p - comm_start)
-                if comm < 0:
+            if kind >= 0 and p >= 0:  # else ok stays False: a skipped line
+                pid, tid, fd, ret, arg, lat = ev[0], ev[1], ev[2], ev[3], ev[4], ev[5]
+                p, comm = _tab_name(buf, words, p, comm_table, comm_names, comm_count)
+                if comm == -1:
                     info[_I_STATUS] = _FULL_NAMES
                     break
-                path_start = p + 1
-                p = _field_end(words, path_start)
-                path_end = p
-                ok = buf[p] == 10
+                if comm >= 0:
+                    path_start = p + 1
+                    p = _field_end(words, path_start)
+                    path_end = p
+                    ok = buf[p] == 10
         if ok:
             nbytes = 0  # the derived values of events.parquet (see the doc)
             if kind < _K_RW_END:
@@ -626,14 +630,11 @@ def _parse_block_lines(
             ts, p, ok = _read_int(buf, pos, True)
             ok = ok and buf[p] == 9
             if ok:
-                start = p + 1
-                p, w0, w1 = _read_name(words, start)
-                ok = buf[p] == 9 and p - start <= 16
-                if ok:
-                    rw = _intern(rw_table, rw_names, rw_count, w0, w1, p - start)
-                    if rw < 0:
-                        info[_I_STATUS] = _FULL_NAMES
-                        break
+                p, rw = _tab_name(buf, words, p, rw_table, rw_names, rw_count)
+                if rw == -1:
+                    info[_I_STATUS] = _FULL_NAMES
+                    break
+                ok = rw >= 0
             if ok:
                 p = _tab_numbers(buf, words, p, fields, 6)
                 ok = p >= 0

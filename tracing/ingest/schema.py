@@ -6,7 +6,7 @@ import re
 
 import pyarrow as pa
 
-from core.rundir import (
+from store.rundir import (
     EVENTS_COLUMNS,
     READ_KINDS,
     WRITE_KINDS,
@@ -15,7 +15,7 @@ from core.rundir import (
 
 PAGE_SIZE = 4096
 
-# Column order and Arrow types of events.parquet: the single definition lives in core.rundir.
+# Column order and Arrow types of events.parquet: the single definition lives in store.rundir.
 EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
 #: The string columns written as dictionaries (the file's Arrow schema still says string:
 #: readers get EVENTS_SCHEMA), and the schema of the tables written: thread names, devices and

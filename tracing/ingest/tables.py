@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from core.rundir import (
+from store.rundir import (
     PHASES_COLUMNS,
     SAMPLES_COLUMNS,
     conform,

@@ -22,6 +22,7 @@ from core.errors import UserError
 from workloads.bert.files import FEATURES
 from workloads.bert.records import REGENERATE, iter_records, parse_example
 from workloads.events import Emitter
+from workloads.loaders import EpochDraws
 
 __all__ = ["BertBatches", "interleave"]
 
@@ -68,7 +69,7 @@ def interleave(files: Sequence[Path], cycle_length: int) -> Iterator[tuple[Path,
         index = (index + 1) % cycle_length
 
 
-class BertBatches(IterableDataset[Batch]):
+class BertBatches(EpochDraws, IterableDataset[Batch]):
     """Batches of BERT pre-training records: dict of tensors with leading dimension ``batch_size``.
 
     int64 features become int64 tensors (batch, length), ``masked_lm_weights`` float32. Use with
@@ -107,16 +108,12 @@ class BertBatches(IterableDataset[Batch]):
         self.rank = rank
         self.world = world
         self.emitter = emitter
-        self.epoch = -1
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def shards_for(self, worker: int, workers: int) -> list[Path]:
         """The shards DataLoader worker ``worker`` of ``workers`` reads in this epoch, in order."""
         order = list(self.shards)
         if self.shuffle:
-            perm = np.random.default_rng([self.seed, max(self.epoch, 0)]).permutation(len(order))
+            perm = self.rng().permutation(len(order))
             order = [order[i] for i in perm]
         slot = self.rank * workers + worker
         return order[slot :: self.world * workers]

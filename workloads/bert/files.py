@@ -21,7 +21,7 @@ from workloads.bert.records import (
     parse_example,
     read_header,
 )
-from workloads.data import DataSummary
+from workloads.data import DataSummary, data_directory
 
 SHARD_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 SHARD_FORMAT = "part-%05d-of-%05d"
@@ -46,12 +46,7 @@ FEATURES: dict[str, tuple[str, str]] = {
 
 def list_shards(data_dir: str | Path) -> list[Path]:
     """The ``part-NNNNN-of-NNNNN`` files of ``data_dir``, sorted by name."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise UserError(
-            f"BERT data directory {data_dir} does not exist: generate a dataset there with "
-            "./cli.py datagen bert"
-        )
+    data_dir = data_directory(data_dir, "BERT", "bert")
     shards = sorted(p for p in data_dir.iterdir() if SHARD_RE.match(p.name) and p.is_file())
     if not shards:
         raise UserError(

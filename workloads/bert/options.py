@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from core.errors import UserError
-from workloads.config import from_mapping
+from workloads.config import WorkloadOptions, check_fraction, check_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
-class BertOptions:
+class BertOptions(WorkloadOptions):
     """Settings of the BERT workload; unknown keys are rejected by :meth:`from_dict`.
 
     - ``size``: ``small`` (the model below: trains on 2 CPU cores) or ``large`` (MLPerf
@@ -23,6 +22,8 @@ class BertOptions:
       (at least one shard, and at least one per accelerator left for training).
     - ``optimizer`` (``adam`` or ``sgd``; the reference uses LAMB) and ``learning_rate``.
     """
+
+    TABLE = "bert options"
 
     size: str = "small"
     hidden: int = 128
@@ -44,16 +45,5 @@ class BertOptions:
             raise UserError(
                 f"bert option hidden ({self.hidden}) must be a multiple of heads ({self.heads})"
             )
-        if not 0.0 < self.eval_fraction < 1.0:
-            raise UserError(
-                f"bert option eval_fraction must be in (0, 1), got {self.eval_fraction}"
-            )
-        if self.optimizer not in ("adam", "sgd"):
-            raise UserError(f"bert option optimizer must be adam or sgd, got {self.optimizer!r}")
-        if self.learning_rate <= 0:
-            raise UserError(f"bert option learning_rate must be positive, got {self.learning_rate}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BertOptions:
-        """Build from a config's ``options`` table, rejecting unknown keys by name."""
-        return from_mapping(cls, dict(data), "bert options")
+        check_fraction("bert option eval_fraction", self.eval_fraction)
+        check_optimizer("bert option", self.optimizer, self.learning_rate, ("adam", "sgd"))

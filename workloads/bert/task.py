@@ -24,11 +24,12 @@ from workloads.bert.model import BertConfig, BertPretraining, mlm_accuracy, pret
 from workloads.bert.options import BertOptions
 from workloads.config import WorkloadConfig
 from workloads.events import Emitter
-from workloads.training import Loader, Task
+from workloads.loaders import Loader
+from workloads.training import SplitTask
 
 
 @dataclasses.dataclass(frozen=True)
-class BertTask(Task):
+class BertTask(SplitTask):
     options: BertOptions
     model_config: BertConfig
     train_shards: tuple[Path, ...]
@@ -70,17 +71,16 @@ class BertTask(Task):
         torch.manual_seed(seed)
         return BertPretraining(self.model_config)
 
-    def _loader(
-        self,
-        shards: tuple[Path, ...],
-        train: bool,
-        config: WorkloadConfig,
-        rank: int,
-        device: torch.device,
-        emitter: Emitter,
+    def items(self, train: bool) -> tuple[Path, ...]:
+        return self.train_shards if train else self.eval_shards
+
+    def loader(
+        self, train: bool, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
     ) -> Loader:
+        if not train:  # evaluation reads every held-out shard on every rank: shards are few
+            config, rank = config.replace(accelerators=1), 0
         dataset = BertBatches(
-            shards,
+            self.items(train),
             config.batch_size,
             cycle_length=self.options.cycle_length,
             seed=config.seed,
@@ -93,21 +93,6 @@ class BertTask(Task):
             dataset, batch_size=None, num_workers=config.workers, pin_memory=device.type == "cuda"
         )
         return Loader(loader, dataset.set_epoch)
-
-    def train_loader(
-        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
-    ) -> Loader:
-        return self._loader(self.train_shards, True, config, rank, device, emitter)
-
-    def eval_loader(
-        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
-    ) -> Loader | None:
-        if not self.eval_shards:
-            return None
-        # Evaluation reads every held-out shard on every rank: shards are few.
-        return self._loader(
-            self.eval_shards, False, config.replace(accelerators=1), 0, device, emitter
-        )
 
     def to_device(self, batch: Any, device: torch.device) -> Any:
         return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import UserError
-from workloads.data import DataSummary
+from workloads.data import DataSummary, data_directory
 
 DENSE = 13
 SPARSE = 26
@@ -90,12 +90,7 @@ def _records(path: Path) -> int:
 
 def load_dataset(data_dir: str | Path) -> DLRMData:
     """Check the files of the DLRM dataset in ``data_dir`` (sizes and counts; no data read)."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise UserError(
-            f"DLRM data directory {data_dir} does not exist: generate a dataset there with "
-            "./cli.py datagen dlrm"
-        )
+    data_dir = data_directory(data_dir, "DLRM", "dlrm")
     counts_path = data_dir / COUNTS_NAME
     if not counts_path.is_file():
         raise UserError(f"DLRM category counts {counts_path} are missing: {REGENERATE}")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from core.errors import UserError
-from workloads.config import from_mapping
+from workloads.config import WorkloadOptions, check_optimizer
 
 
 def parse_layers(text: str, where: str) -> tuple[int, ...]:
@@ -23,7 +22,7 @@ def parse_layers(text: str, where: str) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class DLRMOptions:
+class DLRMOptions(WorkloadOptions):
     """Settings of the DLRM workload; unknown keys are rejected by :meth:`from_dict`.
 
     - ``size``: ``small`` (the shape below: trains on 2 CPU cores) or ``mlperf`` (embedding
@@ -36,6 +35,8 @@ class DLRMOptions:
     - ``eval_batches``: test-file batches per evaluation (0: the whole test file).
     - ``optimizer`` (``sgd`` as the reference, ``adagrad`` or ``adam``) and ``learning_rate``.
     """
+
+    TABLE = "dlrm options"
 
     size: str = "small"
     embedding_dim: int = 16
@@ -64,14 +65,5 @@ class DLRMOptions:
             raise UserError(f"dlrm option top_mlp must end at 1 (one logit), got {self.top_mlp!r}")
         if self.max_ind_range < 0 or self.eval_batches < 0:
             raise UserError("dlrm options max_ind_range and eval_batches must not be negative")
-        if self.optimizer not in ("sgd", "adagrad", "adam"):
-            raise UserError(
-                f"dlrm option optimizer must be sgd, adagrad or adam, got {self.optimizer!r}"
-            )
-        if self.learning_rate <= 0:
-            raise UserError(f"dlrm option learning_rate must be positive, got {self.learning_rate}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DLRMOptions:
-        """Build from a config's ``options`` table, rejecting unknown keys by name."""
-        return from_mapping(cls, dict(data), "dlrm options")
+        optimizers = ("sgd", "adagrad", "adam")
+        check_optimizer("dlrm option", self.optimizer, self.learning_rate, optimizers)

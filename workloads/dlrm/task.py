@@ -21,7 +21,8 @@ from workloads.dlrm.files import DLRMData, load_dataset
 from workloads.dlrm.model import DLRM, DLRMConfig
 from workloads.dlrm.options import DLRMOptions, parse_layers
 from workloads.events import Emitter
-from workloads.training import Loader, Task, sharded_loader
+from workloads.loaders import Loader, sharded_loader
+from workloads.training import Task
 
 
 @dataclasses.dataclass(frozen=True)

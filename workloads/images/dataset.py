@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from core.errors import UserError
 from workloads.events import Emitter
 from workloads.images.files import REGENERATE, ImageData, ImageGroup, ImageSample
 from workloads.images.transforms import decode, eval_transform, train_transform
+from workloads.loaders import EpochDraws
 
 __all__ = [
     "GroupedImageDataset",
@@ -29,6 +31,8 @@ __all__ = [
     "make_dataset",
     "read_whole",
 ]
+
+Item = TypeVar("Item", ImageSample, ImageGroup)
 
 
 def read_whole(path: Path) -> bytes:
@@ -55,22 +59,28 @@ def read_whole(path: Path) -> bytes:
         raise UserError(f"cannot read {path} ({exc}): {REGENERATE}") from None
 
 
-class _Base:
-    def __init__(self, *, image_size: int, train: bool, seed: int, emitter: Emitter | None) -> None:
+class _Base(EpochDraws, Generic[Item]):
+    """Items of one split (image files or group files) and their transforms."""
+
+    def __init__(
+        self,
+        items: Sequence[Item],
+        *,
+        image_size: int = 224,
+        train: bool = True,
+        seed: int = 0,
+        emitter: Emitter | None = None,
+    ) -> None:
         if image_size < 1:
             raise UserError(f"image_size must be at least 1, got {image_size}")
+        self.items = list(items)
         self.image_size = image_size
         self.train = train
         self.seed = seed
         self.emitter = emitter
-        self.epoch = -1
 
-    def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s random draws; call before iterating (workers see it per epoch)."""
-        self.epoch = epoch
-
-    def _rng(self, i: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, max(self.epoch, 0), i])
+    def __len__(self) -> int:
+        return len(self.items)
 
     def _transform(self, data: bytes, where: str, rng: np.random.Generator) -> torch.Tensor:
         img = decode(data, where)
@@ -79,7 +89,7 @@ class _Base:
         return eval_transform(img, self.image_size)
 
 
-class ImageFolderDataset(_Base, Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class ImageFolderDataset(_Base[ImageSample], Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """JPEG files; item ``i`` is (float32 tensor (3, S, S), int64 label).
 
     ``train``: random resized crop and flip drawn from ``default_rng([seed, epoch, i])``;
@@ -88,27 +98,12 @@ class ImageFolderDataset(_Base, Dataset[tuple[torch.Tensor, torch.Tensor]]):
     metadata ``index=i``, from the worker process that loads it.
     """
 
-    def __init__(
-        self,
-        samples: Sequence[ImageSample],
-        *,
-        image_size: int = 224,
-        train: bool = True,
-        seed: int = 0,
-        emitter: Emitter | None = None,
-    ) -> None:
-        super().__init__(image_size=image_size, train=train, seed=seed, emitter=emitter)
-        self.samples = list(samples)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        sample = self.samples[i]
+        sample = self.items[i]
         t0 = time.monotonic_ns()
         data = read_whole(sample.path)
         t1 = time.monotonic_ns()
-        image = self._transform(data, str(sample.path), self._rng(i))
+        image = self._transform(data, str(sample.path), self.rng(i))
         t2 = time.monotonic_ns()
         if self.emitter is not None:
             self.emitter.duration("sample_load", t0, t1, epoch=self.epoch, index=i)
@@ -116,7 +111,7 @@ class ImageFolderDataset(_Base, Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return image, torch.tensor(sample.label, dtype=torch.int64)
 
 
-class GroupedImageDataset(_Base, Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class GroupedImageDataset(_Base[ImageGroup], Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Group files; item ``i`` is (float32 tensor (G, 3, S, S), int64 labels (G,)) of group i.
 
     One open and one read of the whole group file per item, then every member is decoded and
@@ -124,23 +119,8 @@ class GroupedImageDataset(_Base, Dataset[tuple[torch.Tensor, torch.Tensor]]):
     :class:`ImageFolderDataset`, with metadata ``group=i, samples=G``.
     """
 
-    def __init__(
-        self,
-        groups: Sequence[ImageGroup],
-        *,
-        image_size: int = 224,
-        train: bool = True,
-        seed: int = 0,
-        emitter: Emitter | None = None,
-    ) -> None:
-        super().__init__(image_size=image_size, train=train, seed=seed, emitter=emitter)
-        self.groups = list(groups)
-
-    def __len__(self) -> int:
-        return len(self.groups)
-
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        group = self.groups[i]
+        group = self.items[i]
         t0 = time.monotonic_ns()
         data = read_whole(group.path)
         t1 = time.monotonic_ns()
@@ -151,7 +131,7 @@ class GroupedImageDataset(_Base, Dataset[tuple[torch.Tensor, torch.Tensor]]):
                     f"{group.path} is truncated: {m.name} needs bytes {m.offset}.."
                     f"{m.offset + m.size} but the file has {len(data)}: {REGENERATE}"
                 )
-        rng = self._rng(i)
+        rng = self.rng(i)
         images = []
         for m in group.members:
             where = f"{m.name} in {group.path} (offset {m.offset})"

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal, cast
 
 from core.errors import UserError
-from workloads.data import DataSummary
+from workloads.data import DataSummary, data_directory
 
 REGENERATE = "regenerate it with ./cli.py datagen images"
 SPLITS = ("train", "val")
@@ -87,12 +87,7 @@ class ImageData:
 
 def load_image_data(data_dir: str | Path) -> ImageData:
     """List the dataset in ``data_dir``, detecting its layout; UserError when it is unusable."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise UserError(
-            f"image data directory {data_dir} does not exist: generate a dataset there with "
-            "./cli.py datagen images"
-        )
+    data_dir = data_directory(data_dir, "image", "images")
     if (data_dir / "train" / "index.csv").is_file():
         return _load_grouped(data_dir)
     if (data_dir / "train").is_dir():

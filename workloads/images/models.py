@@ -62,10 +62,13 @@ def _conv1x1(in_channels: int, out_channels: int, stride: int = 1, array: int = 
     return _conv(in_channels, out_channels, 1, array, stride=stride, bias=False)
 
 
-class BasicBlock(nn.Module):
-    """Two 3x3 convolutions with a residual connection (ResNet-18/34)."""
+class _Residual(nn.Module):
+    """A residual block: ``relu(residual(x) + identity)``, the identity being ``x`` or, where the
+    block changes the shape, ``downsample(x)``. A block makes its layers in :meth:`_layers`
+    (before ``downsample``, so parameters come in torchvision's order)."""
 
-    expansion = 1
+    expansion: int
+    relu: nn.ReLU
 
     def __init__(
         self,
@@ -76,34 +79,43 @@ class BasicBlock(nn.Module):
         array: int = 1,
     ) -> None:
         super().__init__()
+        self._layers(in_channels, planes, stride, array)
+        self.downsample = downsample
+
+    def _layers(self, in_channels: int, planes: int, stride: int, array: int) -> None:
+        raise NotImplementedError
+
+    def residual(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(self.residual(x) + identity)
+
+
+class BasicBlock(_Residual):
+    """Two 3x3 convolutions with a residual connection (ResNet-18/34)."""
+
+    expansion = 1
+
+    def _layers(self, in_channels: int, planes: int, stride: int, array: int) -> None:
         self.conv1 = _conv3x3(in_channels, planes, stride, array)
         self.bn1 = _norm(planes, array)
         self.relu = nn.ReLU(inplace=True)
         self.conv2 = _conv3x3(planes, planes, array=array)
         self.bn2 = _norm(planes, array)
-        self.downsample = downsample
 
-    def forward(self, x: Tensor) -> Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
+    def residual(self, x: Tensor) -> Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        return self.bn2(self.conv2(out))
 
 
-class Bottleneck(nn.Module):
+class Bottleneck(_Residual):
     """1x1 reduce, 3x3 (strided, v1.5), 1x1 expand by 4, with a residual connection."""
 
     expansion = 4
 
-    def __init__(
-        self,
-        in_channels: int,
-        planes: int,
-        stride: int = 1,
-        downsample: nn.Module | None = None,
-        array: int = 1,
-    ) -> None:
-        super().__init__()
+    def _layers(self, in_channels: int, planes: int, stride: int, array: int) -> None:
         self.conv1 = _conv1x1(in_channels, planes, array=array)
         self.bn1 = _norm(planes, array)
         self.conv2 = _conv3x3(planes, planes, stride, array)
@@ -111,14 +123,11 @@ class Bottleneck(nn.Module):
         self.conv3 = _conv1x1(planes, planes * self.expansion, array=array)
         self.bn3 = _norm(planes * self.expansion, array)
         self.relu = nn.ReLU(inplace=True)
-        self.downsample = downsample
 
-    def forward(self, x: Tensor) -> Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
+    def residual(self, x: Tensor) -> Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
+        return self.bn3(self.conv3(out))
 
 
 class ResNet(nn.Module):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from core.errors import UserError
-from workloads.config import from_mapping
+from workloads.config import WorkloadOptions, check_optimizer
 
 #: ``dataset`` values: the local files, or a storage node's samples (workloads.sophon).
 DATASET_MODES = ("local", "remote-nooff", "remote-alloff", "remote-partial", "remote-sophon")
@@ -16,7 +15,7 @@ STORAGE_PORT = 50051
 
 
 @dataclasses.dataclass(frozen=True)
-class ImageOptions:
+class ImageOptions(WorkloadOptions):
     """Settings of the image-classification workloads; unknown keys rejected by :meth:`from_dict`.
 
     - ``image_size``: edge of the RandomResizedCrop (224 as the ImageNet references; smaller
@@ -41,6 +40,8 @@ class ImageOptions:
     item is one group file of G images, so a step reads batch_size / G groups.
     """
 
+    TABLE = "image options"
+
     image_size: int = 224
     width: int = 64
     optimizer: str = "sgd"
@@ -55,12 +56,7 @@ class ImageOptions:
             raise UserError(f"image option image_size must be at least 8, got {self.image_size}")
         if self.width < 1:
             raise UserError(f"image option width must be at least 1, got {self.width}")
-        if self.optimizer not in ("sgd", "adam"):
-            raise UserError(f"image option optimizer must be sgd or adam, got {self.optimizer!r}")
-        if self.learning_rate <= 0:
-            raise UserError(
-                f"image option learning_rate must be positive, got {self.learning_rate}"
-            )
+        check_optimizer("image option", self.optimizer, self.learning_rate, ("sgd", "adam"))
         if not 1 <= self.array_size <= 1024:
             raise UserError(
                 f"image option array_size must be from 1 to 1024 (models in the fused array), "
@@ -108,8 +104,3 @@ class ImageOptions:
     def remote(self) -> bool:
         """Whether the samples come from a storage node."""
         return self.dataset != "local"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ImageOptions:
-        """Build from a config's ``options`` table, rejecting unknown keys by name."""
-        return from_mapping(cls, dict(data), "image options")

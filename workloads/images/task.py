@@ -27,7 +27,8 @@ from workloads.images.files import ImageData, load_image_data
 from workloads.images.fused import array_loss, array_optimizer, per_model_losses
 from workloads.images.models import build_image_model
 from workloads.images.options import ImageOptions
-from workloads.training import Loader, Task, sharded_loader
+from workloads.loaders import Loader, sharded_loader
+from workloads.training import SplitTask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,7 @@ class RemoteData:
 
 
 @dataclasses.dataclass(frozen=True)
-class ImageTask(Task):
+class ImageTask(SplitTask):
     model_name: str
     options: ImageOptions
     data: ImageData | None
@@ -98,15 +99,17 @@ class ImageTask(Task):
             return super().make_optimizer(params)
         return array_optimizer(params, self.options.optimizer, self.options.model_learning_rates)
 
-    def _loader(
-        self,
-        items: tuple[Any, ...],
-        train: bool,
-        config: WorkloadConfig,
-        rank: int,
-        device: torch.device,
-        emitter: Emitter,
+    def items(self, train: bool) -> tuple[Any, ...]:
+        """Local: the split's samples or groups; remote: the split's labels."""
+        if self.remote is not None:
+            return self.remote.train_labels if train else self.remote.val_labels
+        assert self.data is not None
+        return self.data.train if train else self.data.val
+
+    def loader(
+        self, train: bool, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
     ) -> Loader:
+        items = self.items(train)
         common = {
             "image_size": self.options.image_size,
             "train": train,
@@ -149,26 +152,6 @@ class ImageTask(Task):
         return sharded_loader(
             dataset, config, rank, device, batch_size=config.batch_size, shuffle=train
         )
-
-    def train_loader(
-        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
-    ) -> Loader:
-        if self.remote is not None:
-            return self._loader(self.remote.train_labels, True, config, rank, device, emitter)
-        assert self.data is not None
-        return self._loader(self.data.train, True, config, rank, device, emitter)
-
-    def eval_loader(
-        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
-    ) -> Loader | None:
-        if self.remote is not None:
-            if not self.remote.val_labels:
-                return None
-            return self._loader(self.remote.val_labels, False, config, rank, device, emitter)
-        assert self.data is not None
-        if not self.data.val:
-            return None
-        return self._loader(self.data.val, False, config, rank, device, emitter)
 
     def to_device(self, batch: Any, device: torch.device) -> Any:
         x, y = batch

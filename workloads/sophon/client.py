@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from core.errors import UserError
 from workloads.events import Emitter
+from workloads.loaders import EpochDraws
 from workloads.sophon import rpc
 from workloads.sophon.policy import SampleProfile
 from workloads.sophon.stages import FLIPPED, RAW, TENSOR, advance, from_wire, skip_draws
@@ -183,7 +183,7 @@ def in_subprocess(fn: Callable[..., Any], *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-class RemoteImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class RemoteImageDataset(EpochDraws, Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Samples of one split served by the storage node at ``address``.
 
     ``mode`` is one of :data:`MODES`; for ``remote-sophon``, ``stages[i]`` is the stage sample
@@ -221,14 +221,10 @@ class RemoteImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.train = train
         self.seed = seed
         self.emitter = emitter
-        self.epoch = -1
         self._client: tuple[int, Any, Any, Any] | None = None  # (pid, channel, stub, pb2)
 
     def __len__(self) -> int:
         return len(self.labels)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -307,7 +303,7 @@ class RemoteImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             raise UserError(
                 f"storage server {self.address}, sample {sample.index}: {exc}"
             ) from None
-        rng = np.random.default_rng([self.seed, max(self.epoch, 0), int(sample.index)])
+        rng = self.rng(int(sample.index))
         skip_draws(stage, source, self.train, rng)
         where = f"sample {sample.index} from {self.address}"
         piece, _ = advance(piece, TENSOR, self.image_size, self.train, rng, where)

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 
 from core.errors import UserError
 from workloads.events import Emitter
+from workloads.loaders import EpochDraws
 from workloads.unet3d.files import REGENERATE, Case, DataSummary, check_dataset, list_cases
 
 __all__ = ["UNet3DDataset", "check_dataset", "list_cases", "Case", "DataSummary", "load_npy"]
@@ -54,7 +55,7 @@ def random_patch(
     return np.ascontiguousarray(x), np.ascontiguousarray(y)
 
 
-class UNet3DDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class UNet3DDataset(EpochDraws, Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Cases of a UNet3D dataset; item ``i`` is (image float32 (1,p,p,p), labels uint8 (1,p,p,p)).
 
     Random choices are seeded by (seed, epoch, case index), so a run is reproducible whatever
@@ -78,15 +79,11 @@ class UNet3DDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.seed = seed
         self.augment = augment
         self.emitter = emitter
-        self.epoch = -1
 
     @classmethod
     def from_dir(cls, data_dir: str | Path, patch_size: int, **kwargs: object) -> UNet3DDataset:
         """All cases of ``data_dir`` (checked with :func:`list_cases`)."""
         return cls(list_cases(data_dir), patch_size, **kwargs)  # type: ignore[arg-type]
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.cases)
@@ -99,7 +96,7 @@ class UNet3DDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         t1 = time.monotonic_ns()
         if y.ndim == x.ndim - 1:
             y = y[None]
-        rng = np.random.default_rng([self.seed, max(self.epoch, 0), case.index, int(self.augment)])
+        rng = self.rng(case.index, int(self.augment))
         x, y = random_patch(x, y, self.patch_size, rng, self.augment)
         t2 = time.monotonic_ns()
         if self.emitter is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import UserError
-from workloads.data import DataSummary
+from workloads.data import DataSummary, data_directory
 
 CASE_RE = re.compile(r"^case_(\d{5})_([xy])\.npy$")
 REGENERATE = "regenerate it with ./cli.py datagen unet3d"
@@ -35,12 +35,7 @@ class Case:
 
 def list_cases(data_dir: str | Path) -> list[Case]:
     """The (x, y) pairs of ``data_dir`` sorted by case number; checks names and pairing only."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise UserError(
-            f"UNet3D data directory {data_dir} does not exist: generate a dataset there with "
-            f"./cli.py datagen unet3d"
-        )
+    data_dir = data_directory(data_dir, "UNet3D", "unet3d")
     found: dict[int, dict[str, Path]] = {}
     for entry in data_dir.iterdir():
         match = CASE_RE.match(entry.name)

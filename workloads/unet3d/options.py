@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from core.errors import UserError
-from workloads.config import from_mapping
+from workloads.config import WorkloadOptions, check_fraction, check_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
-class UNet3DOptions:
+class UNet3DOptions(WorkloadOptions):
     """Settings of the UNet3D workload; unknown keys are rejected by :meth:`from_dict`.
 
     - ``patch_size``: edge of the cubic training crop (the reference uses 128); must be a
@@ -27,6 +26,8 @@ class UNet3DOptions:
     - ``optimizer``: ``sgd`` (momentum 0.9, as the reference) or ``adam``;
       ``learning_rate`` for either.
     """
+
+    TABLE = "unet3d options"
 
     patch_size: int = 64
     base_channels: int = 8
@@ -56,18 +57,5 @@ class UNet3DOptions:
                 f"unet3d option patch_size {self.patch_size} leaves a 1-voxel bottleneck at depth "
                 f"{self.depth}: use patch_size of at least {2 ** (self.depth + 1)} or a smaller depth"
             )
-        if not 0.0 < self.eval_fraction < 1.0:
-            raise UserError(
-                f"unet3d option eval_fraction must be in (0, 1), got {self.eval_fraction}"
-            )
-        if self.optimizer not in ("sgd", "adam"):
-            raise UserError(f"unet3d option optimizer must be sgd or adam, got {self.optimizer!r}")
-        if self.learning_rate <= 0:
-            raise UserError(
-                f"unet3d option learning_rate must be positive, got {self.learning_rate}"
-            )
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> UNet3DOptions:
-        """Build from a config's ``options`` table, rejecting unknown keys by name."""
-        return from_mapping(cls, dict(data), "unet3d options")
+        check_fraction("unet3d option eval_fraction", self.eval_fraction)
+        check_optimizer("unet3d option", self.optimizer, self.learning_rate, ("sgd", "adam"))

@@ -19,7 +19,8 @@ from torch import nn
 from core.errors import UserError
 from workloads.config import WorkloadConfig
 from workloads.events import Emitter
-from workloads.training import Loader, Task, sharded_loader
+from workloads.loaders import Loader, sharded_loader
+from workloads.training import SplitTask
 from workloads.unet3d.dataset import Case, UNet3DDataset, list_cases
 from workloads.unet3d.model import UNet3D, dice_ce_loss, dice_score
 from workloads.unet3d.options import UNet3DOptions
@@ -38,7 +39,7 @@ def build_model(options: UNet3DOptions, seed: int) -> UNet3D:
 
 
 @dataclasses.dataclass(frozen=True)
-class UNet3DTask(Task):
+class UNet3DTask(SplitTask):
     options: UNet3DOptions
     train_cases: tuple[Case, ...]
     eval_cases: tuple[Case, ...]
@@ -65,33 +66,19 @@ class UNet3DTask(Task):
     def build_model(self, seed: int) -> nn.Module:
         return build_model(self.options, seed)
 
-    def _loader(
-        self,
-        cases: tuple[Case, ...],
-        train: bool,
-        config: WorkloadConfig,
-        rank: int,
-        device: torch.device,
-        emitter: Emitter,
+    def items(self, train: bool) -> tuple[Case, ...]:
+        return self.train_cases if train else self.eval_cases
+
+    def loader(
+        self, train: bool, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
     ) -> Loader:
+        cases = self.items(train)
         dataset = UNet3DDataset(
             cases, self.options.patch_size, seed=config.seed, augment=train, emitter=emitter
         )
         return sharded_loader(
             dataset, config, rank, device, batch_size=config.batch_size, shuffle=train
         )
-
-    def train_loader(
-        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
-    ) -> Loader:
-        return self._loader(self.train_cases, True, config, rank, device, emitter)
-
-    def eval_loader(
-        self, config: WorkloadConfig, rank: int, device: torch.device, emitter: Emitter
-    ) -> Loader | None:
-        if not self.eval_cases:
-            return None
-        return self._loader(self.eval_cases, False, config, rank, device, emitter)
 
     def to_device(self, batch: Any, device: torch.device) -> Any:
         x, y = batch

@@ -1,49 +1,38 @@
 """The profile database: measured compute times keyed by (accelerator, model, batch size).
 
 Host side only (``./cli.py profiles``; :mod:`tracing.request` turns ``--accelerator`` into a
-sleep profile file mounted into the run). It is kept out of the workload images
-(``.dockerignore``) with its data; its only third-party import is numpy (no pandas).
+sleep profile file mounted into the run), like the rest of :mod:`store`: the workload images
+never carry it or its data. Its only third-party import is numpy (no pandas).
 
-The tables and their sources are listed in ``workloads/profiles/profiledb.toml``:
+The tables and their sources are listed in ``store/profiles/profiledb.toml``:
 
 - ``gpemu``: GPEmu's measurements of 36 torchvision models on 6 GPUs, batch 1-256: forward and
   backward time, host-to-device copy per batch, peak and persistent memory, model transfer
-  (``gpemu-profiles.csv.gz``, ``gpemu-model-transfer.csv``);
+  (``gpemu-profiles.csv.gz``, ``gpemu-model-transfer.csv``; read by :mod:`store.gpemu`);
 - ``mlperf-storage``: MLPerf Storage's per-step compute times (UNet3D batch 7, ResNet-50 batch
   400, on A100 and H100);
-- ``discs-vldb``: the published V100 fits of UNet3D, BERT and DLRM (the shipped default
-  profiles ``unet3d.json``, ``bert.json``, ``dlrm.json``), used as fits in (g, b);
+- ``discs-vldb``: the published V100 fits of UNet3D, BERT and DLRM, kept in the default profiles
+  the images ship (``workloads/profiles/``: ``unet3d.json``, ``bert.json``, ``dlrm.json``), used
+  as fits in (g, b);
 - ``measured``: profiles measured with ``./cli.py profile measure --db`` (folder ``measured/``,
   one ``<accelerator>-<model>.json`` each; :func:`add_measured` files them): the shipped ones
   on a 2-thread AMD EPYC build machine (``epyc-2t``), phase by phase; this host's own CPU,
-  ``cpu``, is measured here and cached by the host's record (:mod:`workloads.hostprofiles`);
+  ``cpu``, is measured here and cached by the host's record (:mod:`store.hostprofiles`);
 - ``osre-2023``: the OSRE 2023 emulator's ResNet-18 batch-64 points (V100, P100).
 
-Lookup rules (``lookup(accelerator, model, batch)``), the same for every column of a table:
-
-- a measured batch size: that row (``exact``);
-- between two measured sizes: linear interpolation between the two nearest (``interpolated``);
-- beyond them: from the nearest measured end ``e`` along the local slope at ``e``
-  (``extrapolated``), clipped at 0; persistent memory is held at its value at ``e``;
-- the *local slope* at a batch ``x``: the least-squares slope of the measured sizes within a
-  factor of 2 of ``x`` (``x/2 .. 2x``); when fewer than two lie there, the line through the two
-  measured sizes nearest ``x``; a table of one batch size scales proportionally (the line
-  through the origin), as MLPerf Storage's and the OSRE emulator's single points are used;
-- a published fit (``discs-vldb``) is evaluated as it is (``fit``).
-
-When several tables cover one (accelerator, model), the lookup takes a table with a row at the
-requested batch, else the first of ``default_order``; ``source=`` picks one.
+Lookup (``lookup(accelerator, model, batch)``): a table of numbers is read at the batch by the
+rules of :mod:`store.profiletables` (``exact``, ``interpolated`` or ``extrapolated`` along the
+local slope, the same for every column); a published fit (``discs-vldb``) is evaluated as it is
+(``fit``). When several tables cover one (accelerator, model), the lookup takes a table with a
+row at the requested batch, else the first of ``default_order``; ``source=`` picks one.
 :meth:`ProfileEntry.to_sleep_profile` turns an entry into a :class:`SleepProfile` (the
 looked-up point in its ``table``, linear models along the local slope for other batch sizes).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
-import gzip
-import io
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -54,12 +43,22 @@ import numpy as np
 
 from core import versioned
 from core.errors import UserError
-from workloads.hostprofiles import (
+from store.gpemu import gpemu_tables
+from store.hostprofiles import (
     HOST_CPU,
     host_coverage,
     host_cpu_profile,
     host_profiles_dir,
     measure_command,
+)
+from store.profiletables import (
+    COLUMNS,
+    Accelerator,
+    Cards,
+    Source,
+    Table,
+    estimate,
+    table_values,
 )
 from workloads.profile import (
     PROFILES_DIR,
@@ -76,19 +75,9 @@ from workloads.profile import (
 SCHEMA_VERSION = 1
 #: profiledb.toml's layout (:mod:`core.versioned`).
 DATABASE_LAYOUT = versioned.Layout("profile database", SCHEMA_VERSION, remedy="restore it from git")
-DATABASE = PROFILES_DIR / "profiledb.toml"
-GPEMU_COLUMNS = (
-    "gpu",
-    "model",
-    "batch_size",
-    "forward_s",
-    "backward_s",
-    "h2d_s",
-    "peak_memory_mb",
-    "persistent_memory_mb",
-)
-#: GPEmu's "MB" are MiB: AlexNet's 700.2 persistent = 3 x 61.1 M parameters x 4 bytes.
-MB = 2**20
+#: The folder of the shipped database: profiledb.toml, the tables it names, measured/.
+DATABASE_DIR = Path(__file__).resolve().parent / "profiles"
+DATABASE = DATABASE_DIR / "profiledb.toml"
 METHODS = ("exact", "interpolated", "fit", "extrapolated")  # preference when tables compete
 
 #: The zoo's image workloads: their sleep variant emulates any image model (the data pipeline
@@ -96,84 +85,6 @@ METHODS = ("exact", "interpolated", "fit", "extrapolated")  # preference when ta
 IMAGE_WORKLOADS = frozenset({"resnet18", "resnet50", "alexnet"})
 #: Models that are a workload of their own and only emulate that workload.
 NON_IMAGE_MODELS = frozenset({"unet3d", "bert", "dlrm"})
-
-#: The columns of a table, in order. ``compute_s`` is forward + backward (+ optimizer) where the
-#: parts are known; persistent memory does not grow with the batch (held beyond the table).
-COLUMNS = (
-    "compute_s",
-    "compute_std_s",
-    "forward_s",
-    "backward_s",
-    "optimizer_s",
-    "h2d_s",
-    "peak_bytes",
-    "persistent_bytes",
-)
-_HELD = np.array([c == "persistent_bytes" for c in COLUMNS])
-
-
-def _values(rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
-    """A table's values: one row per mapping of :data:`COLUMNS` names (NaN where absent)."""
-    nan = float("nan")
-    return np.array(
-        [[nan if r.get(c) is None else r[c] for c in COLUMNS] for r in rows], dtype=float
-    ).reshape(-1, len(COLUMNS))
-
-
-@dataclasses.dataclass(frozen=True)
-class Accelerator:
-    """A card: its short name (``a100``), full name, the names the sources use, its memory."""
-
-    key: str
-    name: str
-    names: tuple[str, ...] = ()
-    capacity_bytes: int | None = None
-    capacity_source: str = ""
-    interconnect: str | None = None
-
-    def matches(self, text: str) -> bool:
-        wanted = _norm(text)
-        return any(_norm(n) == wanted for n in (self.key, self.name, *self.names))
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """One source of numbers: its id, a title, a short citation (``cite``, repeated in each
-    profile made from it) and the full citation (``text``)."""
-
-    id: str
-    title: str
-    kind: str
-    text: str
-    cite: str
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Table:
-    """One source's numbers for one model on one accelerator.
-
-    ``batch``: the measured batch sizes, ascending; ``values``: one row per batch size, one
-    column per :data:`COLUMNS` entry (NaN where the source has no such number). ``fit``: a
-    published fit used instead (``batch`` then holds the range it was fitted on).
-    ``measured_max``: GPEmu's largest measured batch where its table continues past it by
-    regression (see :func:`_linear_tail_start`), else None.
-    """
-
-    source: Source
-    accelerator: str
-    card: str
-    model: str
-    batch: np.ndarray
-    values: np.ndarray
-    model_transfer_s: float | None = None
-    measured_max: int | None = None
-    fit: SleepProfile | None = None
-    origin: str = ""
-    host: Mapping[str, Any] | None = None  # a measured table's host record
-
-    @property
-    def batch_range(self) -> tuple[int, int]:
-        return int(self.batch[0]), int(self.batch[-1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,8 +95,9 @@ class ProfileEntry:
     ``method``: ``exact``, ``interpolated``, ``extrapolated`` or ``fit``; ``rows``: the
     measured batch sizes the numbers come from (exact: the batch; interpolated: the two rows;
     extrapolated: the end row, then the first and last row of its slope; fit: the fitted
-    range); ``slopes``: d(value)/d(batch) at this batch (the local slope of the module doc),
-    used for the profile's linear models; ``notes``: caveats, repeated in :meth:`describe`.
+    range); ``slopes``: d(value)/d(batch) at this batch (the local slope of
+    :mod:`store.profiletables`), used for the profile's linear models; ``notes``: caveats,
+    repeated in :meth:`describe`.
     """
 
     accelerator: str
@@ -265,7 +177,7 @@ class ProfileEntry:
             raise UserError(f"accelerators must be at least 1, got {g}")
         record = {
             "method": f"profile database lookup: {self.method}",
-            "database": "workloads/profiles/profiledb.toml",
+            "database": "store/profiles/profiledb.toml",
             "source_id": self.source_id,
             "accelerator": self.accelerator,
             "model": self.model,
@@ -357,11 +269,11 @@ class ProfileDatabase:
 
     def accelerator(self, name: str) -> Accelerator:
         """The accelerator a short name (``a100``) or a full name names; a UserError lists them."""
-        for acc in self.accelerators.values():
-            if acc.matches(name):
-                return acc
-        known = ", ".join(f"{a.key} ({a.name})" for a in self.accelerators.values())
-        raise UserError(f"unknown accelerator {name!r}: choose one of {known}")
+        found = next((a for a in self.accelerators.values() if a.matches(name)), None)
+        if found is None:
+            known = ", ".join(f"{a.key} ({a.name})" for a in self.accelerators.values())
+            raise UserError(f"unknown accelerator {name!r}: choose one of {known}")
+        return found
 
     def models(self, accelerator: str | None = None) -> list[str]:
         """Models covered (on one accelerator, given its key)."""
@@ -527,7 +439,7 @@ class ProfileDatabase:
                 "title": "this host",
                 "kind": "host",
                 "text": "measured on this host by profile measure, cached by the host's "
-                f"record in {host_profiles_dir()} (workloads/hostprofiles.py)",
+                f"record in {host_profiles_dir()} (store/hostprofiles.py)",
                 "cite": "profile measure on this host",
             }
         )
@@ -586,155 +498,18 @@ class ProfileDatabase:
 
 
 # ---------------------------------------------------------------------------------------------
-# Interpolation
-
-
-def _slope_rows(sizes: np.ndarray, x: float) -> np.ndarray:
-    """Which measured sizes give the local slope at batch ``x``: those within a factor of 2
-    of ``x``, else the two nearest ``x`` (a table of at least two sizes)."""
-    mask = (sizes >= x / 2) & (sizes <= 2 * x)
-    if mask.sum() < 2:
-        mask = np.zeros(len(sizes), dtype=bool)
-        mask[np.argsort(np.abs(sizes - x), kind="stable")[:2]] = True
-    return mask
-
-
-def local_slope(sizes: np.ndarray, values: np.ndarray, x: float) -> np.ndarray:
-    """d(values)/d(batch) near batch ``x`` for every column (the module doc's rule): the
-    least-squares slope over :func:`_slope_rows`; proportional for a table of one size."""
-    if len(sizes) == 1:
-        return values[0] / sizes[0]
-    mask = _slope_rows(sizes, x)
-    xs = sizes[mask].astype(float)
-    ys = values[mask]
-    xc = xs - xs.mean()
-    return (xc @ (ys - ys.mean(axis=0))) / (xc @ xc)
-
-
-def _window(sizes: np.ndarray, x: float) -> tuple[int, int]:
-    """The smallest and largest measured size the local slope at ``x`` uses."""
-    used = sizes if len(sizes) == 1 else sizes[_slope_rows(sizes, x)]
-    return int(used.min()), int(used.max())
-
-
-def estimate(
-    sizes: np.ndarray, values: np.ndarray, batch: int
-) -> tuple[np.ndarray, np.ndarray, str, tuple[int, ...]]:
-    """(values at ``batch``, local slopes there, method, rows used) from a table's measured
-    ``sizes`` (ascending) and ``values`` (one row per size, one column per quantity)."""
-    i = int(np.searchsorted(sizes, batch))
-    if i < len(sizes) and sizes[i] == batch:
-        return values[i], local_slope(sizes, values, batch), "exact", (batch,)
-    if 0 < i < len(sizes):
-        lo, hi = int(sizes[i - 1]), int(sizes[i])
-        w = (batch - lo) / (hi - lo)
-        value = (1 - w) * values[i - 1] + w * values[i]
-        return value, local_slope(sizes, values, batch), "interpolated", (lo, hi)
-    end = 0 if i == 0 else len(sizes) - 1
-    e = int(sizes[end])
-    slope = local_slope(sizes, values, e)
-    value = np.where(_HELD, values[end], np.maximum(0.0, values[end] + slope * (batch - e)))
-    return value, np.where(_HELD, 0.0, slope), "extrapolated", (e, *_window(sizes, e))
-
-
-def _linear_tail_start(batch: np.ndarray, series: np.ndarray) -> int | None:
-    """The last batch size before a run of rows that lie exactly on one line (second
-    differences zero to rounding) in every column of ``series``: GPEmu continues a curve by
-    regression past the largest batch its authors could measure. None when there is none."""
-    if len(batch) < 4:
-        return None
-    second = np.abs(np.diff(series, n=2, axis=0))
-    scale = np.abs(series).max(axis=0) + 1e-30
-    flat = (second <= 1e-9 * scale).all(axis=1)
-    if not flat[-1]:
-        return None
-    k = len(flat)
-    while k > 0 and flat[k - 1]:
-        k -= 1
-    # flat[j] covers rows j..j+2: rows k+1.. lie on the line through rows k+1, k+2.
-    return int(batch[k + 1]) if k + 1 < len(batch) - 2 else None
-
-
-# ---------------------------------------------------------------------------------------------
 # Loading
 
 
-def read_gpemu(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """GPEmu's table: (gpu names, model names, numbers) with the numbers' columns
-    batch_size, forward_s, backward_s, h2d_s, peak_memory_mb, persistent_memory_mb."""
-    try:
-        with gzip.open(path, "rt", newline="") as fh:
-            reader = csv.reader(fh)
-            header = next(reader)
-            rows = np.array(list(reader), dtype=str)
-    except (OSError, EOFError, StopIteration, csv.Error) as exc:
-        raise UserError(
-            f"profile table {path} cannot be read ({exc}): restore it from git"
-        ) from None
-    if tuple(header) != GPEMU_COLUMNS or rows.ndim != 2 or rows.shape[1] != len(GPEMU_COLUMNS):
-        raise UserError(
-            f"profile table {path} has columns {header}, expected {', '.join(GPEMU_COLUMNS)}: "
-            "restore it from git"
-        )
-    try:
-        numbers = rows[:, 2:].astype(float)
-    except ValueError as exc:
-        raise UserError(f"profile table {path} holds a value that is not a number: {exc}") from None
-    return rows[:, 0], rows[:, 1], numbers
-
-
-def _gpemu_tables(source: Source, spec: Mapping[str, Any], folder: Path, cards: Any) -> list[Table]:
-    gpus, models, numbers = read_gpemu(folder / spec["file"])
-    transfer: dict[tuple[str, str], float] = {}
-    text = (folder / spec["model_transfer_file"]).read_text()
-    for row in csv.DictReader(io.StringIO(text)):
-        transfer[(row["gpu"], row["model"])] = float(row["model_transfer_s"])
-    order = np.lexsort((numbers[:, 0], models, gpus))
-    gpus, models, numbers = gpus[order], models[order], numbers[order]
-    starts = np.flatnonzero(
-        np.r_[True, (gpus[1:] != gpus[:-1]) | (models[1:] != models[:-1])]
-    ).tolist()
-    tables = []
-    for start, stop in zip(starts, [*starts[1:], len(gpus)], strict=True):
-        gpu, model = str(gpus[start]), str(models[start])
-        block = numbers[start:stop]
-        values = _values(
-            {
-                "compute_s": row[1] + row[2],
-                "compute_std_s": 0.0,
-                "forward_s": row[1],
-                "backward_s": row[2],
-                "h2d_s": row[3],
-                "peak_bytes": row[4] * MB,
-                "persistent_bytes": row[5] * MB,
-            }
-            for row in block
-        )
-        batch = block[:, 0].astype(int)
-        tables.append(
-            Table(
-                source=source,
-                accelerator=cards(gpu).key,
-                card=gpu.replace("_", " "),
-                model=model,
-                batch=batch,
-                values=values,
-                model_transfer_s=transfer.get((gpu, model)),
-                measured_max=_linear_tail_start(batch, block[:, 1:3]),
-                origin=f"rows of {gpu}, {model}",
-            )
-        )
-    return tables
-
-
-def _row_tables(source: Source, rows: list[Mapping[str, Any]], cards: Any) -> list[Table]:
+def _row_tables(source: Source, rows: list[Mapping[str, Any]], cards: Cards) -> list[Table]:
+    """The tables of a ``rows`` source: its rows grouped by (accelerator, model)."""
     grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for row in rows:
         grouped.setdefault((cards(row["accelerator"]).key, row["model"]), []).append(row)
     tables = []
     for (acc, model), items in grouped.items():
         items = sorted(items, key=lambda r: r["batch"])
-        values = _values({"compute_std_s": 0.0, **r} for r in items)
+        values = table_values({"compute_std_s": 0.0, **r} for r in items)
         points = ", ".join(
             f"batch {r['batch']}: {r['compute_s']} s"
             + (f" + {r['h2d_s']} s host-to-device" if "h2d_s" in r else "")
@@ -755,30 +530,31 @@ def _row_tables(source: Source, rows: list[Mapping[str, Any]], cards: Any) -> li
 
 
 def _profile_tables(
-    source: Source, items: list[Mapping[str, Any]], folder: Path, cards: Any
+    source: Source, items: list[Mapping[str, Any]], folder: Path, cards: Cards
 ) -> list[Table]:
+    """The tables of a ``fits`` or ``measured`` source: one per profile file (``folder`` /
+    the item's ``profile``), a published fit as it is, a measured profile by its
+    single-accelerator table points."""
     tables = []
     for item in items:
         acc = cards(item["accelerator"])
         profile = load_profile(folder / item["profile"])
+        table = functools.partial(
+            Table,
+            source=source,
+            accelerator=acc.key,
+            card=profile.accelerator,
+            model=item["model"],
+            origin=f"{item['profile']}: {profile.source}",
+        )
         if source.kind == "fits":
-            tables.append(
-                Table(
-                    source=source,
-                    accelerator=acc.key,
-                    card=profile.accelerator,
-                    model=item["model"],
-                    batch=np.array([item["batch_min"], item["batch_max"]], dtype=int),
-                    values=np.empty((0, len(COLUMNS))),
-                    fit=profile,
-                    origin=f"{item['profile']}: {profile.source}",
-                )
-            )
+            batch_range = np.array([item["batch_min"], item["batch_max"]], dtype=int)
+            tables.append(table(batch=batch_range, values=np.empty((0, len(COLUMNS))), fit=profile))
             continue
         points = sorted((p for p in profile.table if p.g == 1), key=lambda p: p.b)
         if not points:
             raise UserError(f"{item['profile']} has no single-accelerator table points")
-        values = _values(
+        values = table_values(
             {
                 "compute_s": p.mean,
                 "compute_std_s": p.std,
@@ -791,18 +567,8 @@ def _profile_tables(
             }
             for p in points
         )
-        tables.append(
-            Table(
-                source=source,
-                accelerator=acc.key,
-                card=profile.accelerator,
-                model=item["model"],
-                batch=np.array([p.b for p in points], dtype=int),
-                values=values,
-                origin=f"{item['profile']}: {profile.source}",
-                host=profile.host,
-            )
-        )
+        batch = np.array([p.b for p in points], dtype=int)
+        tables.append(table(batch=batch, values=values, host=profile.host))
     return tables
 
 
@@ -829,10 +595,10 @@ def load_database(path: Path = DATABASE) -> ProfileDatabase:
     }
 
     def cards(name: str) -> Accelerator:
-        for acc in accelerators.values():
-            if acc.matches(name):
-                return acc
-        raise UserError(f"profile database {path}: accelerator {name!r} is not declared")
+        found = next((a for a in accelerators.values() if a.matches(name)), None)
+        if found is None:
+            raise UserError(f"profile database {path}: accelerator {name!r} is not declared")
+        return found
 
     sources: dict[str, Source] = {}
     tables: list[Table] = []
@@ -842,11 +608,12 @@ def load_database(path: Path = DATABASE) -> ProfileDatabase:
         )
         sources[sid] = source
         if source.kind == "gpemu":
-            tables += _gpemu_tables(source, item, path.parent, cards)
+            tables += gpemu_tables(source, item, path.parent, cards)
         elif source.kind == "rows":
             tables += _row_tables(source, item["rows"], cards)
         elif source.kind == "fits":
-            tables += _profile_tables(source, item["fits"], path.parent, cards)
+            # The published fits are kept in the default profiles the images ship.
+            tables += _profile_tables(source, item["fits"], PROFILES_DIR, cards)
         elif source.kind == "measured":
             items = list(item.get("profiles", ()))
             if "folder" in item:
@@ -997,7 +764,7 @@ def sleep_profile_for(
 ) -> SleepProfile:
     """The sleep profile of ``workload`` emulating ``model`` (default: the workload's own) on
     ``accelerator`` at per-accelerator ``batch`` with ``accelerators`` ranks. ``cpu`` is this
-    host's CPU (:func:`workloads.hostprofiles.host_cpu_profile`: this host's measurement with
+    host's CPU (:func:`store.hostprofiles.host_cpu_profile`: this host's measurement with
     the workload ``options``, at ``threads`` torch threads a rank; a UserError with the command
     that measures it when there is none yet)."""
     model = (model or workload).strip().lower()
@@ -1011,7 +778,3 @@ def sleep_profile_for(
 def is_host_cpu(accelerator: str | None) -> bool:
     """Whether ``accelerator`` names this host's CPU (``cpu``) in the shipped database."""
     return accelerator is not None and default_database().accelerator(accelerator).key == HOST_CPU
-
-
-def _norm(text: str) -> str:
-    return "".join(c for c in text.casefold() if c.isalnum())

@@ -204,7 +204,7 @@ def foreign_fix(workload: str, batch: int) -> str:
 
 def host_coverage(model: str | None = None) -> list[dict[str, Any]]:
     """This host's cached measurements (jobs of one rank) as rows of the profile database's
-    coverage (:meth:`workloads.profiledb.ProfileDatabase.coverage`), source ``host``."""
+    coverage (:meth:`store.profiledb.ProfileDatabase.coverage`), source ``host``."""
     host = current_host(rank_threads(1))
     rows = []
     for path, profile in _cached(host, f"{model or '*'}-*.json"):

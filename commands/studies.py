@@ -1,0 +1,305 @@
+"""The studies and experiment grids: ``stalls``, ``hfta``, ``experiment run``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from commands.common import (
+    data_option,
+    err_console,
+    fmt_s,
+    numbers,
+    out_option,
+    parse_sets,
+    styled,
+    user_errors,
+)
+from core.errors import UserError
+from core.units import parse_size
+
+
+@click.command()
+@click.option("--workload", required=True, help="Workload to measure (see ./cli.py workloads).")
+@data_option("Dataset directory.", dest="data")
+@click.option(
+    "--variant",
+    type=click.Choice(["sleep", "instrumented"]),
+    default="sleep",
+    show_default=True,
+    help="sleep: emulated accelerators; instrumented: the real model on this host.",
+)
+@click.option(
+    "--accelerator",
+    metavar="NAME",
+    default=None,
+    help="Emulate this accelerator (profile database; ./cli.py profiles). Default: the "
+    "workload's shipped profile.",
+)
+@click.option(
+    "--profile-model", metavar="MODEL", default=None, help="Image workloads: the emulated model."
+)
+@click.option("--accelerators", type=int, default=1, show_default=True, help="Accelerators (G).")
+@click.option("--batch-size", type=int, default=None, help="Batch per accelerator.")
+@click.option("--workers", type=int, default=None, help="Loader workers per accelerator.")
+@click.option(
+    "--max-steps", type=int, default=0, show_default=True, help="Steps per epoch (0: all)."
+)
+@click.option(
+    "--set",
+    "options",
+    multiple=True,
+    callback=lambda ctx, param, values: parse_sets(values),
+    help="Workload option KEY=VALUE (repeatable).",
+)
+@click.option("--cpus", type=float, default=None, help="CPU limit of the container.")
+@click.option(
+    "--read-rate",
+    default=None,
+    help="Cap the dataset disk's reads at this many bytes per second, e.g. 50MB: a slower "
+    "storage device, emulated (the container's blkio throttle).",
+)
+@click.option(
+    "--cache-fractions",
+    default=None,
+    help="Also sweep the cached fraction, e.g. 0.25,0.5,0.75 (memory limits, verified).",
+)
+@click.option(
+    "--cores", default=None, help="Also sweep CPU cores per accelerator, e.g. 0.5,1,2 (warm cache)."
+)
+@out_option(
+    "out_dir",
+    "Results directory (stalls.json, stalls.html, runs/). Default: runs/stalls/<time>-<workload>.",
+    kind="dir",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@user_errors
+def stalls(
+    read_rate: str | None,
+    cache_fractions: str | None,
+    cores: str | None,
+    out_dir: Path | None,
+    as_json: bool,
+    **settings: Any,
+) -> None:
+    """Data stalls by DS-Analyzer's differential method: three traced runs (synthetic data in
+    memory, real data fully cached, real data on a cold cache) split an epoch into compute,
+    host-to-device, prep stall and fetch stall, with a what-if table for cached fractions.
+
+    \b
+    Examples:
+      ./cli.py stalls --workload resnet18 --data data/img --accelerator v100 --batch-size 64
+      ./cli.py stalls --workload resnet18 --data data/img --cache-fractions 0.25,0.5 --cores 1,2
+    """
+
+    from analysis.stalls import summary_lines
+    from experiments.stalls import StallSettings, measure_stalls
+
+    stall_settings = StallSettings(
+        **settings, read_bps=parse_size(read_rate) if read_rate else None
+    )
+    if out_dir is None:
+        out_dir = (
+            Path("runs/stalls")
+            / f"{time.strftime('%Y%m%d-%H%M%S')}-{settings['profile_model'] or settings['workload']}"
+        )
+    if (out_dir / "stalls.json").exists():
+        raise UserError(f"{out_dir} already holds a result: give another --out")
+    result = measure_stalls(
+        stall_settings,
+        out_dir,
+        cache_fractions=numbers(cache_fractions, "--cache-fractions", float),
+        cores=numbers(cores, "--cores", float),
+        log=lambda line: err_console.print(styled(line)),
+    )
+    for line in summary_lines(result):
+        err_console.print(line, highlight=False)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        click.echo(str(out_dir / "stalls.json"))
+
+
+@click.command()
+@click.option(
+    "--workload", default="resnet18", show_default=True, help="resnet18, resnet50, alexnet."
+)
+@data_option("An image dataset (./cli.py datagen images).")
+@click.option(
+    "--array-sizes", default="1,2,4,8", show_default=True, help="Models per array B, e.g. 1,2,4,8."
+)
+@click.option(
+    "--variant",
+    type=click.Choice(["original", "sleep"]),
+    default="original",
+    show_default=True,
+    help="original: real training here; sleep: compute emulated from this host's measured "
+    "profiles (or --profiles).",
+)
+@click.option(
+    "--epochs", type=int, default=3, show_default=True, help="At least 2 (the first is warm-up)."
+)
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--workers", type=int, default=1, show_default=True, help="Loader workers per job.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--learning-rates",
+    default=None,
+    help="One per model, comma-separated (default: 0.1 halved from model to model).",
+)
+@click.option("--set", "sets", multiple=True, help="Workload option KEY=VALUE (repeatable).")
+@click.option("--memory-limit", default=None, help="Memory limit of each container, e.g. 2GiB.")
+@click.option("--cpus", type=float, default=None, help="CPU limit of each container.")
+@click.option("--timeout", type=float, default=None, help="Fail a run still going after this (s).")
+@click.option(
+    "--profiles",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="sleep: folder of cpu-<workload>-x<B>.json profiles (default: measure this host "
+    "once, cached).",
+)
+@click.option(
+    "--warm-cache", is_flag=True, help="Leave the page cache as it is (default: drop it first)."
+)
+@click.option(
+    "--no-share-cores",
+    is_flag=True,
+    help="Concurrent jobs compute with a thread per core each (default: their share).",
+)
+@out_option("out_dir", "Output directory (default: runs/hfta/<time>-<workload>).", kind="dir")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@user_errors
+def hfta(
+    workload: str,
+    data_dir: Path,
+    array_sizes: str,
+    variant: str,
+    epochs: int,
+    batch_size: int,
+    workers: int,
+    seed: int,
+    learning_rates: str | None,
+    sets: tuple[str, ...],
+    memory_limit: str | None,
+    cpus: float | None,
+    timeout: float | None,
+    profiles: Path | None,
+    warm_cache: bool,
+    no_share_cores: bool,
+    out_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Horizontally fused training arrays (HFTA): for each B, train B models (model k at its
+    own learning rate) serially, concurrently (a container each) and as one fused array (one
+    data pipeline), every run traced; print throughput normalised to serial and the I/O and
+    CPU per model trained, write hfta.json and hfta.html (docs/hfta.md).
+
+    \b
+    Examples:
+      ./cli.py hfta --workload resnet18 --data data/img --array-sizes 1,2,4,8
+      ./cli.py hfta --workload alexnet --data data/img --variant sleep --set image_size=64
+    """
+    from experiments.hfta import RESULTS_NAME, load_results, parse_spec, run_hfta
+
+    spec: dict[str, Any] = {
+        "workload": workload,
+        "variant": variant,
+        "array_sizes": numbers(array_sizes, "--array-sizes", int),
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "workers": workers,
+        "seed": seed,
+        "cold_cache": not warm_cache,
+        "share_cores": not no_share_cores,
+        "memory_limit": memory_limit,
+        "cpus": cpus,
+        "timeout_s": timeout,
+        "options": parse_sets(sets),
+    }
+    if learning_rates is not None:
+        spec["learning_rates"] = numbers(learning_rates, "--learning-rates", float)
+    if profiles is not None:
+        spec["profiles"] = profiles
+    settings = parse_spec(spec, "hfta")
+    if out_dir is None:
+        out_dir = Path("runs/hfta") / f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}"
+    if (out_dir / RESULTS_NAME).exists():
+        raise UserError(f"{out_dir} already holds a result: give another --out")
+    path = run_hfta(
+        settings, data_dir, out_dir, log=lambda line: err_console.print(line, highlight=False)
+    )
+    if as_json:
+        click.echo(json.dumps(load_results(path), indent=2, sort_keys=True))
+    else:
+        click.echo(str(path))
+
+
+@click.group()
+def experiment() -> None:
+    """Experiment grids described in TOML files (see docs/experiments.md).
+
+    Example: ./cli.py experiment run experiments/timelines.toml --dry-run
+    """
+
+
+@experiment.command("run")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@out_option(
+    "out_root",
+    "Experiments directory: runs, data and outputs go to OUT/NAME.",
+    kind="dir",
+    default=Path("runs/experiments"),
+)
+@click.option("--dry-run", is_flag=True, help="List the runs the grid makes and exit.")
+@user_errors
+def experiment_run(path: Path, out_root: Path, dry_run: bool) -> None:
+    """Run (or resume) every run of an experiment grid, then write its timelines, breakdowns and
+    comparisons; print a table of every run. Completed runs are skipped on a second run.
+
+    Example: ./cli.py experiment run experiments/timelines.toml
+    """
+    from experiments.orchestrate import load_experiment, run_experiment
+    from experiments.studies import is_study, load_study, run_study
+
+    if is_study(path):  # a published method's procedure (docs/experiments.md, "Studies")
+        study = load_study(path)
+        if dry_run:
+            click.echo(f"study {study.name} ({study.kind}): {study.description}")
+            return
+        result = run_study(
+            study, out_root, log=lambda line: err_console.print(line, highlight=False)
+        )
+        click.echo(str(result))
+        return
+    exp = load_experiment(path)
+    if dry_run:
+        for i, spec in enumerate(exp.runs, 1):
+            click.echo(f"[{i}/{len(exp.runs)}] {spec.key}")
+        return
+    outcomes = run_experiment(
+        exp, out_root, log=lambda line: err_console.print(line, highlight=False)
+    )
+    table = Table("run", "status", "duration", "run directory / error")
+    for o in outcomes:
+        colour = {"completed": "green", "lossy": "yellow", "skipped": "cyan", "failed": "red"}[
+            o.status
+        ]
+        table.add_row(
+            o.key,
+            f"[{colour}]{o.status}[/]",
+            fmt_s(o.duration_s),
+            Text(o.error or o.run_dir or ""),
+        )
+    Console(width=max(140, Console().width)).print(table)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        raise UserError(
+            f"{len(failed)} of {len(outcomes)} runs failed (see the table); run the experiment again to retry them"
+        )
