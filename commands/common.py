@@ -93,6 +93,17 @@ runs_root_option = _directory_option(
 )
 
 
+def set_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--set KEY=VALUE`` (repeatable): the workload's options, as ``options``, a dict."""
+    return click.option(
+        "--set",
+        "options",
+        multiple=True,
+        callback=lambda ctx, param, values: parse_sets(values),
+        help=help,
+    )
+
+
 def data_option(
     help: str, *, required: bool = True, dest: str = "data_dir"
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -19,6 +19,7 @@ from commands.common import (
     numbers,
     out_option,
     parse_sets,
+    set_option,
     styled,
     user_errors,
 )
@@ -52,13 +53,7 @@ from core.units import parse_size
 @click.option(
     "--max-steps", type=int, default=0, show_default=True, help="Steps per epoch (0: all)."
 )
-@click.option(
-    "--set",
-    "options",
-    multiple=True,
-    callback=lambda ctx, param, values: parse_sets(values),
-    help="Workload option KEY=VALUE (repeatable).",
-)
+@set_option("Workload option KEY=VALUE (repeatable).")
 @click.option("--cpus", type=float, default=None, help="CPU limit of the container.")
 @click.option(
     "--read-rate",

@@ -12,9 +12,9 @@ import click
 from commands.common import (
     data_option,
     err_console,
-    parse_sets,
     print_summary,
     runs_option,
+    set_option,
     styled,
     user_errors,
 )
@@ -72,13 +72,7 @@ from workloads.config import RUN_VARIANTS
     help="With --accelerator on an image workload: the model whose profile to emulate (any "
     "image model of ./cli.py profiles; default: the workload's own).",
 )
-@click.option(
-    "--set",
-    "options",
-    multiple=True,
-    callback=lambda ctx, param, values: parse_sets(values),
-    help="Workload option KEY=VALUE, e.g. --set patch_size=64 (repeatable).",
-)
+@set_option("Workload option KEY=VALUE, e.g. --set patch_size=64 (repeatable).")
 @click.option(
     "--rank-containers",
     is_flag=True,

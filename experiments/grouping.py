@@ -84,8 +84,8 @@ lowest rank):
 
 Each run also records ``other_cpu_cores`` (:func:`analysis.samples.other_cpu_cores`): the
 cores something outside the run kept busy during its epoch, from the samples; above
-:data:`BUSY_HOST_CORES` the study warns that the run was disturbed (on a 2-core host another
-job halves the loaders).
+:data:`experiments.study_state.BUSY_HOST_CORES` the study warns that the run was disturbed (on
+a 2-core host another job halves the loaders).
 
 A layout's figures are the medians over its epochs (:func:`analysis.grouping.layout_rows`: one
 disturbed epoch does not move them; ``data_stall_min_s`` and ``_max_s`` give the spread).
@@ -114,59 +114,48 @@ from typing import Any
 import numpy as np
 
 from analysis.grouping import grouping_figure, layout_rows, run_evidence, table_lines
-from core import versioned
 from core.errors import UserError
 from experiments import study_state
-from experiments.study_state import Log, dataset_files, distinct_whole_numbers, whole_number
-from store.rundir import Run, git_revision
+from experiments.study import Setting, validate
+from experiments.study_state import IMAGE_WORKLOAD, IMAGE_WORKLOADS, Log, dataset_files
+from store.rundir import Run
 
 #: Version of the layout of ``grouping.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.
 SCHEMA_VERSION = 1
 KIND = "grouping"
-#: ``grouping.json``: the study's results.
-RESULTS = study_state.results_layout(KIND, SCHEMA_VERSION)
-RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.file_names(KIND)
+#: ``grouping.json``: the study's results; its figure and state files.
+RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, SCHEMA_VERSION)
 
-STUDY_KEYS = (
-    "workload",
-    "variant",
-    "accelerator",
-    "profile_model",
-    "batch_size",
-    "workers",
-    "epochs",
-    "group_sizes",
-    "seed",
-    "timeout_s",
-    "options",
-    "dataset",
+#: The ``[study]`` table's keys (``[study.dataset]``'s are :data:`DATASET_SETTINGS`).
+SETTINGS = (
+    Setting("workload", "choice", "alexnet", choices=IMAGE_WORKLOADS, says=IMAGE_WORKLOAD),
+    Setting(
+        "variant",
+        "choice",
+        "sleep",
+        choices=("sleep", "instrumented"),
+        why="their training loop logs the loader waits",
+    ),
+    Setting("accelerator", "name", "v100"),
+    Setting("profile_model", "name"),
+    Setting("batch_size", "whole", 32, low=1, high=1 << 16),
+    Setting("workers", "whole", 2, low=0, high=256),
+    Setting("epochs", "whole", 2, low=1, high=1000),
+    Setting("group_sizes", "wholes", (1, 2, 4, 8, 16, 32), low=1, high=65536),
+    Setting("seed", "whole", 0, low=0, high=2**31 - 1),
+    Setting("timeout_s", "positive", unit="seconds"),
+    Setting("options", "table", {}),
+    Setting("dataset", "table", {}),
 )
-#: ``[study.dataset]`` keys: the image count, the generator's seed and ImageGenParams fields.
-DATASET_KEYS = (
-    "images",
-    "seed",
-    "mean_kb",
-    "size_sigma",
-    "min_kb",
-    "quality",
-    "classes",
-    "distinct_images",
-)
-DEFAULTS: Mapping[str, Any] = {
-    "workload": "alexnet",
-    "variant": "sleep",
-    "accelerator": "v100",
-    "profile_model": None,
-    "batch_size": 32,
-    "workers": 2,
-    "epochs": 2,
-    "group_sizes": [1, 2, 4, 8, 16, 32],
-    "seed": 0,
-    "timeout_s": None,
-    "options": {},
-}
 DEFAULT_IMAGES = 2048
+#: ``[study.dataset]``: the image count and the generator's seed ...
+DATASET_SETTINGS = (
+    Setting("images", "whole", DEFAULT_IMAGES, low=1, high=100_000_000),
+    Setting("seed", "whole", 0, low=0, high=2**32 - 1),
+)
+#: ... and ImageGenParams fields, checked by the generator's own rules.
+IMAGE_PARAMS = ("mean_kb", "size_sigma", "min_kb", "quality", "classes", "distinct_images")
 FOLDER = "folder"
 #: Variants whose training loop logs ``load_batch_mem`` and ``all_compute``.
 STALL_VARIANTS = ("sleep", "instrumented")
@@ -196,9 +185,6 @@ PUBLISHED: Mapping[str, Mapping[str, Any]] = {
         "transfer_s": 3.0,
     },
 }
-
-#: Another job using more cores than this during a run's epoch makes the study warn.
-BUSY_HOST_CORES = 0.25
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,76 +242,34 @@ def layout_name(group_size: int) -> str:
     return f"g{group_size}" if group_size else FOLDER
 
 
-def _int(spec: Mapping[str, Any], key: str, where: str, low: int, high: int) -> int:
-    return whole_number(spec[key], key, where, low, high)
-
-
 def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> GroupingSpec:
     """Validate a ``[study]`` table (without ``kind``); one-line UserErrors naming the key."""
     from workloads.registry import WORKLOADS
 
-    study_state.refuse_unknown_keys(spec, STUDY_KEYS, where)
-    s = {**DEFAULTS, **spec}
-    workload = study_state.image_workload(s["workload"], where)
-    variant = s["variant"]
-    if variant not in STALL_VARIANTS:
-        raise UserError(
-            f"{where}: variant must be sleep or instrumented (their training loop logs the "
-            f"loader waits), got {variant!r}"
-        )
-    accelerator, model = s["accelerator"], s["profile_model"]
-    if variant != "sleep" and "accelerator" not in spec:
-        accelerator = None  # the default emulated card applies to the sleep variant only
-    for key, value in (("accelerator", accelerator), ("profile_model", model)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise UserError(f"{where}: {key} must be a name, got {value!r}")
-    batch_size = _int(s, "batch_size", where, 1, 1 << 16)
-    workers = _int(s, "workers", where, 0, 256)
-    epochs = _int(s, "epochs", where, 1, 1000)
-    seed = _int(s, "seed", where, 0, 2**31 - 1)
-    group_sizes = distinct_whole_numbers(s["group_sizes"], "group_sizes", where, 1, 65536)
-    odd = [g for g in group_sizes if batch_size % g]
+    s = validate(SETTINGS, spec, where)
+    if s["variant"] != "sleep" and "accelerator" not in spec:
+        s["accelerator"] = None  # the default emulated card applies to the sleep variant only
+    odd = [g for g in s["group_sizes"] if s["batch_size"] % g]
     if odd:
         raise UserError(
-            f"{where}: batch_size {batch_size} is not a multiple of group size {odd[0]} (a "
+            f"{where}: batch_size {s['batch_size']} is not a multiple of group size {odd[0]} (a "
             "loader item is one group): use a batch size that every group size divides"
         )
-    timeout = s["timeout_s"]
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-    ):
-        raise UserError(f"{where}: timeout_s must be a positive number of seconds, got {timeout!r}")
-    options = s["options"]
-    if not isinstance(options, dict):
-        raise UserError(f"{where}: options must be a table, got {options!r}")
-    WORKLOADS[workload].parse_options(options)
+    WORKLOADS[s["workload"]].parse_options(s["options"])
     images, dataset_seed, params = _parse_dataset(
-        s.get("dataset", {}), where, batch_size, group_sizes
+        s.pop("dataset"), where, s["batch_size"], s["group_sizes"]
     )
-    parsed = GroupingSpec(
-        workload=workload,
-        variant=variant,
-        accelerator=accelerator,
-        profile_model=model,
-        batch_size=batch_size,
-        workers=workers,
-        epochs=epochs,
-        group_sizes=group_sizes,
-        seed=seed,
-        timeout_s=float(timeout) if timeout is not None else None,
-        options=dict(options),
-        images=images,
-        dataset_seed=dataset_seed,
-        image_params=params,
-    )
-    if accelerator is not None or model is not None:
+    parsed = GroupingSpec(**s, images=images, dataset_seed=dataset_seed, image_params=params)
+    if parsed.accelerator is not None or parsed.profile_model is not None:
         from tracing.request import accelerator_profile
 
         # The profile database's lookup, now: a card or model it lacks fails at load time.
         accelerator_profile(
-            WORKLOADS[workload].config(variant, batch_size=batch_size, workers=workers),
-            accelerator,
-            model,
+            WORKLOADS[parsed.workload].config(
+                parsed.variant, batch_size=parsed.batch_size, workers=parsed.workers
+            ),
+            parsed.accelerator,
+            parsed.profile_model,
         )
     return parsed
 
@@ -338,14 +282,13 @@ def _parse_dataset(
     where = f"{where} dataset"
     if not isinstance(table, dict):
         raise UserError(f"{where}: must be a table, got {table!r}")
-    unknown = sorted(set(table) - set(DATASET_KEYS))
+    own = [s.name for s in DATASET_SETTINGS]
+    unknown = sorted(set(table) - {*own, *IMAGE_PARAMS})
     if unknown:
-        raise UserError(
-            f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(DATASET_KEYS)}"
-        )
-    table = {"images": DEFAULT_IMAGES, "seed": 0, **table}
-    images = _int(table, "images", where, 1, 100_000_000)
-    seed = _int(table, "seed", where, 0, 2**32 - 1)
+        known = ", ".join([*own, *IMAGE_PARAMS])
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {known}")
+    checked = validate(DATASET_SETTINGS, {k: v for k, v in table.items() if k in own}, where)
+    images, seed = checked["images"], checked["seed"]
     unit = math.lcm(batch_size, *group_sizes)
     if images % unit:
         low, high = images // unit * unit, (images // unit + 1) * unit
@@ -355,7 +298,7 @@ def _parse_dataset(
             f"group size must divide it, so that every layout holds the same images in whole "
             f"steps): use {nearest}"
         )
-    params = {k: v for k, v in table.items() if k not in ("images", "seed")}
+    params = {k: v for k, v in table.items() if k not in own}
     ImageGenParams(**params)  # the generator's own checks (ranges), as one-line UserErrors
     return images, seed, params
 
@@ -605,31 +548,28 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         }
 
     runs, host = study_state.load_runs(order, run_key, state, row)
-    for run in runs:
-        if run["other_cpu_cores"] > BUSY_HOST_CORES:
-            log(
-                f"warning: {run['layout']} epoch {run['round']} shared the host with another "
-                f"job ({run['other_cpu_cores']:.2f} cores busy outside the run): its figures "
-                "are off; each layout's median over its epochs leaves one such epoch out. "
-                "Run the study on an idle host for clean numbers"
-            )
-    result = versioned.stamp(
+    study_state.warn_busy(
+        {f"{r['layout']} epoch {r['round']}": r["other_cpu_cores"] for r in runs},
+        log,
+        why="each layout's median over its epochs leaves one such epoch out; ",
+    )
+    return study_state.finish(
         RESULTS,
+        out,
         {
             "name": study.name,
             "description": study.description,
-            "git_revision": git_revision(),
-            "host": host,
-            "settings": spec.settings(),
             "dataset": dataset,
             "runs": runs,
             "layouts": layout_rows(runs, spec.layouts),
             "published": published_curves(),
-            "study_s": round(time.monotonic() - started, 1),
         },
-    )
-    return study_state.write_results(
-        out / RESULTS_NAME, result, out / FIGURE_NAME, grouping_figure, table_lines, log
+        host=host,
+        settings=spec.settings(),
+        started=started,
+        figure=grouping_figure,
+        table=table_lines,
+        log=log,
     )
 
 

@@ -86,7 +86,7 @@ containers' own block reads): ``storage_bytes``; pages brought into the page cac
 containers (``cache_insert_bytes``); the containers' CPU seconds (``cpu_s``) and their loader
 workers' (``loader_cpu_s``) from the samples; the time the emulated jobs waited for the shared
 accelerator; the CPU something outside the run used (``other_cpu_cores``; the study warns
-above :data:`BUSY_HOST_CORES`).
+above :data:`experiments.study_state.BUSY_HOST_CORES`).
 
 **Output** in the output directory: ``hfta.json`` (:data:`RESULTS`, ``kind: "hfta"``, stamped
 by :mod:`core.versioned`: settings, dataset, every run with its directory and figures, a row
@@ -113,19 +113,18 @@ from analysis.extents import DiskExtents
 from analysis.hfta import PUBLISHED, hfta_figure, mode_rows, table_lines
 from analysis.samples import other_cpu_cores, sampled_total
 from analysis.tables import is_value as _is
-from core import versioned
 from core.errors import UserError
 from experiments import study_state
-from experiments.study_state import Log, distinct_whole_numbers, whole_number
-from store.rundir import READ_KINDS, Run, git_revision
+from experiments.study import Setting, validate
+from experiments.study_state import IMAGE_WORKLOAD, IMAGE_WORKLOADS, Log
+from store.rundir import READ_KINDS, Run
 
 #: Version of the layout of ``hfta.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.
 SCHEMA_VERSION = 1
 KIND = "hfta"
-#: ``hfta.json``: the study's results.
-RESULTS = study_state.results_layout(KIND, SCHEMA_VERSION)
-RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.file_names(KIND)
+#: ``hfta.json``: the study's results; its figure and state files.
+RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, SCHEMA_VERSION)
 #: Sleep profiles of a 2-thread AMD EPYC (experiments/hfta-profiles/README.md), for
 #: ``profiles = "experiments/hfta-profiles"``; by default the study measures this host.
 PROFILES_DIR = Path(__file__).resolve().parent / "hfta-profiles"
@@ -134,44 +133,32 @@ SHARED_MOUNT = "/twintrace/shared"
 VARIANTS = ("original", "sleep")
 #: Options the study sets itself, per job.
 OWN_OPTIONS = ("array_size", "learning_rate", "learning_rates")
-#: Another job using more cores than this during a run makes the study warn.
-BUSY_HOST_CORES = 0.25
 
-STUDY_KEYS = (
-    "dataset",
-    "workload",
-    "variant",
-    "array_sizes",
-    "learning_rates",
-    "batch_size",
-    "workers",
-    "epochs",
-    "seed",
-    "cold_cache",
-    "share_cores",
-    "memory_limit",
-    "cpus",
-    "timeout_s",
-    "options",
-    "profiles",
+#: The ``[study]`` table's keys (and ``./cli.py hfta``'s options).
+SETTINGS = (
+    Setting("dataset", "name", says="a [[datasets]] name"),
+    Setting("workload", "choice", "resnet18", choices=IMAGE_WORKLOADS, says=IMAGE_WORKLOAD),
+    Setting("variant", "choice", "original", choices=VARIANTS),
+    Setting("array_sizes", "wholes", (1, 2, 4, 8), low=1, high=64),
+    Setting(
+        "learning_rates",
+        "numbers",
+        low=0,
+        high=math.inf,
+        says="a list of positive numbers, one per model of the largest array",
+    ),
+    Setting("batch_size", "whole", 32, low=1, high=1 << 16),
+    Setting("workers", "whole", 1, low=0, high=64),
+    Setting("epochs", "whole", 3, low=2, high=1000),
+    Setting("seed", "whole", 0, low=0, high=2**31 - 1),
+    Setting("cold_cache", "flag", True),
+    Setting("share_cores", "flag", True),
+    Setting("memory_limit", "size"),
+    Setting("cpus", "limit"),
+    Setting("timeout_s", "limit"),
+    Setting("options", "table", {}),
+    Setting("profiles", "name"),
 )
-DEFAULTS: Mapping[str, Any] = {
-    "workload": "resnet18",
-    "variant": "original",
-    "array_sizes": [1, 2, 4, 8],
-    "learning_rates": None,
-    "batch_size": 32,
-    "workers": 1,
-    "epochs": 3,
-    "seed": 0,
-    "cold_cache": True,
-    "share_cores": True,
-    "memory_limit": None,
-    "cpus": None,
-    "timeout_s": None,
-    "options": {},
-    "profiles": None,
-}
 _NS = 1e-9
 
 
@@ -232,97 +219,35 @@ def default_learning_rates(count: int) -> tuple[float, ...]:
     return tuple(round(0.1 * 0.5**k, 12) for k in range(count))
 
 
-def _number(value: Any, key: str, where: str) -> float | None:
-    """A positive number, or None for 0, "" or None (no limit)."""
-    if value in (None, "", 0):
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise UserError(f"{where}: {key} must be a positive number (0: none), got {value!r}")
-    return float(value)
-
-
 def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> HftaSpec:
     """Validate the study's settings (a ``[study]`` table without ``kind``, or the CLI's);
     one-line UserErrors naming the key."""
-    from core.units import parse_size
     from workloads.registry import WORKLOADS
 
-    study_state.refuse_unknown_keys(spec, STUDY_KEYS, where)
-    s = {**DEFAULTS, **spec}
-    workload = study_state.image_workload(s["workload"], where)
-    variant = s["variant"]
-    if variant not in VARIANTS:
-        raise UserError(f"{where}: variant must be original or sleep, got {variant!r}")
-    array_sizes = distinct_whole_numbers(s["array_sizes"], "array_sizes", where, 1, 64)
+    s = validate(SETTINGS, spec, where)
+    models = max(s["array_sizes"])
     rates = s["learning_rates"]
     if rates is None:
-        learning_rates = default_learning_rates(max(array_sizes))
-    else:
-        if (
-            not isinstance(rates, list | tuple)
-            or any(
-                isinstance(r, bool) or not isinstance(r, int | float) or not r > 0 for r in rates
-            )
-            or len(rates) < max(array_sizes)
-        ):
-            raise UserError(
-                f"{where}: learning_rates must be a list of at least {max(array_sizes)} positive "
-                f"numbers (one per model of the largest array), got {rates!r}"
-            )
-        learning_rates = tuple(float(r) for r in rates)
-    batch_size = whole_number(s["batch_size"], "batch_size", where, 1, 1 << 16)
-    workers = whole_number(s["workers"], "workers", where, 0, 64)
-    epochs = whole_number(s["epochs"], "epochs", where, 2, 1000)
-    seed = whole_number(s["seed"], "seed", where, 0, 2**31 - 1)
-    for key in ("cold_cache", "share_cores"):
-        if not isinstance(s[key], bool):
-            raise UserError(f"{where}: {key} must be true or false, got {s[key]!r}")
-    memory = s["memory_limit"] or None
-    if memory is not None:
-        if not isinstance(memory, str | int):
-            raise UserError(f"{where}: memory_limit must be a size such as 2GiB, got {memory!r}")
-        parse_size(memory)
-        memory = str(memory)
-    cpus = _number(s["cpus"], "cpus", where)
-    timeout = _number(s["timeout_s"], "timeout_s", where)
-    options = s["options"]
-    if not isinstance(options, dict):
-        raise UserError(f"{where}: options must be a table, got {options!r}")
-    own = sorted(set(options) & set(OWN_OPTIONS))
+        s["learning_rates"] = default_learning_rates(models)
+    elif len(rates) < models:
+        raise UserError(
+            f"{where}: learning_rates must be a list of at least {models} positive numbers (one "
+            f"per model of the largest array), got {list(rates)!r}"
+        )
+    own = sorted(set(s["options"]) & set(OWN_OPTIONS))
     if own:
         raise UserError(
             f"{where}: options must not set {own[0]}: the study sets each job's array_size and "
             "learning rate (use array_sizes and learning_rates)"
         )
-    WORKLOADS[workload].parse_options(options)
-    profiles = s["profiles"]
-    if variant == "sleep":
-        profiles = Path(profiles) if profiles else None  # None: measured on this host
-    elif profiles is not None:
+    WORKLOADS[s["workload"]].parse_options(s["options"])
+    if s["variant"] == "sleep":
+        s["profiles"] = Path(s["profiles"]) if s["profiles"] else None  # None: measured here
+    elif s["profiles"] is not None:
         raise UserError(f"{where}: profiles are for the sleep variant; the original one computes")
-    dataset = spec.get("dataset")
-    if dataset is not None and (not isinstance(dataset, str) or not dataset):
-        raise UserError(f"{where}: dataset must be a [[datasets]] name, got {dataset!r}")
-    parsed = HftaSpec(
-        workload=workload,
-        variant=variant,
-        array_sizes=array_sizes,
-        learning_rates=learning_rates,
-        batch_size=batch_size,
-        workers=workers,
-        epochs=epochs,
-        seed=seed,
-        cold_cache=s["cold_cache"],
-        share_cores=s["share_cores"],
-        memory_limit=memory,
-        cpus=cpus,
-        timeout_s=timeout,
-        options=dict(options),
-        profiles=profiles,
-        dataset=dataset,
-    )
-    if variant == "sleep" and profiles is not None:
-        for size in sorted({1, *array_sizes}):
+    parsed = HftaSpec(**s)
+    if parsed.variant == "sleep" and parsed.profiles is not None:
+        for size in sorted({1, *parsed.array_sizes}):
             check_profile(parsed, size)
     return parsed
 
@@ -721,20 +646,11 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
 
     rows, host = study_state.load_runs(keys, str, state, row)
     runs = dict(zip(keys, rows, strict=True))
-    for key in keys:
-        busy = runs[key]["other_cpu_cores"]
-        if busy is not None and busy > BUSY_HOST_CORES:
-            log(
-                f"warning: run {key} shared the host with another job ({busy:.2f} cores busy "
-                "outside the run): its figures are off; run the study on an idle host for "
-                "clean numbers"
-            )
-    result = versioned.stamp(
+    study_state.warn_busy({f"run {k}": runs[k]["other_cpu_cores"] for k in keys}, log)
+    return study_state.finish(
         RESULTS,
+        out,
         {
-            "git_revision": git_revision(),
-            "host": host,
-            "settings": spec.settings(),
             "dataset": {
                 "path": str(data_dir),
                 "training_files": len(files),
@@ -746,16 +662,13 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
             "published": PUBLISHED,
             # The runs' own time (over every invocation, when resumed) and this invocation's.
             "runs_s": round(sum(state["runs"][k].get("duration_s") or 0.0 for k in keys), 1),
-            "study_s": round(time.monotonic() - started, 1),
         },
-    )
-    return study_state.write_results(
-        out / RESULTS_NAME,
-        result,
-        out / FIGURE_NAME,
-        hfta_figure,
-        lambda r: table_lines(r["rows"]),
-        log,
+        host=host,
+        settings=spec.settings(),
+        started=started,
+        figure=hfta_figure,
+        table=lambda r: table_lines(r["rows"]),
+        log=log,
     )
 
 

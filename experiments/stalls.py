@@ -75,6 +75,7 @@ from core.errors import UserError
 from core.units import parse_size
 from experiments import study_state
 from experiments.request import TraceSettings, build_request
+from experiments.study import REQUIRED, Setting, validate
 from store.rundir import READ_KINDS, Run, load_run
 from tracing.container import DATA_MOUNT
 from tracing.host import drop_caches, resident_fraction, warm_files
@@ -467,56 +468,47 @@ def cache_figure(result: Mapping[str, Any]) -> go.Figure:
     return fig
 
 
+#: A ``kind = "stalls"`` study's keys: ``dataset`` (a ``[[datasets]]`` name) and ``workload``,
+#: the workload's ``variant``, ``accelerator``, ``models`` (emulated image models, with
+#: ``accelerator``; default: the workload's own), ``accelerators``, ``batch_size``,
+#: ``workers``, ``max_steps``, ``seed``, ``options`` (the workload's ``--set`` options),
+#: ``cache_fractions`` (the sweep runs for the first model only), ``cores`` (cores per
+#: accelerator; the sweep runs for every model) and ``read_rate`` (the dataset disk's reads
+#: capped at so many bytes per second, e.g. ``"50MB"``).
+SETTINGS = (
+    Setting("dataset", "name", REQUIRED, says="a [[datasets]] name"),
+    Setting("workload", "choice", REQUIRED, choices=tuple(sorted(WORKLOADS))),
+    Setting("variant", "choice", "sleep", choices=("sleep", "instrumented")),
+    Setting("accelerator", "name"),
+    Setting("models", "texts"),
+    Setting("accelerators", "whole", 1, low=1, high=1024),
+    Setting("batch_size", "whole", low=1, high=1 << 16),
+    Setting("workers", "whole", low=0, high=256),
+    Setting("max_steps", "whole", 0, low=0, high=10**9),
+    Setting("seed", "whole", 0, low=0, high=2**31 - 1),
+    Setting("options", "table", {}),
+    Setting("cache_fractions", "fractions", ()),
+    Setting("cores", "numbers", (), low=0, high=math.inf, says="a list of positive numbers"),
+    Setting("read_rate", "size"),
+)
+
+
+def parse_study(study: Any) -> dict[str, Any]:
+    """A ``kind = "stalls"`` study's keys (:data:`SETTINGS`), validated; one-line UserErrors
+    naming the file and the key."""
+    where = f"{study.path}: [study]"
+    s = validate(SETTINGS, study.spec, where)
+    study.dataset(s["dataset"])
+    WORKLOADS[s["workload"]].parse_options(s["options"])
+    if s["models"] and not s["accelerator"]:
+        raise UserError(f"{where} models are emulated models: give accelerator")
+    s["read_bps"] = _read_bps(s.pop("read_rate"), f"{study.path}: read_rate")
+    return s
+
+
 def check_study(study: Any) -> None:
-    """Validate a ``kind = "stalls"`` study's keys (one-line UserErrors).
-
-    Keys: ``dataset`` (a ``[[datasets]]`` name, required), ``workload`` (required),
-    ``variant`` (sleep), ``accelerator``, ``models`` (a list of emulated image models, with
-    ``accelerator``; default: the workload's own), ``accelerators`` (1), ``batch_size``,
-    ``workers``, ``max_steps`` (0), ``seed``, ``options`` (the workload's ``--set`` options),
-    ``cache_fractions`` (a list in [0, 1]; the sweep runs for the first model only) and
-    ``cores`` (cores per accelerator; the sweep runs for every model) and ``read_rate`` (the
-    dataset disk's reads capped at so many bytes per second, e.g. ``"50MB"``).
-    """
-    from experiments.orchestrate import check_table
-
-    spec = check_table(
-        dict(study.spec),
-        f"{study.path}: [study]",
-        (
-            "dataset",
-            "workload",
-            "variant",
-            "accelerator",
-            "models",
-            "accelerators",
-            "batch_size",
-            "workers",
-            "max_steps",
-            "seed",
-            "options",
-            "cache_fractions",
-            "cores",
-            "read_rate",
-        ),
-    )
-    for key in ("dataset", "workload"):
-        if key not in spec:
-            raise UserError(f"{study.path}: [study] needs {key}")
-    study.dataset(spec["dataset"])
-    if spec["workload"] not in WORKLOADS:
-        raise UserError(f"{study.path}: unknown workload {spec['workload']!r}")
-    WORKLOADS[spec["workload"]].parse_options(spec.get("options", {}))
-    if spec.get("models") and not spec.get("accelerator"):
-        raise UserError(f"{study.path}: [study] models are emulated models: give accelerator")
-    for f in spec.get("cache_fractions", []):
-        if not isinstance(f, int | float) or not 0 <= f <= 1:
-            raise UserError(f"{study.path}: cache_fractions must be numbers in [0, 1], got {f!r}")
-    for c in spec.get("cores", []):
-        if not isinstance(c, int | float) or c <= 0:
-            raise UserError(f"{study.path}: cores must be positive numbers, got {c!r}")
-    if "read_rate" in spec:
-        _read_bps(spec["read_rate"], f"{study.path}: read_rate")
+    """Validate a ``kind = "stalls"`` study (:func:`parse_study`)."""
+    parse_study(study)
 
 
 def _read_bps(text: Any, where: str) -> int | None:
@@ -534,31 +526,31 @@ def _read_bps(text: Any, where: str) -> int | None:
 
 def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
     """Measure every model of the study, then write ``study.json`` and ``study.html``."""
-    spec = dict(study.spec)
-    models = list(spec.get("models") or [None])
+    spec = parse_study(study)
+    models = list(spec["models"] or [None])
     results: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
     for i, model in enumerate(models):
         s = StallSettings(
             workload=spec["workload"],
             data=data[spec["dataset"]],
-            variant=spec.get("variant", "sleep"),
-            accelerator=spec.get("accelerator"),
+            variant=spec["variant"],
+            accelerator=spec["accelerator"],
             profile_model=model,
-            accelerators=spec.get("accelerators", 1),
-            batch_size=spec.get("batch_size"),
-            workers=spec.get("workers"),
-            max_steps=spec.get("max_steps", 0),
-            seed=spec.get("seed", 0),
-            options=spec.get("options", {}),
-            read_bps=_read_bps(spec.get("read_rate"), f"{study.path}: read_rate"),
+            accelerators=spec["accelerators"],
+            batch_size=spec["batch_size"],
+            workers=spec["workers"],
+            max_steps=spec["max_steps"],
+            seed=spec["seed"],
+            options=spec["options"],
+            read_bps=spec["read_bps"],
         )
         name = model or spec["workload"]
         results[name] = measure_stalls(
             s,
             out / name,
-            cache_fractions=spec.get("cache_fractions", []) if i == 0 else (),
-            cores=spec.get("cores", []),
+            cache_fractions=spec["cache_fractions"] if i == 0 else (),
+            cores=spec["cores"],
             log=log,
         )
         for line in _result_lines(name, results[name]):

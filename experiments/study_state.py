@@ -1,13 +1,13 @@
-"""What the studies share: checks of their ``[study]`` settings, their files' names and the
-layout of their results, a state file of the runs done (to resume), the loop that traces the
-runs and records them, results made JSON-ready, written and read back with their kind and
-schema checked (versioned files, :mod:`core.versioned`), and their dataset's files and where
-they lie on the disk.
+"""What the studies share: their files' names and the layout of their results, a state file
+of the runs done (to resume), the request of a study's run, the loop that traces the runs and
+records them, results made JSON-ready, written and read back with their kind and schema checked
+(versioned files, :mod:`core.versioned`), and their dataset's files and where they lie on the
+disk. Their ``[study]`` settings are declared and checked with :mod:`experiments.study`.
 
-A study (grouping, sophon, hfta) records each finished run in ``OUT/NAME/<kind>-state.json``
+A study (grouping, sophon, hfta, stalls) records each finished run in ``<kind>-state.json``
 (:data:`STATE`) with the fingerprint of its settings; run again with the same settings, it
 skips the runs whose run directories still say they finished, and starts over when the
-settings changed. One study never imports another: what two of them use is here, in
+settings changed (:func:`pending_runs`, or :func:`kept_or_traced` one run at a time). One study never imports another: what two of them use is here, in
 :mod:`analysis.samples` (figures of a run's samples) or :mod:`analysis.extents` (where files
 lie on the disk).
 
@@ -43,53 +43,21 @@ Log = Callable[[str], None]
 T = TypeVar("T")
 
 
-def refuse_unknown_keys(spec: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
-    """A one-line UserError naming the first key of ``spec`` that is not one of ``keys`` (the
-    ``[study]`` table's, besides ``kind``)."""
-    unknown = sorted(set(spec) - set(keys))
-    if unknown:
-        raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: kind, {', '.join(keys)}")
-
-
-def image_workload(value: Any, where: str) -> str:
-    """``value`` when it names an image workload (one that reads the images generator's
-    datasets), else a one-line UserError listing them."""
+def _image_workloads() -> tuple[str, ...]:
     from workloads.registry import WORKLOADS
 
-    names = sorted(n for n, w in WORKLOADS.items() if w.datagen == "images")
-    if value not in names:
-        raise UserError(
-            f"{where}: workload must be an image workload ({', '.join(names)}), got {value!r}"
-        )
-    return value
+    return tuple(sorted(n for n, w in WORKLOADS.items() if w.datagen == "images"))
 
 
-def whole_number(value: Any, key: str, where: str, low: int, high: int) -> int:
-    """``value`` when it is a whole number from ``low`` to ``high``, else a one-line UserError
-    naming ``key``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise UserError(
-            f"{where}: {key} must be a whole number from {low} to {high}, got {value!r}"
-        )
-    return value
+#: The image workloads (those that read the images generator's datasets), and the rule in words.
+IMAGE_WORKLOADS = _image_workloads()
+IMAGE_WORKLOAD = f"an image workload ({', '.join(IMAGE_WORKLOADS)})"
 
 
-def distinct_whole_numbers(
-    value: Any, key: str, where: str, low: int, high: int
-) -> tuple[int, ...]:
-    """``value`` sorted, when it is a non-empty list of distinct whole numbers from ``low`` to
-    ``high``, else a one-line UserError naming ``key``."""
-    if (
-        not isinstance(value, list | tuple)
-        or not value
-        or any(isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high for v in value)
-        or len(set(value)) != len(value)
-    ):
-        raise UserError(
-            f"{where}: {key} must be a non-empty list of distinct whole numbers from {low} to "
-            f"{high}, got {value!r}"
-        )
-    return tuple(sorted(value))
+def study_files(kind: str, version: int) -> tuple[Layout, str, str, str]:
+    """A study's results layout (:func:`results_layout`) and its results, figure and state
+    file names (:func:`file_names`)."""
+    return (results_layout(kind, version), *file_names(kind))
 
 
 def results_layout(kind: str, version: int) -> Layout:
@@ -310,25 +278,61 @@ def load_results(path: Path, layout: Layout) -> dict[str, Any]:
     return versioned.load_json(Path(path), layout, missing="run the study first")
 
 
-def write_results(
-    path: Path,
-    result: Mapping[str, Any],
-    figure_path: Path,
+#: Another job using more cores than this during a run's epoch makes a study warn.
+BUSY_HOST_CORES = 0.25
+
+
+def warn_busy(runs: Mapping[str, float | None], log: Log, *, why: str = "") -> None:
+    """Warn about every run (name -> the cores something outside it kept busy during its epoch,
+    :func:`analysis.samples.other_cpu_cores`) that shared the host with another job: above
+    :data:`BUSY_HOST_CORES` its figures are off. ``why`` says what the study does about it."""
+    for name, busy in runs.items():
+        if busy is not None and busy > BUSY_HOST_CORES:
+            log(
+                f"warning: {name} shared the host with another job ({busy:.2f} cores busy "
+                f"outside the run): its figures are off; {why}run the study on an idle host "
+                "for clean numbers"
+            )
+
+
+def finish(
+    layout: Layout,
+    out: Path,
+    body: Mapping[str, Any],
+    *,
+    host: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    started: float,
     figure: Callable[[Mapping[str, Any]], Any],
     table: Callable[[Mapping[str, Any]], Sequence[str]],
     log: Log,
 ) -> Path:
-    """Write a study's ``result`` to ``path`` (:func:`json_ready`, atomically), then its
-    ``figure(result)`` to ``figure_path``; log ``table(result)`` and where the figure is.
-    Returns ``path``."""
+    """A study's results, written: ``body`` under the header every study's results have (the
+    git revision, the ``host`` its runs ran on, its ``settings``) and its time since
+    ``started``, stamped with ``layout`` (its kind and version), made JSON-ready
+    (:func:`json_ready`) and written atomically to ``out/<kind>.json``, then ``figure(result)``
+    to ``out/<kind>.html``; the lines of ``table(result)`` logged. Returns the results' path."""
+    from store.rundir import git_revision
+
+    result = versioned.stamp(
+        layout,
+        {
+            "git_revision": git_revision(),
+            "host": dict(host),
+            "settings": dict(settings),
+            **body,
+            "study_s": round(time.monotonic() - started, 1),
+        },
+    )
     from analysis.figures import write_figure
 
-    atomic_write_json(path, json_ready(result))
-    write_figure(figure(result), figure_path)
+    results, figure_name, _ = file_names(str(layout.kind))
+    atomic_write_json(out / results, json_ready(result))
+    write_figure(figure(result), out / figure_name)
     for line in table(result):
         log(line)
-    log(f"figure: {figure_path}")
-    return path
+    log(f"figure: {out / figure_name}")
+    return out / results
 
 
 # --------------------------------------------------------------------------------------------

@@ -398,17 +398,16 @@ class Run:
     @property
     def workload(self) -> str:
         """The workload name from the config, else the image part of the run id."""
-        config = self.manifest.get("config") or {}
-        if config.get("workload"):
-            return str(config["workload"])
-        return _run_id_parts(self.run_id)[0]
+        return self._from_config("workload", 0)
 
     @property
     def variant(self) -> str:
+        """The variant from the config, else the variant part of the run id."""
+        return self._from_config("variant", 1)
+
+    def _from_config(self, key: str, part: int) -> str:
         config = self.manifest.get("config") or {}
-        if config.get("variant"):
-            return str(config["variant"])
-        return _run_id_parts(self.run_id)[1]
+        return str(config[key]) if config.get(key) else _run_id_parts(self.run_id)[part]
 
     @property
     def data_mounts(self) -> tuple[str, ...]:

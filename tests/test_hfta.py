@@ -111,7 +111,7 @@ def test_defaults_are_resnet18_original_at_b_1_2_4_8() -> None:
         ({"learning_rates": [0.1, 0.2]}, "at least 8 positive numbers"),
         ({"options": {"array_size": 2}}, "options must not set array_size"),
         ({"options": {"colour": 2}}, "unknown setting 'colour'"),
-        ({"memory_limit": "lots"}, "cannot parse size 'lots'"),
+        ({"memory_limit": "lots"}, "memory_limit must be a size such as 2GiB, got 'lots'"),
         ({"cpus": -1}, "cpus must be a positive number"),
         ({"profiles": "x"}, "profiles are for the sleep variant"),
         ({"cold_cache": "yes"}, "cold_cache must be true or false"),

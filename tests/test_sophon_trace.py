@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from analysis.samples import sampled_total
+from analysis.sophon import epoch_interval
 from analysis.timeline import lane_groups, timeline_figure
 from datagen.images import ImageGenParams, generate_images
-from experiments.sophon import epoch_interval, sampled_total
 from store.rundir import Run, load_run
 from tests.conftest import REPO
 from tracing.remote import StorageNode

@@ -261,7 +261,7 @@ def test_study_file_is_validated(tmp_path: Path) -> None:
         '[study]\nkind = "stalls"\nworkload = "resnet18"\n': "needs dataset",
         '[study]\nkind = "stalls"\ndataset = "x"\nworkload = "resnet18"\n': "not a [[datasets]]",
         '[study]\nkind = "stalls"\ndataset = "img"\nworkload = "resnet18"\ncores = [0]\n': (
-            "cores must be positive"
+            "cores must be a list of positive numbers"
         ),
         '[study]\nkind = "stalls"\ndataset = "img"\nworkload = "resnet18"\nread_rate = "x"\n': (
             "read_rate"
