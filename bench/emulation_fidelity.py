@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from experiments.fidelity import GOALS, SETUPS, measure_workload, summarize  # noqa: E402
+from analysis.fidelity import GOALS, summarize  # noqa: E402
+from experiments.fidelity import SETUPS, measure_workload  # noqa: E402
 
 
 def main() -> None:

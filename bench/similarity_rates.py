@@ -35,10 +35,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from analysis.fidelity import step_times  # noqa: E402
 from analysis.profiles import fit_runs  # noqa: E402
 from analysis.similarity import Comparison, compare_runs  # noqa: E402
 from datagen.registry import generate  # noqa: E402
-from experiments.fidelity import step_times  # noqa: E402
 from store.hostprofiles import ForeignProfileWarning  # noqa: E402
 from store.profiledb import sleep_profile_for  # noqa: E402
 from store.rundir import load_run  # noqa: E402

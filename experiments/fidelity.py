@@ -5,7 +5,7 @@ For a workload, on small data generated once, with the page cache dropped before
 1. ``instrumented`` runs -> ``profile fit`` (the compute times of this CPU, same settings);
 2. then ``original`` and ``sleep`` (with that profile) alternated, ``rounds`` pairs.
 
-Per pair (:func:`pair_figures`):
+Per pair (:func:`analysis.fidelity.pair_figures`):
 
 - ``step_error``: median step time of ``sleep`` / ``original`` - 1 (goal <= 2 %): the time
   between consecutive ``step_end`` points of rank 0 in epoch 1, the first step left out (it
@@ -28,7 +28,7 @@ Per pair (:func:`pair_figures`):
   adds to it the difference between those runs and the ``original`` one (the host's drift
   between runs, and the instrumentation's own cost).
 
-Per workload, the noise floor (:func:`noise`): the spread (max - min over median) of the real
+Per workload, the noise floor (:func:`analysis.fidelity.noise`): the spread (max - min over median) of the real
 runs' median step and epoch time (and ``overall_noise``: the lowest ``compare`` overall of an
 ``original`` run against an ``instrumented`` one, the real job against its own rerun, which
 the analyzer's rate factor lowers when the host's speed drifts between runs; beside it each
@@ -39,35 +39,42 @@ the spread cannot be told from the machine's own variation (on the 2-core build 
 single-process compute loop varies by 10-20 % from one few-second window to the next).
 
 ``bench/emulation_fidelity.py`` runs every workload of the zoo and prints the table of
-``docs/emulation.md``; ``tests/test_fidelity.py`` runs a reduced form in CI.
+``docs/emulation.md``; ``tests/test_fidelity.py`` runs a reduced form in CI. As a study
+(``[study] kind = "fidelity"``, ``experiments/fidelity.toml``, keys in :data:`SETTINGS`) the
+runs resume through the study state and the results are ``fidelity.json`` (:data:`RESULTS`)
+and ``fidelity.html`` (:func:`analysis.fidelity.fidelity_figure`). The figures of a run and of
+a pair are computed in :mod:`analysis.fidelity`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from analysis.fidelity import (
+    GOALS,
+    fidelity_figure,
+    noise,
+    pair_figures,
+    step_times,
+    table_lines,
+)
 from analysis.profiles import fit_runs
 from analysis.similarity import compare_runs
+from core.errors import UserError
 from datagen.registry import generate
+from experiments import study_state
 from experiments.request import TraceSettings, build_request
+from experiments.study import Setting, validate
+from experiments.study_state import Log
 from store.rundir import Run, load_run
 from tracing.host import drop_caches
 from tracing.runner import trace
-from workloads.emulation import draw_step, emulation_rng
-from workloads.profile import SleepProfile
-
-GOALS: Mapping[str, float] = {
-    "step_error": 0.02,
-    "epoch_error": 0.05,
-    "overall": 0.95,
-    "cost": 0.15,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,106 +151,9 @@ def traced(
     return load_run(trace(request).check())
 
 
-def step_ends(run: Run) -> Any:
-    """Rank 0's ``step_end`` rows of epoch 1, in step order."""
-    phases = run.phases
-    ends = phases[(phases["key"] == "step_end") & (phases["rank"] == 0) & (phases["epoch"] == 1)]
-    return ends.sort_values("step")
-
-
-def step_times(run: Run) -> np.ndarray:
-    """Seconds between consecutive step ends of rank 0 in epoch 1 (first step excluded)."""
-    ts = step_ends(run)["ts_ns"].to_numpy(dtype=np.int64)
-    return np.diff(ts)[1:] / 1e9
-
-
-def epoch_time(run: Run) -> float:
-    epochs = run.phases[(run.phases["key"] == "epoch") & (run.phases["rank"] == 0)]
-    return float(epochs["duration_ns"].sum()) / 1e9
-
-
-def cpu_seconds(run: Run) -> float:
-    """Container CPU time while training (the epoch interval): the sampler's percent of a
-    core, integrated."""
-    epochs = run.phases[(run.phases["key"] == "epoch") & (run.phases["rank"] == 0)]
-    start, end = int(epochs["ts_ns"].min()), int(epochs["end_ns"].max())
-    cpu = run.samples[run.samples["metric"] == "container_cpu"].sort_values("ts_ns")
-    cpu = cpu[(cpu["ts_ns"] > start) & (cpu["ts_ns"] <= end)]
-    if len(cpu) < 2:
-        return float("nan")
-    dt = np.diff(cpu["ts_ns"].to_numpy(dtype=np.int64)) / 1e9
-    return float(np.sum(cpu["value"].to_numpy()[1:] / 100.0 * dt))
-
-
-def precision(run: Run, profile: SleepProfile, seed: int = 0) -> dict[str, float]:
-    """Requested vs measured emulated compute per step of rank 0, epoch 1, and the emulated
-    median step against the requested one (module doc). The draws are replayed in step order;
-    a run with evaluation would interleave other draws."""
-    phases = run.phases
-    busy = phases[
-        (phases["key"] == "accelerator_busy") & (phases["rank"] == 0) & (phases["epoch"] == 1)
-    ].sort_values("step")
-    samples = step_ends(run)["value"].astype(float).astype(int).to_numpy()
-    rng = emulation_rng(seed, 0)
-    draws = np.array(
-        [
-            draw_step(profile, rng, 1, profile.profile_batch(int(n), 1), first=i == 0)
-            for i, n in enumerate(samples)
-        ]
-    ).reshape(-1, 2)
-    requested = draws[:, 1]
-    measured = busy["duration_ns"].to_numpy(dtype=np.float64) / 1e9
-    if len(measured) != len(requested):
-        raise RuntimeError(
-            f"{run.run_id}: {len(measured)} accelerator_busy intervals for {len(requested)} steps"
-        )
-    # step_times leaves the first step out: so does the requested step it is compared with.
-    requested_step = float(np.median(draws[1:].sum(axis=1)))
-    return {
-        "requested_s": float(requested.mean()),
-        "busy_s": float(measured.mean()),
-        "late_ms": float(np.median(measured - requested) * 1e3),
-        "requested_step_s": requested_step,
-        "own_step_error": float(np.median(step_times(run))) / requested_step - 1,
-    }
-
-
-def spread(values: list[float]) -> float:
-    """(max - min) / median of ``values``."""
-    return (max(values) - min(values)) / statistics.median(values)
-
-
-def noise(real_runs: list[Run]) -> dict[str, Any]:
-    """The noise floor of the real runs (module doc): their median steps and epoch times, and
-    the spread of each."""
-    steps = [float(np.median(step_times(r))) for r in real_runs]
-    epochs = [epoch_time(r) for r in real_runs]
-    return {
-        "real_steps_s": steps,
-        "real_epochs_s": epochs,
-        "step_noise": spread(steps),
-        "epoch_noise": spread(epochs),
-    }
-
-
-def pair_figures(real: Run, emulated: Run, profile: SleepProfile) -> dict[str, Any]:
-    """The figures of one ``original``/``sleep`` pair (module doc)."""
-    comparison = compare_runs(real, emulated)
-    scored = sorted((a for a in comparison.aspects if a.score is not None), key=lambda a: a.score)
-    real_step, emulated_step = (float(np.median(step_times(r))) for r in (real, emulated))
-    return {
-        "step_error": emulated_step / real_step - 1,
-        "epoch_error": epoch_time(emulated) / epoch_time(real) - 1,
-        "real_step_s": real_step,
-        "emulated_step_s": emulated_step,
-        "real_epoch_s": epoch_time(real),
-        "emulated_epoch_s": epoch_time(emulated),
-        "overall": comparison.overall,
-        "lowest": [(a.name, round(a.score, 3)) for a in scored[:2]],
-        "cost": cpu_seconds(emulated) / cpu_seconds(real),
-        **precision(emulated, profile),
-        "runs": [str(real.path), str(emulated.path)],
-    }
+#: How a measurement gets each run: ``keep(key, make)`` returns the run ``key``, made by
+#: ``make()`` (the study: or the one done before, :func:`study_state.kept_or_traced`).
+Keep = Callable[[str, Callable[[], Run]], Run]
 
 
 def measure_workload(
@@ -254,16 +164,21 @@ def measure_workload(
     log: Callable[[str], None] = lambda line: None,
     setup: Setup | None = None,
     instrumented_runs: int = 2,
+    keep: Keep = lambda key, make: make(),
 ) -> dict[str, Any]:
     """Fit a profile to ``instrumented_runs`` instrumented runs, then ``rounds`` alternated
-    ``original``/``sleep`` pairs; returns every figure (module doc)."""
+    ``original``/``sleep`` pairs; returns every figure (module doc). ``keep`` gets each run
+    (:data:`Keep`)."""
     setup = setup or SETUPS[workload]
     data = dataset(data_root, setup)
     runs = work / workload
+
+    def run(key: str, variant: str, profile: Path | None = None) -> Run:
+        make = functools.partial(traced, workload, setup, variant, data, runs, profile)
+        return keep(f"{workload}-{key}", make)
+
     log(f"{workload}: {instrumented_runs} instrumented run(s) for the profile")
-    instrumented = [
-        traced(workload, setup, "instrumented", data, runs, None) for _ in range(instrumented_runs)
-    ]
+    instrumented = [run(f"instrumented{i}", "instrumented") for i in range(instrumented_runs)]
     profile, warnings = fit_runs(instrumented, accelerator="cpu")
     for warning in warnings:
         log(f"{workload}: profile fit: {warning}")
@@ -273,10 +188,7 @@ def measure_workload(
     real = list(instrumented)
     for i in range(rounds):
         order = ("original", "sleep") if i % 2 == 0 else ("sleep", "original")
-        done = {
-            v: traced(workload, setup, v, data, runs, profile_path if v == "sleep" else None)
-            for v in order
-        }
+        done = {v: run(f"round{i}-{v}", v, profile_path if v == "sleep" else None) for v in order}
         real.append(done["original"])
         emulated.append(done["sleep"])
         pair = pair_figures(done["original"], done["sleep"], profile)
@@ -308,34 +220,73 @@ def measure_workload(
     }
 
 
-def summarize(result: Mapping[str, Any]) -> str:
-    """One line: medians over the rounds with their min..max."""
-    pairs = result["pairs"]
+# --------------------------------------------------------------------------------------------
+# As a study: ``[study] kind = "fidelity"``
 
-    def median_range(key: str, pct: bool = False) -> str:
-        values = [p[key] for p in pairs]
-        scale = 100 if pct else 1
-        fmt = "{:+.1f}%" if pct else "{:.3f}"
-        return (
-            fmt.format(statistics.median(values) * scale)
-            + " ("
-            + fmt.format(min(values) * scale)
-            + " .. "
-            + fmt.format(max(values) * scale)
-            + ")"
+#: Version of the layout of ``fidelity.json``; bump on any change, with a migration from the
+#: old one in :data:`RESULTS`.
+SCHEMA_VERSION = 1
+KIND = "fidelity"
+#: ``fidelity.json``: the study's results; its figure and state files.
+RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, SCHEMA_VERSION)
+#: The ``[study]`` table's keys: the workloads measured (each on its small setup,
+#: :data:`SETUPS`), the alternated pairs per workload, the instrumented runs fitted to.
+SETTINGS = (
+    Setting("workloads", "choices", tuple(SETUPS), choices=tuple(SETUPS)),
+    Setting("rounds", "whole", 3, low=1, high=50),
+    Setting("instrumented_runs", "whole", 2, low=1, high=10),
+)
+
+
+def check_study(study: Any) -> None:
+    """Validate a ``kind = "fidelity"`` study: its keys; it makes its own datasets."""
+    if study.datasets:
+        raise UserError(
+            f"{study.path}: the fidelity study makes each workload's small dataset: remove "
+            "[[datasets]]"
         )
+    validate(SETTINGS, study.spec, f"{study.path}: [study]")
 
-    median = {
-        k: statistics.median(p[k] for p in pairs) for k in ("requested_s", "busy_s", "late_ms")
-    }
-    lowest = pairs[len(pairs) // 2]["lowest"]
-    return (
-        f"{result['workload']:9s} step {median_range('step_error', True)}  "
-        f"epoch {median_range('epoch_error', True)}  overall {median_range('overall')}  "
-        f"cost {median_range('cost')}  own step {median_range('own_step_error', True)}  "
-        f"against the fitted runs {median_range('fit_step_error', True)}  "
-        f"noise of the real runs: step {result['step_noise']:.1%}, "
-        f"epoch {result['epoch_noise']:.1%}, overall {result['overall_noise']:.3f}  "
-        f"sleep {median['requested_s']:.4f} s -> {median['busy_s']:.4f} s "
-        f"(late {median['late_ms']:.2f} ms)  lowest {lowest}"
+
+def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
+    """Measure every workload of the study under ``out`` (datasets in ``out/data``, runs in
+    ``out/runs``), resuming the runs done before; write ``fidelity.json`` and ``fidelity.html``
+    and return the results' path."""
+    del data  # check_study refuses [[datasets]]
+    spec = validate(SETTINGS, study.spec, f"{study.path}: [study]")
+    out, runs_root, started = study_state.study_home(out)
+    state_path = out / STATE_NAME
+    state = study_state.load_state(state_path, study_state.fingerprint(spec), log)
+
+    def keep(key: str, make: Callable[[], Run]) -> Run:
+        return study_state.kept_or_traced(key, state, state_path, make, log)
+
+    results = [
+        measure_workload(
+            name,
+            spec["rounds"],
+            out / "data",
+            runs_root,
+            log,
+            instrumented_runs=spec["instrumented_runs"],
+            keep=keep,
+        )
+        for name in spec["workloads"]
+    ]
+    first = load_run(Path(next(iter(state["runs"].values()))["run_dir"]))
+    return study_state.finish(
+        RESULTS,
+        out,
+        {"goals": dict(GOALS), "workloads": results},
+        host=first.manifest.get("host") or {},
+        settings=spec,
+        started=started,
+        figure=fidelity_figure,
+        table=table_lines,
+        log=log,
     )
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """Read ``fidelity.json``, refusing another kind or schema version."""
+    return study_state.load_results(path, RESULTS)

@@ -40,6 +40,7 @@ STUDIES: Mapping[str, str] = {
     "grouping": "experiments.grouping",
     "sophon": "experiments.sophon",
     "hfta": "experiments.hfta",
+    "fidelity": "experiments.fidelity",
 }
 
 

@@ -23,7 +23,8 @@ import json
 
 import pytest
 
-from experiments.fidelity import GOALS, measure_workload
+from analysis.fidelity import GOALS
+from experiments.fidelity import measure_workload
 from store.rundir import load_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
