@@ -587,6 +587,6 @@ def breakdown_figure(runs: Sequence[Run]) -> go.Figure:
 
 
 def write_breakdown(runs: Sequence[Run], out_path: Path) -> Path:
-    """Write :func:`breakdown_figure` of ``runs`` as one self-contained HTML file (plotly.js
-    embedded, opens offline), atomically; return its path."""
+    """Write :func:`breakdown_figure` of ``runs`` as an HTML page (the shared plotly.js beside
+    it, :mod:`analysis.figures`: it opens offline), atomically; return its path."""
     return write_figure(breakdown_figure(runs), out_path)

@@ -28,6 +28,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from analysis.figures import CONFIG, shared_plotly_js
 from analysis.similarity import ASPECTS, AspectScore, Comparison
 from core.atomic import atomic_write_text
 from store.rundir import Run
@@ -308,8 +309,12 @@ def axes_settings(aspect: AspectScore) -> dict[str, dict[str, Any]]:
     return {"x": bare, "y": bare}
 
 
-def report_html(real: Run, emulated: Run, comparison: Comparison) -> str:
-    """The whole report as one self-contained HTML page (plotly.js inline, no network)."""
+def report_html(
+    real: Run, emulated: Run, comparison: Comparison, plotly_js: str | bool = True
+) -> str:
+    """The whole report as one HTML page, nothing fetched from a network: plotly.js loaded from
+    ``plotly_js`` (a relative path: :func:`analysis.figures.shared_plotly_js`), or inline
+    (True)."""
     fig = comparison_figure(real, emulated, comparison)
     rows = []
     for a in comparison.aspects:
@@ -344,7 +349,7 @@ def report_html(real: Run, emulated: Run, comparison: Comparison) -> str:
             "note",
         )
     )
-    figure = fig.to_html(include_plotlyjs=True, full_html=False, config={"displaylogo": False})
+    figure = fig.to_html(include_plotlyjs=plotly_js, full_html=False, config=dict(CONFIG))
     warnings = "".join(
         f"<p class='warning'>warning: {html.escape(w)}</p>" for w in comparison.warnings
     )
@@ -373,8 +378,9 @@ that were not skipped. Measures and invariances are explained in docs/similarity
 def write_comparison_report(
     real: Run, emulated: Run, comparison: Comparison, out_path: Path
 ) -> Path:
-    """Write :func:`report_html` to ``out_path`` atomically (temporary file, then rename)."""
-    text = report_html(real, emulated, comparison)
+    """Write :func:`report_html` to ``out_path`` atomically (temporary file, then rename),
+    loading the shared plotly.js beside it."""
     out_path = Path(out_path)
+    text = report_html(real, emulated, comparison, shared_plotly_js(out_path))
     atomic_write_text(out_path, text, fsync=True)
     return out_path

@@ -44,6 +44,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.basedatatypes import BaseTraceType
 
+from analysis.figures import CONFIG, page_html
 from analysis.processes import classify_processes
 from analysis.series import (
     Bins,
@@ -785,6 +786,10 @@ def _stack_lanes(
         for trace, secondary in lane.traces:
             trace.update(xaxis=x_ref, yaxis=y2_ref if secondary else y_ref, legend=legend)
             traces.append(trace)
+        if not lane.traces:
+            # plotly draws no axes for a lane no trace refers to, and a note placed in them
+            # lands elsewhere (over the first lane): an empty trace keeps the lane in its place
+            traces.append(_PLACEHOLDER(xaxis=x_ref, yaxis=y_ref))
         # One legend per lane, beside it, so each legend only lists what its lane shows.
         layout[legend] = {
             "x": 1.0,
@@ -835,6 +840,11 @@ def _stack_lanes(
     return traces, layout
 
 
+def _PLACEHOLDER(**axes: str) -> go.Scatter:  # noqa: N802
+    """A trace with no points, named ``placeholder``: it draws nothing and lists nothing."""
+    return go.Scatter(x=[], y=[], name="placeholder", showlegend=False, hoverinfo="skip", **axes)
+
+
 def _axis_ref(letter: str, index: int) -> str:
     """Plotly's trace-side axis reference: ``x``, ``x2``, ..."""
     return letter if index == 1 else f"{letter}{index}"
@@ -846,17 +856,14 @@ def _axis_name(letter: str, index: int) -> str:
 
 
 def write_timeline(runs: Sequence[Run], out_path: Path, bin_s: float | None = None) -> Path:
-    """Write the timeline of ``runs`` as one self-contained HTML file and return its path.
+    """Write the timeline of ``runs`` as an HTML page and return its path.
 
-    plotly.js is embedded (no CDN), so the file opens offline; it is written to a temporary file
-    in the same directory and renamed, so a reader never sees half a file.
+    The page loads the shared plotly.js beside it (:func:`analysis.figures.page_html`: no CDN,
+    it opens offline); it is written to a temporary file in the same directory and renamed, so a
+    reader never sees half a file.
     """
-    fig = timeline_figure(runs, bin_s=bin_s)
-    html = fig.to_html(
-        include_plotlyjs=True,
-        full_html=True,
-        config={"displaylogo": False, "scrollZoom": True},
-    )
     out_path = Path(out_path)
+    fig = timeline_figure(runs, bin_s=bin_s)
+    html = page_html(fig, out_path, config={**CONFIG, "scrollZoom": True})
     atomic_write_text(out_path, html, fsync=True)
     return out_path

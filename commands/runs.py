@@ -83,7 +83,7 @@ def show(run: str, runs_root: Path, as_json: bool) -> None:
 
 @click.group()
 def plot() -> None:
-    """Plots of runs (self-contained HTML).
+    """Plots of runs (HTML pages that open offline).
 
     Example: ./cli.py plot timeline runs/RUN_A runs/RUN_B
     """

@@ -25,6 +25,7 @@ from analysis.breakdown import (
     step_table,
     write_breakdown,
 )
+from analysis.figures import PLOTLY_JS
 from core.errors import UserError
 from store.rundir import (
     load_run,
@@ -272,7 +273,8 @@ def test_breakdown_figure_lines_and_bands(tmp_path: Path) -> None:
 
 def test_breakdown_html_renders_in_chromium(tmp_path: Path) -> None:
     out = write_breakdown(three_runs(tmp_path), tmp_path / "report" / "breakdown.html")
-    assert [p.name for p in out.parent.iterdir()] == ["breakdown.html"]  # no temporary left
+    # no temporary left; plotly.js beside the page, loaded from there (the browser draws it)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["breakdown.html", PLOTLY_JS]
     html = dom(out)
     assert subplot_count(html) == 8  # every panel drawn by plotly.js in the browser
     assert html.count('class="trace scatter') >= 8

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import cli as cli_module
+from analysis.figures import PLOTLY_JS
 from store.rundir import EVENTS_COLUMNS, PHASES_COLUMNS, SAMPLES_COLUMNS, SCHEMA_VERSION
 from tests import synthetic
 from tests.synthetic import START_NS
@@ -118,12 +120,14 @@ def plotly_figures(text: str) -> list[tuple[list[dict[str, Any]], dict[str, Any]
 
 
 def assert_self_contained_html(path: Path, *mentions: str) -> list[dict[str, Any]]:
-    """The page is whole, embeds plotly.js (opens offline) and one figure with traces; return
-    the traces."""
+    """The page is whole, loads the shared plotly.js beside it (opens offline, nothing from a
+    network) and has one figure with traces; return the traces."""
     text = path.read_text(encoding="utf-8")
     assert text.lstrip().lower().startswith("<!doctype html>")
     assert text.rstrip().endswith("</html>")
-    assert '<script src="http' not in text  # plotly.js embedded, not from a CDN
+    assert '<script src="http' not in text  # no CDN
+    (src,) = re.findall(r'<script[^>]*\bsrc="([^"]+)"', text)
+    assert Path(src).name == PLOTLY_JS and (path.parent / src).is_file()
     ((traces, layout),) = plotly_figures(text)
     assert traces and isinstance(layout, dict)
     for mention in mentions:

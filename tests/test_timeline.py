@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.figures import PLOTLY_JS
 from analysis.processes import classify_processes
 from analysis.report import run_summary_lines
 from analysis.series import Bins, binned_rate, default_bin_s
@@ -492,20 +493,38 @@ def test_all_compute_is_the_fallback(tmp_path: Path) -> None:
 def test_empty_run_still_makes_a_figure(tmp_path: Path) -> None:
     run = load_run(make_run(tmp_path, skip=("events", "samples", "phases"), status="failed"))
     fig = timeline_figure([run])
-    assert subplot_rows(fig) == 9 and len(fig.data) == 0
+    # every lane kept in place by a trace with no points, and nothing else drawn
+    assert subplot_rows(fig) == 9 and len(fig.data) == 9
+    assert all(t.name == "placeholder" and len(t.x) == 0 for t in fig.data)
     texts = [a.text for a in fig.layout.annotations]
     assert "no accelerator data" in texts and "no read/write syscalls" in texts
     assert "status failed" in texts[0] and "missing events, phases, samples" in texts[0]
     assert len(timeline_figure([]).data) == 0
 
 
-def test_html_is_self_contained_and_atomic(tmp_path: Path, busy_run: Path) -> None:
+def test_html_opens_offline_and_is_written_atomically(tmp_path: Path, busy_run: Path) -> None:
     out = write_timeline([load_run(busy_run)], tmp_path / "plots" / "timeline.html")
     html = out.read_text(encoding="utf-8")
     assert out.name == "timeline.html"
-    assert len(html) > 1_000_000 and "Plotly.newPlot" in html  # the library itself is inside
-    assert not re.search(r"<script[^>]*\bsrc=", html)  # nothing to fetch: opens offline
-    assert [p.name for p in out.parent.iterdir()] == ["timeline.html"]  # no temporary left
+    assert "Plotly.newPlot" in html and len(html) < 1_000_000  # the library is not inside:
+    # the page loads the one copy beside it, nothing from a network
+    assert re.findall(r'<script[^>]*\bsrc="([^"]+)"', html) == [PLOTLY_JS]
+    assert (out.parent / PLOTLY_JS).read_text().startswith("/**")  # plotly.js, whole
+    assert sorted(p.name for p in out.parent.iterdir()) == [PLOTLY_JS, "timeline.html"]
+
+
+def test_the_pages_of_a_runs_root_share_one_plotly_js(tmp_path: Path, busy_run: Path) -> None:
+    # A page in a run directory loads the copy of its runs root: a hundred runs, one copy.
+    run = load_run(busy_run)
+    pages = [write_timeline([run], busy_run / "timeline.html")]
+    other = busy_run.parent / "20261121-170000-unet3d-sleep-0000"
+    other.mkdir()
+    (other / "manifest.json").write_text("{}")
+    pages.append(write_timeline([run], other / "timeline.html"))
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert re.findall(r'<script[^>]*\bsrc="([^"]+)"', html) == [f"../{PLOTLY_JS}"]
+    assert list(busy_run.parent.rglob("plotly-*.js")) == [busy_run.parent / PLOTLY_JS]
 
 
 def test_two_million_events_are_merged_not_dropped(tmp_path: Path) -> None:
@@ -625,3 +644,21 @@ def test_show_prints_counts_per_container(tmp_path: Path, busy_run: Path) -> Non
         "  container (no container) · block: block_write 1 (1.0 MiB)",
     ]
     assert not any("container" in line for line in run_summary_lines(busy_run))
+
+
+def test_a_lane_with_nothing_to_show_says_so_in_its_own_place(tmp_path: Path) -> None:
+    """A run of one container has no network samples: the network lane is still drawn in
+    Chromium (a subplot per lane, the time axis under the last), with its note inside it, not
+    over the first lane (plotly draws no axes that no trace refers to)."""
+    from tests.browser import dom, subplot_count
+
+    run_dir = make_run(tmp_path, phases=phases_frame([{"key": "init", "t0": 0.0, "t1": 1.0}]))
+    run = load_run(run_dir)
+    fig = timeline_figure([run])
+    network = [lane for lane in fig.layout.meta["lanes"] if lane["lane"] == "network"][0]
+    (note,) = [a for a in fig.layout.annotations if a.text.startswith("no network samples")]
+    assert (note.xref, note.yref) == (f"{network['xaxis']} domain", f"{network['yaxis']} domain")
+    assert any(t.xaxis == network["xaxis"] for t in fig.data)  # its axes are drawn
+    html = dom(write_timeline([run], run_dir / "timeline.html"))
+    assert subplot_count(html) == len(LANES)
+    assert "seconds since workload release" in html

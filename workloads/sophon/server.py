@@ -73,6 +73,8 @@ PROBE_CHUNK = 256 << 10
 GRACE_S = 3.0
 #: Seconds one sample may take in the pool before its request fails.
 SAMPLE_TIMEOUT_S = 120.0
+#: Seconds between looks at a waited-for sample's client and the server's state.
+POLL_S = 0.2
 SPLITS = ("train", "val")
 
 
@@ -201,9 +203,12 @@ def _servicer_type() -> type:
     import grpc
 
     class Servicer(pb2_grpc.SampleStoreServicer):  # type: ignore[misc,name-defined]
-        def __init__(self, data: ImageData, pool: Any, workers: int, cpus: float) -> None:
+        def __init__(
+            self, data: ImageData, pool: Any, workers: int, cpus: float, closing: threading.Event
+        ) -> None:
             self.data = data
             self.pool = pool
+            self.closing = closing  # set when the server stops
             self.workers = workers
             self.cpus = cpus
             self.ahead = max(2, AHEAD_PER_WORKER * workers)
@@ -255,17 +260,24 @@ def _servicer_type() -> type:
                     pending.append(self.pool.apply_async(call[0], call[1]))
                 if not pending:
                     return
-                if not context.is_active():
-                    return
+                result = pending.popleft()
+                # Waited for in slices: a client gone or the server stopping (its pool
+                # terminated: the result never comes) ends the stream at once, and no handler
+                # thread is left waiting for the whole timeout to let the process exit.
+                deadline = time.monotonic() + SAMPLE_TIMEOUT_S
+                while not result.ready():
+                    if not context.is_active() or self.closing.is_set():
+                        return
+                    if time.monotonic() > deadline:
+                        context.abort(
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"a sample took more than {SAMPLE_TIMEOUT_S:.0f} s to preprocess",
+                        )
+                    result.wait(POLL_S)
                 try:
-                    yield pending.popleft().get(SAMPLE_TIMEOUT_S)
+                    yield result.get(0)
                 except UserError as exc:
                     context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
-                except multiprocessing.TimeoutError:
-                    context.abort(
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"a sample took more than {SAMPLE_TIMEOUT_S:.0f} s to preprocess",
-                    )
 
         def Fetch(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802
             indices = list(request.indices)
@@ -355,6 +367,7 @@ class StorageServer:
         self.port = 0
         self._pool: Any = None
         self._server: Any = None
+        self._closing = threading.Event()
 
     def start(self) -> int:
         """Fork the pool, then start gRPC; return the bound port."""
@@ -366,7 +379,9 @@ class StorageServer:
         self._pool = multiprocessing.get_context("fork").Pool(
             self.config.prep_workers, initializer=_ignore_interrupts
         )
-        servicer = _servicer_type()(self.data, self._pool, self.config.prep_workers, self.cpus)
+        servicer = _servicer_type()(
+            self.data, self._pool, self.config.prep_workers, self.cpus, self._closing
+        )
         _, pb2_grpc = rpc.modules()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers),
@@ -385,9 +400,11 @@ class StorageServer:
         return self.port
 
     def stop(self, grace_s: float = GRACE_S) -> None:
-        """Refuse new calls, give running ones ``grace_s``, then close the pool."""
+        """Refuse new calls, give running ones ``grace_s``, then close the pool (the calls still
+        waiting for it end)."""
         if self._server is not None:
             self._server.stop(grace_s).wait()
+        self._closing.set()
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
