@@ -283,6 +283,7 @@ def datagen(
         BarColumn,
         DownloadColumn,
         Progress,
+        TextColumn,
         TimeRemainingColumn,
         TransferSpeedColumn,
     )
@@ -290,15 +291,21 @@ def datagen(
     from datagen.registry import generate
 
     size_bytes = parse_size(size)
+    description = f"{generator} -> {out}"
+    # A bar on a terminal; elsewhere (a log file, a pipe) plain lines: a start, the result.
+    live = err_console.is_terminal
+    if not live:
+        err_console.print(f"generating {description} ({format_size(size_bytes)})")
     with Progress(
-        "[progress.description]{task.description}",
+        TextColumn("{task.description}", style="progress.description"),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
         console=err_console,
+        disable=not live,
     ) as bar:
-        task = bar.add_task(f"{generator} -> {out}", total=size_bytes)
+        task = bar.add_task(description, total=size_bytes)
         manifest = generate(
             generator,
             out,

@@ -19,8 +19,9 @@ from rich.text import Text
 from core.errors import SettingError, UserError
 
 # No markup: what we print to stderr holds text of others (a container's log lines, paths,
-# errors) in which "[...]" is not markup; styled lines are built with styled().
-err_console = Console(stderr=True, highlight=False, markup=False)
+# errors) in which "[...]" is not markup; styled lines are built with styled(). Lines are not
+# cut to a width: in a log file (not a terminal, 80 columns to rich) a path stays whole.
+err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
 def styled(text: str, style: str = "dim", prefix: str = "") -> Text:

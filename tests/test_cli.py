@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -121,6 +124,23 @@ def test_bad_input_gets_one_clear_line_and_a_non_zero_exit(
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert message.replace("{tmp}", str(tmp_path)).lower() in result.output.lower(), result.output
     assert "Traceback" not in result.output
+
+
+def test_progress_off_a_terminal_is_plain_lines(tmp_path: Path) -> None:
+    # `./cli.py datagen ... 2> log`: a start line and the result, no bar, no markup, no escapes.
+    out = tmp_path / "d"
+    result = subprocess.run(
+        [sys.executable, str(Path(cli_module.__file__)), "datagen", "unet3d", "--out", str(out)]
+        + ["--size", "2MB", "--scale", "0.25"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TWINTRACE_NO_REEXEC": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [f"generating unet3d -> {out} (1.9 MiB)"]
+    assert result.stdout.splitlines()[-1].endswith(f"in {out}")
+    assert "\x1b" not in result.stderr + result.stdout
 
 
 def test_runs_and_show(tmp_path: Path) -> None:
