@@ -411,8 +411,26 @@ def test_aggregated_rows_are_joined_like_calls(tmp_path: Path) -> None:
     lines = df[df["count"] == 1]
     assert (lines["latency_max_ns"] == lines["latency_ns"]).all()
     assert stats.skipped_lines == 1
-    totals, _ = ingest.write_events(raw, tmp_path / "events.parquet")
+    heard: list[int] = []
+    totals, _ = ingest.write_events(raw, tmp_path / "events.parquet", progress=heard.append)
     assert totals.per_kind()["write"] == (2 + 150, 4096 + 7 + 3 * 52428800)
+    # the rows written so far, after each round: the last is all of them
+    assert heard and heard == sorted(heard) and heard[-1] == len(df)
+
+
+def test_progress_of_long_work_is_said_at_most_every_so_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tracing import runner
+
+    clock = [100.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    said: list[int] = []
+    report = runner._every(5.0, said.append)
+    for second in range(12):  # a value a second for 12 s: said at 5 s and 10 s only
+        clock[0] = 100.0 + second
+        report(second)
+    assert said == [5, 10]
 
 
 def test_the_fast_aggregate_parser_agrees_with_tracing_aggregates(tmp_path: Path) -> None:

@@ -355,7 +355,9 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                     status = "failed" if status == "completed" else status
                     error = f"{error}; {exc}" if error else str(exc)
             progress("processing the trace")
-            status, error = _process(run_dir, manifest, members, status, error, hosts)
+            status, error = _process(
+                run_dir, manifest, members, status, error, hosts, progress=progress
+            )
             if manifest.get("start_ns") and manifest.get("end_ns"):
                 manifest["coordinator_s"] = {  # bench/cluster_overhead.py
                     "call_to_release": (manifest["start_ns"] - called_ns) / 1e9,
@@ -898,6 +900,23 @@ def _peer_summary(raw: Path, roles: list[str]) -> dict:
     return {}
 
 
+#: Seconds between two progress lines of long work (the trace's processing).
+PROGRESS_EVERY_S = 5.0
+
+
+def _every(seconds: float, report: Callable[[int], None]) -> Callable[[int], None]:
+    """``report``, called at most once every ``seconds`` (the first time after ``seconds``)."""
+    due = [time.monotonic() + seconds]
+
+    def call(value: int) -> None:
+        now = time.monotonic()
+        if now >= due[0]:
+            due[0] = now + seconds
+            report(value)
+
+    return call
+
+
 def _process(
     run_dir: Path,
     manifest: dict,
@@ -905,10 +924,12 @@ def _process(
     status: str,
     error: str | None,
     hosts: Sequence[Host] = (),
+    progress: Callable[[str], None] = lambda msg: None,
 ) -> tuple[str, str | None]:
     """Write events/samples/phases parquet and summary.json from raw/ (each host's part of it,
     its times brought onto the coordinator's clock; no ``hosts``: raw/ is this host's).
-    Returns (status, error)."""
+    ``progress`` hears how far the events are, every :data:`PROGRESS_EVERY_S` (a big trace
+    only: a small one is done before). Returns (status, error)."""
     raw = run_dir / "raw"
     roles = [m.spec.role for m in members]
     if not hosts:
@@ -919,8 +940,19 @@ def _process(
         for h in hosts:
             part = raw / h.host_dir / "events.parquet" if h.host_dir else run_dir / "events.parquet"
             roots = {m.main_pid: m.spec.role for m in members if m.host is h and m.main_pid}
+            where = f" of {h.name}" if len(hosts) > 1 else ""
             totals, parsed = ingest.write_events(
-                raw / h.host_dir, part, roots, host=h.name, shift_ns=h.shift_ns
+                raw / h.host_dir,
+                part,
+                roots,
+                host=h.name,
+                shift_ns=h.shift_ns,
+                progress=_every(
+                    PROGRESS_EVERY_S,
+                    lambda rows, where=where: progress(
+                        f"processing the trace{where}: {rows / 1e6:.1f} M events so far"
+                    ),
+                ),
             )
             events.merge(totals)
             stats.merge(parsed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -137,10 +137,12 @@ def write_events(
     window_ns: int = REORDER_NS,
     host: str | None = None,
     shift_ns: int = 0,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[EventTotals, ParseStats]:
     """Parse every raw tracer file of a run into ``path`` (events.parquet, sorted by time),
     streaming: memory stays bounded whatever the trace's length. Returns what the summary
-    needs (:func:`summarize`) and what the parser skipped.
+    needs (:func:`summarize`) and what the parser skipped. ``progress`` hears the rows written
+    so far after each round.
 
     ``roots`` maps each container's first process (host pid) to its role, for the
     ``container`` column; None (raw files without a manifest) leaves the column null.
@@ -151,8 +153,12 @@ def write_events(
     with atomic_path(path) as tmp:
         sink = _ParquetSink(tmp)
         try:
+            written = 0
             for table in merge.tables():
                 sink.put(table)
+                written += table.num_rows
+                if progress is not None:
+                    progress(written)
         finally:
             sink.close()
         if merge.late:  # rows later than the window: a second pass puts them in their place
