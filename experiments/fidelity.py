@@ -72,7 +72,7 @@ from experiments import study_state
 from experiments.request import TraceSettings, build_request
 from experiments.study import Setting, validate
 from experiments.study_state import Log
-from store.rundir import Run, load_run
+from store.rundir import Run, load_manifest, load_run
 from tracing.host import drop_caches
 from tracing.runner import trace
 
@@ -273,12 +273,12 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         )
         for name in spec["workloads"]
     ]
-    first = load_run(Path(next(iter(state["runs"].values()))["run_dir"]))
+    first = load_manifest(Path(next(iter(state["runs"].values()))["run_dir"]))
     return study_state.finish(
         RESULTS,
         out,
         {"goals": dict(GOALS), "workloads": results},
-        host=first.manifest.get("host") or {},
+        host=first.get("host") or {},
         settings=spec,
         started=started,
         figure=fidelity_figure,

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from core.errors import UserError
+from core.units import parse_size
 
 #: Kinds of value: what ``Setting.kind`` may be, and what each accepts.
 KINDS = {
@@ -110,8 +111,6 @@ def _limit(s: Setting, v: Any) -> Any:
 
 
 def _size(s: Setting, v: Any) -> Any:
-    from core.units import parse_size
-
     if v in ("", 0):
         return None
     if not isinstance(v, str | int) or isinstance(v, bool):

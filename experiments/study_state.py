@@ -7,9 +7,9 @@ disk. Their ``[study]`` settings are declared and checked with :mod:`experiments
 A study (grouping, sophon, hfta, stalls) records each finished run in ``<kind>-state.json``
 (:data:`STATE`) with the fingerprint of its settings; run again with the same settings, it
 skips the runs whose run directories still say they finished, and starts over when the
-settings changed (:func:`pending_runs`, or :func:`kept_or_traced` one run at a time). One study never imports another: what two of them use is here, in
-:mod:`analysis.samples` (figures of a run's samples) or :mod:`analysis.extents` (where files
-lie on the disk).
+settings changed (:func:`pending_runs`, or :func:`kept_or_traced` one run at a time). One
+study never imports another: what two of them use is here, in :mod:`analysis.samples`
+(figures of a run's samples) or :mod:`analysis.extents` (where files lie on the disk).
 
 A study's run loop::
 
@@ -37,7 +37,7 @@ from core import versioned
 from core.atomic import atomic_write_json
 from core.errors import UserError
 from core.versioned import Layout
-from store.rundir import FINISHED, Run, load_manifest, load_run
+from store.rundir import FINISHED, Run, git_revision, load_manifest, load_run
 
 Log = Callable[[str], None]
 T = TypeVar("T")
@@ -312,7 +312,7 @@ def finish(
     ``started``, stamped with ``layout`` (its kind and version), made JSON-ready
     (:func:`json_ready`) and written atomically to ``out/<kind>.json``, then ``figure(result)``
     to ``out/<kind>.html``; the lines of ``table(result)`` logged. Returns the results' path."""
-    from store.rundir import git_revision
+    from analysis.figures import write_figure
 
     result = versioned.stamp(
         layout,
@@ -324,8 +324,6 @@ def finish(
             "study_s": round(time.monotonic() - started, 1),
         },
     )
-    from analysis.figures import write_figure
-
     results, figure_name, _ = file_names(str(layout.kind))
     atomic_write_json(out / results, json_ready(result))
     write_figure(figure(result), out / figure_name)

@@ -110,22 +110,21 @@ def test_the_settings_rules_need_nothing_but_the_settings() -> None:
         check_settings(TraceSettings(workload="unet3d", command=("true",)))
 
 
-def _setting_error_templates() -> list[tuple[str, str]]:
+def _setting_error_templates() -> list[tuple[str, list[str]]]:
+    """(file:line, the settings it names) of every ``SettingError("...")`` in the packages."""
     found = []
     for package in ("core", "workloads", "tracing", "experiments", "commands", "store"):
         for path in sorted((REPO / package).rglob("*.py")):
-            tree = ast.parse(path.read_text())
-            for node in ast.walk(tree):
+            for node in ast.walk(ast.parse(path.read_text())):
                 if (
                     isinstance(node, ast.Call)
                     and getattr(node.func, "id", None) == "SettingError"
                     and node.args
                     and isinstance(node.args[0], ast.Constant)
                 ):
-                    values = {k.arg for k in node.keywords}
-                    found.append((f"{path.relative_to(REPO)}:{node.lineno}", node.args[0].value))
-                    error = SettingError(node.args[0].value, **dict.fromkeys(values, "v"))
-                    found[-1] = (found[-1][0], *error.settings)  # type: ignore[assignment]
+                    values = dict.fromkeys((k.arg for k in node.keywords if k.arg), "v")
+                    error = SettingError(node.args[0].value, **values)
+                    found.append((f"{path.relative_to(REPO)}:{node.lineno}", error.settings))
     return found
 
 
@@ -136,7 +135,7 @@ def test_every_setting_an_error_names_is_a_setting_and_an_option_of_trace() -> N
     options = {p.name for p in cli.commands["trace"].params}
     templates = _setting_error_templates()
     assert len(templates) >= 30  # the scan sees them
-    unknown = [(where, s) for where, *names in templates for s in names if s not in fields]
+    unknown = [(where, s) for where, names in templates for s in names if s not in fields]
     assert not unknown, unknown
     # Each setting of a run is an option of trace (or its command), but the read throttle of the
     # studies, which the command line does not offer.
