@@ -296,3 +296,48 @@ def test_available_cpus_reads_a_v2_or_v1_quota(
         (tmp_path / name).write_text(text)
     mask = len(os.sched_getaffinity(0))
     assert available_cpus(tmp_path) == (mask if cores is None else min(mask, cores))
+
+
+def test_a_rank_waits_for_its_peers_until_each_is_reachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """wait_for_peers: a peer that refuses or accepts the knock is reachable (returns at
+    once); one that cannot be resolved (as a container whose address the node has not learnt
+    yet) is waited for, then named in one error with why."""
+    import socket
+
+    from workloads import training
+
+    training.wait_for_peers(["127.0.0.1"], "rank 1", timeout_s=5)  # nothing on the port
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        monkeypatch.setattr(training, "_KNOCK_PORT", listener.getsockname()[1])
+        training.wait_for_peers(["127.0.0.1", "localhost"], "rank 1", timeout_s=5)
+    started = time.monotonic()
+    with pytest.raises(UserError) as error:
+        training.wait_for_peers(["127.0.0.1", "rank7.invalid"], "rank 1", timeout_s=0.5)
+    assert 0.5 <= time.monotonic() - started < 5
+    message = str(error.value)
+    assert message.startswith("rank 1 could not reach rank7.invalid (")
+    assert "127.0.0.1" not in message and "within 0.5 s:" in message
+
+
+def test_rank_containers_are_told_every_rank_s_name(data_dir: Path, tmp_path: Path) -> None:
+    """Each rank container of a run learns the names of all ranks (PEERS_ENV), rank0 first:
+    the peers it waits for before joining the process group."""
+    from tracing.request import workload_request
+    from workloads.config import MASTER_ADDR_ENV, PEERS_ENV
+
+    request = workload_request(
+        "unet3d",
+        "sleep",
+        data_dir,
+        tmp_path,
+        settings={"accelerators": 3},
+        rank_containers=True,
+    )
+    envs = [c.environment for c in request.containers]
+    assert [c.role for c in request.containers] == ["rank0", "rank1", "rank2"]
+    assert {e[PEERS_ENV] for e in envs} == {"rank0,rank1,rank2"}
+    assert {e[MASTER_ADDR_ENV] for e in envs} == {"rank0"}

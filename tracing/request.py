@@ -33,6 +33,7 @@ from workloads.config import (
     DEFAULT_MASTER_PORT,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
+    PEERS_ENV,
     WorkloadConfig,
     image_tag,
 )
@@ -368,11 +369,15 @@ def workload_request(
                 have=have,
                 ranks=config.accelerators,
             )
-        master = "rank0"
-        env = {MASTER_ADDR_ENV: master, MASTER_PORT_ENV: str(DEFAULT_MASTER_PORT)}
+        roles = [f"rank{r}" for r in range(config.accelerators)]
+        env = {
+            MASTER_ADDR_ENV: roles[0],
+            MASTER_PORT_ENV: str(DEFAULT_MASTER_PORT),
+            PEERS_ENV: ",".join(roles),
+        }
         containers = tuple(
-            ContainerSpec(role=f"rank{r}", config=config.replace(rank=r), environment=env, **common)
-            for r in range(config.accelerators)
+            ContainerSpec(role=role, config=config.replace(rank=r), environment=env, **common)
+            for r, role in enumerate(roles)
         )
     else:
         containers = (

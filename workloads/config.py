@@ -24,6 +24,9 @@ RUN_VARIANTS: tuple[str, ...] = (*VARIANTS, *PEER_VARIANTS)
 MASTER_ADDR_ENV = "TWINTRACE_MASTER_ADDR"
 MASTER_PORT_ENV = "TWINTRACE_MASTER_PORT"
 DEFAULT_MASTER_PORT = 29500
+#: The names of every rank container, comma-separated: a rank waits until it can reach each
+#: before it joins the process group (workloads.training.wait_for_peers).
+PEERS_ENV = "TWINTRACE_PEERS"
 
 
 #: The image every workload image is built on (Python, torch and the readers' packages).

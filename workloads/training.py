@@ -55,7 +55,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from core.errors import UserError
-from workloads.config import DEFAULT_MASTER_PORT, MASTER_ADDR_ENV, MASTER_PORT_ENV, WorkloadConfig
+from workloads.config import (
+    DEFAULT_MASTER_PORT,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
+    PEERS_ENV,
+    WorkloadConfig,
+)
 from workloads.emulation import SleepCompute
 from workloads.events import ACCELERATOR_KEY, Emitter
 from workloads.loaders import Loader, batches_of, synthetic_batches
@@ -162,6 +168,8 @@ class Plan:
     profile: SleepProfile | None
     master_port: int = 0
     master_addr: str = "127.0.0.1"
+    #: The rank containers' names, by rank (empty: the ranks are processes of one container).
+    peers: tuple[str, ...] = ()
 
 
 def sleep_profile(config: WorkloadConfig) -> SleepProfile | None:
@@ -186,6 +194,7 @@ def run(config: WorkloadConfig, task: Task, out_dir: Path, emitter: Emitter) -> 
             plan,
             master_addr=os.environ.get(MASTER_ADDR_ENV, "127.0.0.1"),
             master_port=int(os.environ.get(MASTER_PORT_ENV, DEFAULT_MASTER_PORT)),
+            peers=tuple(filter(None, os.environ.get(PEERS_ENV, "").split(","))),
         )
         _rank_main(config.rank, plan, emitter)
         return
@@ -312,6 +321,7 @@ def _rank_main(rank: int, plan: Plan, emitter: Emitter) -> None:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        wait_for_peers([p for r, p in enumerate(plan.peers) if r != rank], f"rank {rank}")
         dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         compute = _make_compute(plan, rank, device, distributed, em.instrumenting)
@@ -324,6 +334,50 @@ def _rank_main(rank: int, plan: Plan, emitter: Emitter) -> None:
     finally:
         if distributed:
             dist.destroy_process_group()
+
+
+#: How long a rank container waits for the other ranks' containers to be reachable (s).
+PEER_WAIT_S = 120.0
+#: The port a rank knocks on to learn that a peer is reachable: nothing listens there, so a
+#: peer the network routes to refuses at once, and one it cannot route to yet does not.
+_KNOCK_PORT = 9
+
+
+def wait_for_peers(peers: Sequence[str], who: str, timeout_s: float = PEER_WAIT_S) -> None:
+    """Return once every one of ``peers`` (host names) is reachable: a TCP connection to it is
+    refused (or accepted). Containers on different nodes of a swarm's overlay network can be
+    out of each other's reach for a while after they start, until every node has learnt where
+    the others are (the swarm spreads that by gossip, slower on a busy host); gloo tries a
+    peer it cannot route to a few times only and fails the run (docs/cluster.md). A UserError
+    naming the peers still out of reach once ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    told = False
+    waiting: dict[str, str] = dict.fromkeys(peers, "")
+    while True:
+        for peer in list(waiting):
+            try:
+                with socket.create_connection((peer, _KNOCK_PORT), timeout=1.0):
+                    pass
+            except ConnectionRefusedError:
+                pass
+            except OSError as exc:  # not resolved yet, no route yet, no answer
+                waiting[peer] = exc.strerror or str(exc)
+                continue
+            del waiting[peer]
+        if not waiting:
+            return
+        now = time.monotonic()
+        if now > deadline:
+            raise UserError(
+                f"{who} could not reach "
+                + ", ".join(f"{p} ({why})" for p, why in waiting.items())
+                + f" within {timeout_s:g} s: the containers' network between the hosts "
+                "does not carry their traffic (docs/cluster.md, step 2)"
+            )
+        if not told and now > deadline - timeout_s + 2.0:
+            told = True
+            print(f"{who}: waiting to reach {', '.join(waiting)}", file=sys.stderr, flush=True)
+        time.sleep(0.2)
 
 
 def accelerator_label(compute: ModelCompute | SleepCompute, device: torch.device) -> str:
