@@ -43,6 +43,7 @@ from commands.common import (  # noqa: E402
     user_errors,
 )
 from commands.profiles import list_profiles, profile  # noqa: E402
+from commands.report import report  # noqa: E402
 from commands.runs import compare, export, list_runs, plot, show  # noqa: E402
 from commands.studies import experiment, hfta, stalls  # noqa: E402
 from commands.trace import storage_server, trace  # noqa: E402
@@ -327,6 +328,7 @@ for _command in (
     storage_server,
     list_runs,
     show,
+    report,
     plot,
     compare,
     export,

@@ -174,23 +174,45 @@ def _by_group(item: tuple[str, list[str]]) -> int:
 
 
 def list_runs(runs_root: Path) -> list[dict[str, Any]]:
-    """One row per run directory under ``runs_root`` (newest last)."""
-    rows = []
+    """One row per run directory under ``runs_root`` (newest last: run ids begin with their
+    start time): its id, status, workload, variant, start, images and containers; from
+    summary.json its duration, steps, events (syscalls and block requests), bytes read (the
+    read calls') and lost events; a failed run's ``error``. A run whose manifest or summary
+    cannot be read is ``damaged``, its ``error`` naming the file."""
+    rows: list[dict[str, Any]] = []
     if not runs_root.is_dir():
         return rows
     for run_dir in sorted(p for p in runs_root.iterdir() if (p / rundir.MANIFEST).exists()):
         try:
             manifest = rundir.load_manifest(run_dir)
         except UserError as exc:
-            rows.append({"run_id": run_dir.name, "status": "damaged", "error": str(exc)})
+            bare = rundir.Run(path=run_dir, manifest={})  # workload and variant from its id
+            rows.append(
+                {
+                    "run_id": run_dir.name,
+                    "status": "damaged",
+                    "workload": bare.workload,
+                    "variant": bare.variant,
+                    "error": str(exc),
+                }
+            )
             continue
         containers = manifest.get("containers") or []
+        run = rundir.Run(path=run_dir, manifest=manifest)
         row = {
             "run_id": run_dir.name,
             "status": manifest.get("status"),
+            "workload": run.workload,
+            "variant": run.variant,
+            "started_at": manifest.get("started_at"),
             "image": ", ".join(sorted({str(c.get("image")) for c in containers})) or None,
             "containers": len(containers),
+            "lost_events": manifest.get("lost_events"),
         }
+        if manifest.get("error"):
+            row["error"] = str(manifest["error"])
+        if run.start_ns is not None and run.end_ns is not None:
+            row["duration_s"] = (run.end_ns - run.start_ns) / 1e9
         if (run_dir / rundir.SUMMARY).exists():
             try:
                 summary = rundir.load_summary(run_dir)
@@ -198,10 +220,15 @@ def list_runs(runs_root: Path) -> list[dict[str, Any]]:
                 row.update(status="damaged", error=str(exc))
                 rows.append(row)
                 continue
+            syscalls = summary.get("syscalls") or {}
             row["duration_s"] = summary.get("duration_s")
             row["steps"] = summary.get("steps")
             row["events"] = sum(
                 v["count"] for g in ("syscalls", "block") for v in (summary.get(g) or {}).values()
             )
+            row["bytes_read"] = sum(
+                int(v.get("bytes") or 0) for k, v in syscalls.items() if k in rundir.READ_KINDS
+            )
+            row["lost_events"] = summary.get("lost_events", row["lost_events"])
         rows.append(row)
     return rows

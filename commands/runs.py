@@ -25,17 +25,37 @@ from core.errors import UserError
 @click.command("runs")
 @runs_option
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON records.")
+@click.option(
+    "--html",
+    "as_html",
+    is_flag=True,
+    help="Also write index.html at the runs root (every run and study, sortable, with links to "
+    "their pages) and print its path last.",
+)
 @user_errors
-def list_runs(runs_root: Path, as_json: bool) -> None:
-    """List runs with their status, duration and steps. A run whose manifest.json or
-    summary.json is damaged is listed as `damaged`, one error line names the file, and the exit
-    status is 1.
+def list_runs(runs_root: Path, as_json: bool, as_html: bool) -> None:
+    """List runs with their status, duration and steps; with --html also write the runs root's
+    index.html (every run and every study's results, with links to their pages; opens from the
+    file system) and print its path as the last line. A run whose manifest.json or summary.json
+    is damaged is listed as `damaged`, one error line names the file, and the exit status is 1
+    (the page is still written).
 
-    Example: ./cli.py runs --out runs
+    Example: ./cli.py runs --out runs --html
     """
     from analysis.report import list_runs as collect
 
+    if as_json and as_html:
+        raise click.UsageError("--json and --html do not go together: give one of them")
+    if as_html and not runs_root.is_dir():
+        raise UserError(
+            f"{runs_root} does not exist: start a run with `./cli.py trace` or give --out"
+        )
     rows = collect(runs_root)
+    page = None
+    if as_html:
+        from analysis.index_page import write_index
+
+        page = write_index(runs_root, rows)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif not rows:
@@ -52,6 +72,8 @@ def list_runs(runs_root: Path, as_json: bool) -> None:
                 str(r.get("events", "")),
             )
         Console().print(table)
+    if page is not None:
+        click.echo(str(page))
     damaged = [r["error"] for r in rows if r["status"] == "damaged"]
     for error in damaged[:-1]:
         click.echo(f"Error: {error}", err=True)

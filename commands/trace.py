@@ -4,10 +4,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+from rich.console import Console
+from rich.live import Live
 
 from commands.common import (
     data_option,
@@ -20,6 +25,9 @@ from commands.common import (
 )
 from core.units import SIZE_HELP
 from workloads.config import RUN_VARIANTS
+
+if TYPE_CHECKING:
+    from tracing.progress import TrainingStatus
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
@@ -212,12 +220,71 @@ def trace(runs_root: Path, **settings: Any) -> None:
         err_console.print(styled(msg))
 
     request = build_request(TraceSettings(**settings), runs_root, log)
-    outcome = run_trace(request, progress=log)
+    with training_line(err_console) as show:
+        outcome = run_trace(request, progress=log, training=show)
     print_summary(outcome.run_dir)
     outcome.check()
     if outcome.status != "completed":  # finished, but the trace is not whole
         err_console.print(styled(f": {outcome.error}", "yellow", "warning"))
     click.echo(str(outcome.run_dir))
+
+
+@contextlib.contextmanager
+def training_line(
+    console: Console,
+) -> Iterator[Callable[[TrainingStatus | None], None] | None]:
+    """On a terminal, a report for :func:`tracing.runner.trace`'s ``training``: its status as
+    one line at the bottom, redrawn in place, the run's other output (its messages, the
+    containers' lines) above it, gone once the containers have ended (None). Elsewhere (a log
+    file, a pipe) None: no progress lines, and no file is watched."""
+    if not console.is_terminal:
+        yield None
+        return
+    line = _TrainingLine(console)
+    try:
+        yield line.show
+    finally:
+        line.close()
+
+
+class _TrainingLine:
+    """The line of :func:`training_line`: a rich ``Live`` started at the first status (a run
+    that shows none, DLIO's, is left as it was) and stopped at None; called from the watch's
+    thread, closed from the command's."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live: Live | None = None
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def show(self, status: TrainingStatus | None) -> None:
+        with self.lock:
+            if status is None or self.closed:
+                self._stop()
+                return
+            if self.live is None:
+                # redirect_stderr: what is written to sys.stderr meanwhile (the containers'
+                # output) goes above the line instead of through it; stdout is left alone.
+                self.live = Live(
+                    console=self.console,
+                    auto_refresh=False,
+                    transient=True,
+                    redirect_stderr=True,
+                    redirect_stdout=False,
+                )
+                self.live.start()
+            self.live.update(styled(status.line()), refresh=True)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
 
 
 @click.command("storage-server")

@@ -19,7 +19,9 @@ import dataclasses
 import datetime as dt
 import functools
 import secrets
+import shlex
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -316,6 +318,7 @@ def initial_manifest(run_dir: Path, **fields: Any) -> dict[str, Any]:
         "status": "running",
         "error": None,
         "git_revision": git_revision(),
+        "command_line": shlex.join(sys.argv),
         "started_at": utc_now(),
         "ended_at": None,
         "start_ns": None,
@@ -488,10 +491,12 @@ def resolve_run(ref: str | Path, runs_root: Path = Path("runs")) -> Path:
             f"{path} is not a run directory (it has no {MANIFEST}): "
             "list the runs with `./cli.py runs`"
         )
-    raise UserError(
-        f"no run {str(ref)!r}: neither {path} nor {candidate} is a run directory; "
-        "list the runs with `./cli.py runs`"
+    tried = (
+        f"{path} is no run directory"
+        if path == candidate
+        else (f"neither {path} nor {candidate} is a run directory")
     )
+    raise UserError(f"no run {str(ref)!r}: {tried}; list the runs with `./cli.py runs`")
 
 
 def load_manifest(run_dir: Path) -> dict[str, Any]:

@@ -49,7 +49,9 @@ def require_chromium() -> str:
     return binary
 
 
-def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess[bytes]:
+def _run(
+    args: list[str], timeout_s: float, virtual_time: bool = True
+) -> subprocess.CompletedProcess[bytes]:
     binary = require_chromium()
     # A private profile directory: parallel runs never share (or lock) one.
     with tempfile.TemporaryDirectory(prefix="twintrace-chromium-") as profile:
@@ -65,7 +67,7 @@ def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess[bytes
             f"--user-data-dir={profile}",
             # Virtual time runs the page's scripts and timers to completion, then stops: no
             # fixed sleep, and plotly has drawn everything before the dump or screenshot.
-            "--virtual-time-budget=10000",
+            *(["--virtual-time-budget=10000"] if virtual_time else []),
             *args,
         ]
         try:
@@ -103,6 +105,18 @@ def dom(html_path: Path, timeout_s: float = TIMEOUT_S) -> str:
     """The serialised DOM of ``html_path`` after its scripts ran."""
     result = _run(["--dump-dom", Path(html_path).resolve().as_uri()], timeout_s)
     return result.stdout.decode(errors="replace")
+
+
+def opening_ms(html_path: Path, timeout_s: float = TIMEOUT_S) -> int:
+    """How long ``html_path`` took to open, in real milliseconds from the start of its
+    navigation until its figures were drawn: the ``data-rendered-ms`` its own script sets
+    (analysis/run_report.py). Real time, not the virtual clock :func:`dom` runs pages on: the
+    DOM is dumped at the load event, after the page's inline scripts ran."""
+    result = _run(["--dump-dom", Path(html_path).resolve().as_uri()], timeout_s, False)
+    found = re.search(r'data-rendered-ms="(\d+)"', result.stdout.decode(errors="replace"))
+    if found is None:
+        pytest.fail(f"{html_path} did not say when its figures were drawn")
+    return int(found.group(1))
 
 
 def subplot_count(html: str) -> int:

@@ -341,3 +341,64 @@ def two_container_run(
         mounts=mounts,
         **manifest_changes,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# A large run, built column by column in Arrow
+
+
+def large_run(root: Path, events: int, seconds: float = 100.0, files: int = 10_000) -> Path:
+    """A run of ``events`` events in two containers over ``seconds``: per container a main
+    process and eight loader workers, each worker opening, reading (sizes from 0 to 1 MiB) and
+    closing dataset files under /data in turn, the main processes writing a log; built in Arrow
+    (no Python object per row), for the analyses' and pages' scale tests."""
+    rng = np.random.default_rng(0)
+    ts = START_NS + np.sort(rng.integers(0, int(seconds * SEC), events, dtype=np.int64))
+    role = rng.integers(0, 2, events)
+    worker = rng.integers(0, 9, events)  # 0: the main process
+    pid = (100 + 100 * role + worker).astype(np.int32)
+    kinds = ["read", "openat", "close", "lseek", "write"]
+    kind = np.where(worker == 0, 4, rng.choice(4, events, p=[0.7, 0.1, 0.1, 0.1]))
+    file = rng.integers(0, files, events)
+    nbytes = np.where(np.isin(kind, (0, 4)), rng.integers(0, 2**20, events), 0)
+    count = np.where((kind == 0) & (rng.random(events) < 0.2), 8, 1)
+    paths = pa.array([f"/data/f{i:05d}.npy" for i in range(files)] + ["/twintrace/out/log"])
+    path = np.where(kind == 4, files, file)
+    comm = pa.array(["python", "pt_data_worker"])
+    columns = {
+        "ts_ns": pa.array(ts),
+        "kind": pa.DictionaryArray.from_arrays(pa.array(kind.astype(np.int8)), pa.array(kinds)),
+        "pid": pa.array(pid),
+        "tid": pa.array(pid),
+        "comm": pa.DictionaryArray.from_arrays(pa.array((worker > 0).astype(np.int32)), comm),
+        "fd": pa.array(np.full(events, 3, dtype=np.int32)),
+        "path": pa.DictionaryArray.from_arrays(pa.array(path.astype(np.int32)), paths),
+        "bytes": pa.array(nbytes * count),
+        "count": pa.array(count),
+        "ret": pa.array(nbytes * count),
+        "offset": pa.array(np.where(kind == 3, 0, -1)),
+        "latency_ns": pa.array(rng.integers(500, 200_000, events) * count),
+        "latency_max_ns": pa.array(rng.integers(500, 200_000, events)),
+        "dev": pa.nulls(events, pa.string()),
+        "in_container": pa.array(np.ones(events, dtype=bool)),
+        "container": pa.DictionaryArray.from_arrays(
+            pa.array(role.astype(np.int32)), pa.array(["rank0", "rank1"])
+        ),
+        "host": pa.DictionaryArray.from_arrays(
+            pa.array(np.zeros(events, np.int32)), pa.array(["test"])
+        ),
+    }
+    schema = arrow_schema(EVENTS_COLUMNS)
+    table = pa.table(
+        {n: columns[n].cast(schema.field(n).type) for n in schema.names}, schema=schema
+    )
+    run_dir = make_run(
+        root,
+        f"20261121-163005-unet3d-sleep-{events % 0xFFFF:04x}",
+        containers=("rank0", "rank1"),
+        mounts=[{"source": "/srv/data", "target": "/data", "read_only": True}],
+        skip=("events",),
+        end_ns=START_NS + int(seconds * SEC),
+    )
+    pq.write_table(table, run_dir / "events.parquet", row_group_size=1_000_000)
+    return run_dir

@@ -58,10 +58,12 @@ def _serve(port: int, token: Path, wait: float = 20.0) -> subprocess.Popen[bytes
     raise AssertionError("the server did not listen")
 
 
-def _client(port: int, token: Path, *words: str) -> subprocess.CompletedProcess[bytes]:
+def _client(
+    port: int, token: Path, *words: str, wait: float = 5.0
+) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [sys.executable, str(RSH), "--port", str(port), "--token-file", str(token),
-         "127.0.0.1", *words],
+         "--wait", str(wait), "127.0.0.1", *words],
         capture_output=True, timeout=30,
     )  # fmt: skip
 
@@ -110,8 +112,26 @@ def test_a_client_that_goes_away_takes_its_command_with_it(token: Path, tmp_path
 
 
 def test_an_unreachable_host_is_ssh_s_255(token: Path) -> None:
-    done = _client(_free_port(), token, "true")
+    started = time.monotonic()
+    done = _client(_free_port(), token, "true", wait=1.0)
     assert done.returncode == 255 and b"cannot reach" in done.stderr
+    assert b"within 1 s" in done.stderr and time.monotonic() - started >= 1.0  # it kept trying
+
+
+def test_a_host_that_listens_late_is_reached(token: Path) -> None:
+    """Right after the release a rank's server may not listen yet (or, across nodes, its
+    container not be routable yet): the client keeps trying for --wait seconds."""
+    port = _free_port()
+    late = threading.Timer(1.0, lambda: servers.append(_serve(port, token)))
+    servers: list[subprocess.Popen[bytes]] = []
+    late.start()
+    try:
+        done = _client(port, token, "echo", "late", wait=20.0)
+    finally:
+        late.join()
+        for server in servers:
+            server.wait(10)
+    assert done.returncode == 0 and done.stdout == b"late\n", done.stderr
 
 
 def test_frames_carry_the_output_in_order() -> None:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import docker
 import docker.errors
@@ -361,9 +361,12 @@ class LogFollower:
 
 
 def stderr_sink(data: bytes) -> None:
-    out: BinaryIO = sys.stderr.buffer
-    out.write(data)
-    out.flush()
+    """Write a container's output lines to our stderr through its text layer, not its bytes:
+    a display that takes stderr over while the run goes (trace's progress line on a terminal,
+    a rich ``Live``) then shows them above itself. Bytes that are not UTF-8 show as U+FFFD
+    (``raw/<role>/container.log`` keeps them as written)."""
+    sys.stderr.write(data.decode(errors="replace"))
+    sys.stderr.flush()
 
 
 def labelled(cli: docker.DockerClient, label: str) -> list[dict[str, Any]]:

@@ -43,6 +43,7 @@ from tracing import barrier, bpftrace, container, dlio, host, ingest, placement,
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.clock import host_clock
 from tracing.placement import Host
+from tracing.progress import Report, TrainingWatch
 from tracing.request import ContainerSpec, RunRequest
 from tracing.shaper import Shaper, require_tc
 from tracing.tracer_container import LocalAgent, start_agent
@@ -146,8 +147,13 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutcome:
-    """Run ``request`` (traced unless ``request.run.tracing`` is False); see the module doc."""
+def trace(
+    request: RunRequest, progress: Progress = lambda msg: None, training: Report | None = None
+) -> RunOutcome:
+    """Run ``request`` (traced unless ``request.run.tracing`` is False); see the module doc.
+    ``progress`` hears what the run is doing, a line at a time; ``training``, while the
+    containers run, where their training is (:class:`tracing.progress.TrainingWatch`: it is
+    called from a thread of its own, then with None once they have ended)."""
     called_ns = time.monotonic_ns()  # the coordinator's own times: manifest "coordinator_s"
     if request.run.tracing:
         host.require_tracing_prerequisites()
@@ -334,9 +340,10 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
                     manifest["start_ns"] = time.monotonic_ns()
                 rundir.write_manifest(run_dir, manifest)  # still running, now with ids
                 progress(f"released {', '.join(m.spec.role for m in members)}")
-                status, error = _wait(
-                    members, hosts, request.run.timeout_s, manifest, container_ended
-                )
+                with _watch_training(members, run_dir, training):
+                    status, error = _wait(
+                        members, hosts, request.run.timeout_s, manifest, container_ended
+                    )
                 manifest["end_ns"] = time.monotonic_ns()
             except KeyboardInterrupt as exc:
                 status, error, pending = "interrupted", "interrupted by the user", exc
@@ -374,6 +381,29 @@ def trace(request: RunRequest, progress: Progress = lambda msg: None) -> RunOutc
     if pending is not None:
         raise pending
     return outcome
+
+
+def _event_log(run_dir: Path, role: str) -> Path:
+    """Where the container ``role`` writes its MLLOG events (at ``rundir.EVENT_LOG_PATH``
+    inside), on this host: in the run directory's ``out/``, a path every node shares."""
+    return run_dir / "out" / role / "mllog.log"
+
+
+@contextlib.contextmanager
+def _watch_training(members: list[_Member], run_dir: Path, report: Report | None) -> Iterator[None]:
+    """``report`` hears the containers' training progress while the body runs (nothing when
+    None); the watch's thread is stopped and joined on every way out."""
+    logs = {m.spec.role: _event_log(run_dir, m.spec.role) for m in members if m.spec.out}
+    if report is None or not logs:
+        yield
+        return
+    totals = {
+        m.spec.role: (m.spec.config.epochs, m.spec.config.max_steps)
+        for m in members
+        if m.spec.config is not None
+    }
+    with TrainingWatch(logs, report, totals):
+        yield
 
 
 def _on_every(hosts: list[Host], call: Callable[[Host], Any]) -> list[Any]:
@@ -828,7 +858,7 @@ def _shutdown(
         peer_out = run_dir / "out" / m.spec.role / "dlio"  # a DLIO run's own outputs
         if peer_out.is_dir():
             shutil.move(peer_out, run_dir / "raw" / m.spec.role / "dlio")
-        mllog = run_dir / "out" / m.spec.role / "mllog.log"
+        mllog = _event_log(run_dir, m.spec.role)
         if mllog.exists():
             shutil.move(mllog, run_dir / "raw" / m.spec.role / "mllog.log")
         elif not m.spec.out and started is not None:

@@ -11,7 +11,8 @@ first process, on the run's private network.
 - ``twintrace-rsh HOST COMMAND...``: connects to HOST's server, sends the command (its words
   joined by spaces, as ssh sends them, run there by ``/bin/sh -c``) with the run's token, copies
   what the command writes to its own stdout and stderr, and exits with the command's exit code
-  (255 when the server cannot be reached or the connection ends first, as ssh does).
+  (255 when the server cannot be reached within ``--wait`` seconds, 60, or the connection
+  ends first, as ssh does).
 - ``twintrace-rsh --serve``: accepts connections until one presents the token, runs its
   command (stdin: /dev/null), sends its output and exit code, and exits with that code: the
   container ends as its MPI daemon does. A client that goes away kills the command, and the
@@ -40,6 +41,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 PORT = 7022
@@ -76,13 +78,32 @@ def _read_line(sock: socket.socket, limit: int = 1 << 20) -> bytes:
     return data
 
 
-def client(host: str, words: Sequence[str], token_file: str, port: int) -> int:
+def _connect(host: str, port: int, wait_s: float) -> socket.socket:
+    """A connection to ``host:port``, tried again every 0.2 s for up to ``wait_s`` seconds:
+    right after the release the host's name may not resolve yet, its server may not listen
+    yet, and across the nodes of a swarm its node may not have learnt yet where the other
+    nodes' containers are (`No route to host` until the swarm's gossip reaches it,
+    docs/cluster.md). The last OSError once the time is up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=10)
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def client(host: str, words: Sequence[str], token_file: str, port: int, wait_s: float) -> int:
     """Run ``words`` on ``host``'s server; its exit code."""
     try:
-        sock = socket.create_connection((host, port), timeout=60)
+        sock = _connect(host, port, wait_s)
         sock.settimeout(None)
     except OSError as exc:
-        print(f"twintrace-rsh: cannot reach {host}:{port}: {exc}", file=sys.stderr)
+        print(
+            f"twintrace-rsh: cannot reach {host}:{port} within {wait_s:g} s: {exc}",
+            file=sys.stderr,
+        )
         return FAILED
     with sock:
         request = {"token": _token(token_file), "command": " ".join(words)}
@@ -195,15 +216,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--serve", action="store_true", help="run as a rank's server")
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--token-file", default=TOKEN_FILE)
-    parser.add_argument("--wait", type=float, default=600.0, help="--serve: seconds to wait")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        help="seconds to wait: --serve, for a launch (600); else, to reach the host (60)",
+    )
     parser.add_argument("host", nargs="?")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     if opts.serve:
-        return serve(opts.port, opts.token_file, opts.wait)
+        return serve(opts.port, opts.token_file, 600.0 if opts.wait is None else opts.wait)
     if not opts.host or not opts.command:
         parser.error("give a host and a command (or --serve)")
-    return client(opts.host, opts.command, opts.token_file, opts.port)
+    wait_s = 60.0 if opts.wait is None else opts.wait
+    return client(opts.host, opts.command, opts.token_file, opts.port, wait_s)
 
 
 if __name__ == "__main__":
