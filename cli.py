@@ -46,7 +46,7 @@ from commands.profiles import list_profiles, profile  # noqa: E402
 from commands.report import report  # noqa: E402
 from commands.runs import compare, export, list_runs, plot, show  # noqa: E402
 from commands.studies import experiment, hfta, stalls  # noqa: E402
-from commands.trace import storage_server, trace  # noqa: E402
+from commands.trace import ingest, storage_server, trace  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.units import format_size, parse_size  # noqa: E402
 from workloads.config import RUN_VARIANTS  # noqa: E402
@@ -325,6 +325,7 @@ def datagen(
 
 for _command in (
     trace,
+    ingest,
     storage_server,
     list_runs,
     show,

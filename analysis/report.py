@@ -26,8 +26,13 @@ def load_summary(run_dir: Path, manifest: dict[str, Any] | None = None) -> dict[
         if (run_dir / rundir.SUMMARY).exists()
         else {"schema_version": manifest["schema_version"], "run_id": run_dir.name}
     )
-    summary["status"] = manifest["status"]
+    summary["status"] = rundir.run_status(manifest)
     summary["error"] = manifest.get("error")
+    if summary["status"] == rundir.INCOMPLETE:
+        summary["error"] = (
+            "the process that ran it ended before it finished: its tables may be missing or "
+            f"partial; `./cli.py ingest {run_dir}` processes raw/ again"
+        )
     return summary
 
 
@@ -201,7 +206,7 @@ def list_runs(runs_root: Path) -> list[dict[str, Any]]:
         run = rundir.Run(path=run_dir, manifest=manifest)
         row = {
             "run_id": run_dir.name,
-            "status": manifest.get("status"),
+            "status": rundir.run_status(manifest),
             "workload": run.workload,
             "variant": run.variant,
             "started_at": manifest.get("started_at"),

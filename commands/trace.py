@@ -19,6 +19,7 @@ from commands.common import (
     err_console,
     print_summary,
     runs_option,
+    runs_root_option,
     set_option,
     styled,
     user_errors,
@@ -308,3 +309,28 @@ def storage_server(data_dir: Path, port: int, prep_workers: int) -> None:
     from workloads.sophon.server import ServerConfig, serve
 
     serve(ServerConfig(data_dir, port, prep_workers), announce=lambda line: click.echo(line))
+
+
+@click.command()
+@click.argument("run")
+@runs_root_option
+@user_errors
+def ingest(run: str, runs_root: Path) -> None:
+    """Process a run's raw trace (raw/) again into its tables and summary: a run whose
+    processing failed, or whose process was killed while it ran (`runs` lists it as
+    `incomplete`). Prints the summary, then the run directory.
+
+    Example: ./cli.py ingest runs/20261121-163005-unet3d-sleep-3f2a
+    """
+    from store.rundir import resolve_run
+    from tracing.runner import reingest
+
+    def log(msg: str) -> None:
+        err_console.print(styled(msg))
+
+    outcome = reingest(resolve_run(run, runs_root), progress=log)
+    print_summary(outcome.run_dir)
+    outcome.check()
+    if outcome.status != "completed":
+        err_console.print(styled(f": {outcome.error}", "yellow", "warning"))
+    click.echo(str(outcome.run_dir))

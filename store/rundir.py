@@ -18,8 +18,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import os
 import secrets
 import shlex
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -309,6 +311,53 @@ def git_revision() -> str | None:
         return None
 
 
+#: The status a reader gives a run whose manifest says ``running`` while the process that ran
+#: it is gone (killed, or the machine restarted): its tables may be missing or partial.
+INCOMPLETE = "incomplete"
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), None where there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def this_process() -> dict[str, Any]:
+    """This process as a manifest records its coordinator: host, boot, pid and start, which
+    together name it (a pid alone is reused)."""
+    return {
+        "hostname": socket.gethostname(),
+        "boot_id": _BOOT_ID.read_text().strip() if _BOOT_ID.exists() else None,
+        "pid": os.getpid(),
+        "started": _process_start(os.getpid()),
+    }
+
+
+def coordinator_alive(manifest: Mapping[str, Any]) -> bool | None:
+    """Whether the process that runs the run (the manifest's ``coordinator``) still runs; None
+    where this host cannot tell (another host's, or not recorded)."""
+    who = manifest.get("coordinator")
+    if not isinstance(who, Mapping) or who.get("hostname") != socket.gethostname():
+        return None
+    boot = _BOOT_ID.read_text().strip() if _BOOT_ID.exists() else None
+    if who.get("boot_id") != boot:
+        return False  # the machine restarted since
+    return _process_start(int(who["pid"])) == who.get("started")
+
+
+def run_status(manifest: Mapping[str, Any]) -> str:
+    """The manifest's status, except :data:`INCOMPLETE` for a ``running`` run whose
+    coordinator is gone."""
+    status = str(manifest.get("status") or "unknown")
+    if status == "running" and coordinator_alive(manifest) is False:
+        return INCOMPLETE
+    return status
+
+
 def initial_manifest(run_dir: Path, **fields: Any) -> dict[str, Any]:
     """The manifest as first written (status ``running``); the tracer finalises it."""
     return {
@@ -319,6 +368,7 @@ def initial_manifest(run_dir: Path, **fields: Any) -> dict[str, Any]:
         "error": None,
         "git_revision": git_revision(),
         "command_line": shlex.join(sys.argv),
+        "coordinator": this_process(),
         "started_at": utc_now(),
         "ended_at": None,
         "start_ns": None,
@@ -380,7 +430,8 @@ class Run:
 
     @property
     def status(self) -> str:
-        return str(self.manifest.get("status") or "unknown")
+        """The manifest's status (:func:`run_status`: ``incomplete`` for a run left running)."""
+        return run_status(self.manifest)
 
     @property
     def incomplete(self) -> bool:

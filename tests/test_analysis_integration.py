@@ -220,3 +220,37 @@ def test_profile_fit_from_instrumented_runs_drives_a_sleep_run(
     keys = sleep_run.phases["key"].astype(str)
     for key in ("model_forward_pass", "model_backward_pass", "model_optim_step"):
         assert (keys == key).sum() == 4, key
+
+
+def test_the_report_of_a_real_run_agrees_with_its_trace_and_renders(
+    sleep_runs: dict[str, Path], unet3d_data: Path
+) -> None:
+    """The run report of a real traced run (4 loader workers): every dataset file is in its
+    file table, read under the /data mount; the heat map holds every byte the summary counts
+    for read and write calls; the layered table's system calls are the dataset's reads; the
+    four workers are compared with each other; the page renders every section in Chromium."""
+    from analysis import io_profile as iop
+    from analysis import run_report as rr
+    from store.rundir import READ_KINDS, WRITE_KINDS
+
+    run = load_run(sleep_runs["w4"])
+    files = iop.file_table(run)
+    on_disk = {p.name: p.stat().st_size for p in unet3d_data.iterdir() if p.is_file()}
+    data = files[files["path"].str.startswith("/data/")]
+    assert {p.removeprefix("/data/") for p in data["path"]} == set(on_disk)
+    assert (data["read_bytes"] >= data["path"].map(lambda p: on_disk[p[6:]])).all()
+    mounts = iop.volume_by_mount(run, files).set_index("mount")
+    assert mounts.loc["/data", "read_bytes"] == data["read_bytes"].sum()
+    summary = json.loads((sleep_runs["w4"] / "summary.json").read_text())["syscalls"]
+    moved = sum(v["bytes"] for k, v in summary.items() if k in (*READ_KINDS, *WRITE_KINDS))
+    assert iop.heat_map(run).cells.sum() == pytest.approx(moved)
+    layers = rr.layers(run).set_index("layer")
+    assert layers.loc["system calls", "bytes"] == data["read_bytes"].sum()
+    assert layers.loc["step", "overlap"] == pytest.approx(1.0)
+    workers = iop.imbalance(run)
+    assert (workers["group"] == "loader workers of main").sum() == 4
+    page = rr.write_report(run)
+    text = dom(page)
+    assert 'data-rendered-ms="' in text
+    for name, _ in rr.SECTIONS:
+        assert f'data-section="{name}"' in text

@@ -30,6 +30,7 @@ import shutil
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
+from core.atomic import atomic_write_text
 from core.errors import UserError
 from store import rundir
 from tracing import barrier, bpftrace, container, dlio, host, ingest, placement, swarm
@@ -361,9 +363,15 @@ def trace(
                 except UserError as exc:  # the tracer's output is incomplete: say so
                     status = "failed" if status == "completed" else status
                     error = f"{error}; {exc}" if error else str(exc)
+            # On disk the run is still running, now with its end and its outcome before the
+            # processing: should this process die while processing (or the processing fail),
+            # `./cli.py ingest RUN` finishes it from there.
+            manifest["outcome"] = {"status": status, "error": error}
+            rundir.write_manifest(run_dir, manifest)
             progress("processing the trace")
+            placed = [Placed(m.spec.role, m.host, m.main_pid) for m in members]
             status, error = _process(
-                run_dir, manifest, members, status, error, hosts, progress=progress
+                run_dir, manifest, placed, status, error, hosts, progress=progress
             )
             if manifest.get("start_ns") and manifest.get("end_ns"):
                 manifest["coordinator_s"] = {  # bench/cluster_overhead.py
@@ -947,10 +955,70 @@ def _every(seconds: float, report: Callable[[int], None]) -> Callable[[int], Non
     return call
 
 
+#: Where a failed processing of the trace keeps its traceback, in raw/.
+PROCESSING_ERROR = "processing-error.txt"
+
+
+def reingest(run_dir: Path, progress: Callable[[str], None] = lambda msg: None) -> RunOutcome:
+    """``./cli.py ingest RUN``: process a run's raw/ again into its tables and summary, as its
+    own processing did (the same rows), and give it the status that follows: a run whose
+    process died while processing gets the outcome its workload had (the manifest's
+    ``outcome``, written just before); one whose process died before its containers ended is
+    ``interrupted``. A run still being run, or without raw/, is refused in one line."""
+    manifest = rundir.load_manifest(run_dir)
+    alive = rundir.coordinator_alive(manifest)
+    who = manifest.get("coordinator") or {}
+    if alive or (alive is None and manifest.get("status") == "running" and who):
+        where = "here" if alive else f"on {who.get('hostname')}"
+        raise UserError(
+            f"{run_dir.name} is still being run {where} (process {who.get('pid')}): wait for "
+            "it to end; a run that ends processes its own trace"
+        )
+    raw = run_dir / "raw"
+    if not raw.is_dir():
+        raise UserError(f"{run_dir} has no raw/: there is no trace to process")
+    names = list(manifest.get("hosts") or {}) or [(manifest.get("host") or {}).get("hostname")]
+    across = bool(manifest.get("cluster"))
+    hosts = [Host(str(n), None, host_dir=str(n) if across else "") for n in names]
+    for h in hosts if len(hosts) > 1 else ():  # one host: on the coordinator's own clock
+        _set_shift(h, manifest, len(hosts))
+    by_name = {h.name: h for h in hosts}
+    placed = [
+        Placed(
+            str(c["role"]), by_name.get(str(c.get("host")), hosts[0]), int(c.get("main_pid") or 0)
+        )
+        for c in manifest.get("containers") or []
+    ]
+    before = manifest.get("outcome") or {
+        "status": manifest.get("status"),
+        "error": manifest.get("error"),
+    }
+    status, error = before["status"], before.get("error")
+    if status == "running" or status == rundir.INCOMPLETE:
+        status, error = "interrupted", "the process that ran it ended before its containers did"
+    elif status in rundir.FINISHED:
+        status, error = "completed", None  # lossy or not: the processing says again
+    progress("processing the trace")
+    status, error = _process(run_dir, manifest, placed, status, error, hosts, progress=progress)
+    manifest.update(status=status, error=error, processed_again_at=rundir.utc_now())
+    rundir.write_manifest(run_dir, manifest)
+    return RunOutcome(run_dir, status, error)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placed:
+    """A container of the run as the processing of its trace needs it: its role, the host it
+    ran on and its first process (0: not known)."""
+
+    role: str
+    host: Host
+    main_pid: int
+
+
 def _process(
     run_dir: Path,
     manifest: dict,
-    members: list[_Member],
+    placed: Sequence[Placed],
     status: str,
     error: str | None,
     hosts: Sequence[Host] = (),
@@ -958,10 +1026,12 @@ def _process(
 ) -> tuple[str, str | None]:
     """Write events/samples/phases parquet and summary.json from raw/ (each host's part of it,
     its times brought onto the coordinator's clock; no ``hosts``: raw/ is this host's).
-    ``progress`` hears how far the events are, every :data:`PROGRESS_EVERY_S` (a big trace
-    only: a small one is done before). Returns (status, error)."""
+    ``progress`` hears how far the events
+    are, every :data:`PROGRESS_EVERY_S` (a big trace only: a small one is done before).
+    Returns (status, error); an error of the processing itself is kept whole, its traceback in
+    ``raw/processing-error.txt``, so that ``./cli.py ingest RUN`` can be tried again."""
     raw = run_dir / "raw"
-    roles = [m.spec.role for m in members]
+    roles = [p.role for p in placed]
     if not hosts:
         hosts = [Host((manifest.get("host") or {}).get("hostname"), None)]
     try:
@@ -969,7 +1039,7 @@ def _process(
         parts = []
         for h in hosts:
             part = raw / h.host_dir / "events.parquet" if h.host_dir else run_dir / "events.parquet"
-            roots = {m.main_pid: m.spec.role for m in members if m.host is h and m.main_pid}
+            roots = {p.main_pid: p.role for p in placed if p.host is h and p.main_pid}
             where = f" of {h.name}" if len(hosts) > 1 else ""
             totals, parsed = ingest.write_events(
                 raw / h.host_dir,
@@ -1004,7 +1074,7 @@ def _process(
             manifest.get("realtime_offset_ns"),
             manifest.get("peer"),
             host=hosts[0].name if len(hosts) == 1 else None,
-            placement={m.spec.role: (m.host.name, m.host.shift_ns) for m in members},
+            placement={p.role: (p.host.name, p.host.shift_ns) for p in placed},
         )
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
@@ -1033,8 +1103,15 @@ def _process(
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # keep raw/ and say why the tables are missing
+        kept = raw / PROCESSING_ERROR
+        with contextlib.suppress(OSError):
+            atomic_write_text(kept, traceback.format_exc())
+        why = (
+            f"{exc!r} (its traceback: raw/{PROCESSING_ERROR}; raw/ is whole: "
+            f"`./cli.py ingest {run_dir}` tries again)"
+        )
         if status == "completed":
-            status, error = "failed", f"processing the trace failed: {exc!r}"
+            status, error = "failed", f"processing the trace failed: {why}"
         else:
-            error = f"{error}; processing the trace also failed: {exc!r}"
+            error = f"{error}; processing the trace also failed: {why}"
     return status, error
