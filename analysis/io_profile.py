@@ -69,10 +69,14 @@ def process_keys(run: Run, rows: np.ndarray) -> np.ndarray:
     """Per row of ``run.events`` selected by the mask ``rows``, the process it came from as an
     integer: the host's place among the run's hosts (sorted), times 2**32, plus the pid (pids
     are per host)."""
+    return _all_process_keys(run)[rows]
+
+
+@functools.lru_cache(maxsize=4)
+def _all_process_keys(run: Run) -> np.ndarray:
     events = run.events
-    hosts = _hosts(run)
-    code = pd.Index(hosts, dtype="string").get_indexer(events["host"][rows].fillna(""))
-    return code.astype(np.int64) << 32 | events["pid"].to_numpy()[rows].astype(np.int64)
+    code = pd.Index(_hosts(run), dtype="string").get_indexer(events["host"].fillna(""))
+    return code.astype(np.int64) << 32 | events["pid"].to_numpy().astype(np.int64)
 
 
 def _hosts(run: Run) -> list[str]:
@@ -251,11 +255,12 @@ def access_patterns(run: Run) -> dict[str, AccessPattern]:
     """``{"read": ..., "write": ...}``: consecutive and sequential accesses (module doc)."""
     events = run.events
     moves = kind_mask(events, (*_IO_KINDS, "openat", "lseek")) & events["path"].notna().to_numpy()
-    rows = events.loc[moves, ["ts_ns", "kind", "bytes", "count", "offset"]].assign(
-        process=process_keys(run, moves), file=pd.factorize(events.loc[moves, "path"])[0]
-    )
-    rows = rows.sort_values(["process", "file", "ts_ns"], kind="stable").reset_index(drop=True)
-    kind = rows["kind"].astype("string")
+    process = process_keys(run, moves)
+    file = pd.factorize(events["path"].to_numpy()[moves])[0]
+    order = np.lexsort((events["ts_ns"].to_numpy()[moves], file, process))  # stable
+    rows = events.loc[moves, ["kind", "bytes", "count", "offset"]].iloc[order]
+    process, file = process[order], file[order]
+    kind = rows["kind"]  # categorical: its comparisons work on the codes
     nbytes = rows["bytes"].to_numpy(dtype=np.int64)
     count = rows["count"].to_numpy(dtype=np.int64)
     positional = kind.isin(POSITIONAL_KINDS).to_numpy()
@@ -263,7 +268,6 @@ def access_patterns(run: Run) -> dict[str, AccessPattern]:
     is_io = kind.isin(_IO_KINDS).to_numpy()
     # The file position: segments start at each openat (0) and lseek (its result), and at
     # each new (process, file), whose position before the trace saw it open is taken as 0.
-    process, file = rows["process"].to_numpy(), rows["file"].to_numpy()
     new_key = np.append(True, (process[1:] != process[:-1]) | (file[1:] != file[:-1]))
     sets = new_key | ~is_io
     base = np.where(kind.eq("lseek").to_numpy(), rows["offset"].to_numpy(dtype=np.int64), 0)
@@ -307,22 +311,27 @@ def file_table(run: Run) -> pd.DataFrame:
     calls and bytes, and the seconds spent in its calls (reads, writes and metadata)."""
     events = run.events
     mask = kind_mask(events, (*_IO_KINDS, *METADATA_KINDS)) & events["path"].notna().to_numpy()
-    rows = events.loc[mask, ["kind", "path", "count", "bytes", "latency_ns"]]
-    kind = rows["kind"].astype("string")
-    read = kind.isin(READ_KINDS)
-    write = kind.isin(WRITE_KINDS)
-    frame = pd.DataFrame(
+    kind = events["kind"][mask]
+    codes, paths = pd.factorize(events["path"].to_numpy()[mask])
+    count = events["count"].to_numpy()[mask]
+    nbytes = events["bytes"].to_numpy()[mask]
+    read = kind.isin(READ_KINDS).to_numpy()
+    write = kind.isin(WRITE_KINDS).to_numpy()
+
+    def total(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(codes, weights=weights, minlength=len(paths))
+
+    table = pd.DataFrame(
         {
-            "path": rows["path"].to_numpy(),
-            "opens": np.where(kind.eq("openat"), rows["count"], 0),
-            "reads": np.where(read, rows["count"], 0),
-            "writes": np.where(write, rows["count"], 0),
-            "read_bytes": np.where(read, rows["bytes"], 0),
-            "write_bytes": np.where(write, rows["bytes"], 0),
-            "io_s": rows["latency_ns"].to_numpy(dtype=np.float64) * 1e-9,
+            "path": pd.array(paths, dtype="string"),
+            "opens": total(np.where(kind.eq("openat").to_numpy(), count, 0)).astype(np.int64),
+            "reads": total(np.where(read, count, 0)).astype(np.int64),
+            "writes": total(np.where(write, count, 0)).astype(np.int64),
+            "read_bytes": total(np.where(read, nbytes, 0)).astype(np.int64),
+            "write_bytes": total(np.where(write, nbytes, 0)).astype(np.int64),
+            "io_s": total(events["latency_ns"].to_numpy(dtype=np.float64)[mask]) * 1e-9,
         }
     )
-    table = frame.groupby("path", sort=False).sum().reset_index()
     return table[list(FILE_COLUMNS)]
 
 
