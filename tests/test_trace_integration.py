@@ -109,6 +109,29 @@ def test_failed_workload_leaves_a_failed_run(images, runs_root: Path) -> None:
     assert not client().containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"})
 
 
+def test_a_container_killed_for_memory_says_so_with_its_limit(images, runs_root: Path) -> None:
+    """A container that needs more memory than its limit: the kernel kills it, and the run is
+    failed with the reason and the limit (the engine's OOMKilled), its trace kept and
+    processed, nothing of it left."""
+    from tracing.request import Limits, RunOptions
+
+    grow = "x = bytearray(512 * 2**20); print(len(x))"  # 512 MiB against a 64 MiB limit
+    run = RunOptions(limits=Limits(memory_bytes=64 * 2**20))
+    outcome = trace(image_request(BASE, ["python3", "-c", grow], runs_root, run=run))
+    assert outcome.status == "failed" and outcome.error is not None
+    assert outcome.error.startswith(
+        "container main exited with code 137: the kernel killed a process of it for memory, "
+        "at its limit of 64.0 MiB (--memory-limit: give it more)"
+    ), outcome.error
+    manifest = _manifest(outcome.run_dir)
+    assert manifest["status"] == "failed" and manifest["exit_code"] == 137
+    assert (outcome.run_dir / "events.parquet").is_file()  # the trace is kept, processed
+    assert not client().containers.list(
+        all=True, filters={"label": f"{RUN_LABEL}={outcome.run_dir.name}"}
+    )
+    assert bpftrace_running() == []
+
+
 def test_ctrl_c_leaves_no_container_no_bpftrace_and_an_interrupted_manifest(
     images, runs_root: Path
 ) -> None:

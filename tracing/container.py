@@ -294,6 +294,16 @@ def exit_code(container: docker.models.containers.Container) -> int | None:
     return None
 
 
+def killed_for_memory(container: docker.models.containers.Container) -> bool:
+    """Whether the kernel killed a process of the (stopped) container for memory: the engine
+    records an out-of-memory kill in its cgroup (``State.OOMKilled``)."""
+    try:
+        state = container.client.api.inspect_container(container.id)["State"]
+    except docker.errors.NotFound:
+        return False
+    return bool(state.get("OOMKilled"))
+
+
 def stop_and_remove(container: docker.models.containers.Container) -> None:
     """Stop the container (if running) and remove it. Safe to call twice."""
     try:

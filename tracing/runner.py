@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from core.atomic import atomic_write_text
 from core.errors import UserError
+from core.units import format_size
 from store import rundir
 from tracing import barrier, bpftrace, container, dlio, host, ingest, placement, swarm
 from tracing.cgroups import ProcessCgroups, cgroups_of
@@ -414,6 +415,20 @@ def _watch_training(members: list[_Member], run_dir: Path, report: Report | None
         yield
 
 
+def _memory_kill(m: _Member) -> str:
+    """What to add to a failed container's error when the kernel killed a process of it for
+    memory (a container on this host or a host's engine; a swarm's task does not say)."""
+    if isinstance(m.ctr, swarm.RoleTask) or not container.killed_for_memory(m.ctr):
+        return ""
+    limit = m.spec.memory_bytes
+    if limit is None:
+        return ": the kernel killed a process of it for memory (the host ran out; no limit set)"
+    return (
+        f": the kernel killed a process of it for memory, at its limit of {format_size(limit)} "
+        "(--memory-limit: give it more)"
+    )
+
+
 def _on_every(hosts: list[Host], call: Callable[[Host], Any]) -> list[Any]:
     """``call`` on every host, at once when there are several; the first error raised (once
     every call has ended)."""
@@ -659,7 +674,8 @@ def _wait(
                     _check_hosts(hosts, manifest)
                 what = "daemon " if m.spec.daemon else ""
                 return "failed", (
-                    f"{what}container {m.spec.role} exited with code {code}{_log_tail(m)}"
+                    f"{what}container {m.spec.role} exited with code {code}"
+                    f"{_memory_kill(m)}{_log_tail(m)}"
                 )
         if all(m.spec.role in codes for m in members if not m.spec.daemon):
             manifest["exit_code"] = 0
