@@ -48,6 +48,7 @@ _STATUS_CLASS = {
     "failed": "bad",
     "interrupted": "bad",
     "damaged": "bad",
+    "incomplete": "bad",
 }
 
 
