@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -63,6 +65,21 @@ SIZE_BUCKETS: tuple[tuple[str, int | None], ...] = (
 IMBALANCE_FACTOR = 2.0
 
 _IO_KINDS = (*READ_KINDS, *WRITE_KINDS)
+T = TypeVar("T")
+
+
+def _per_run(compute: Callable[[Run], T]) -> Callable[[Run], T]:
+    """``compute`` once per run: kept while the run is, not after (an lru_cache would hold
+    the last runs' tables, millions of rows, for as long as the process lives)."""
+    found: weakref.WeakKeyDictionary[Run, T] = weakref.WeakKeyDictionary()
+
+    @functools.wraps(compute)
+    def cached(run: Run) -> T:
+        if run not in found:
+            found[run] = compute(run)
+        return found[run]
+
+    return cached
 
 
 def process_keys(run: Run, rows: np.ndarray) -> np.ndarray:
@@ -72,7 +89,7 @@ def process_keys(run: Run, rows: np.ndarray) -> np.ndarray:
     return _all_process_keys(run)[rows]
 
 
-@functools.lru_cache(maxsize=4)
+@_per_run
 def _all_process_keys(run: Run) -> np.ndarray:
     events = run.events
     code = pd.Index(_hosts(run), dtype="string").get_indexer(events["host"].fillna(""))
@@ -83,7 +100,7 @@ def _hosts(run: Run) -> list[str]:
     return sorted(str(h) for h in run.events["host"].fillna("").unique())
 
 
-@functools.lru_cache(maxsize=4)
+@_per_run
 def process_labels(run: Run) -> pd.DataFrame:
     """One row per traced process that made a system call: ``process`` (:func:`process_keys`),
     ``label`` (``rank0 · pt_data_worker 41``, led by the host on a run of several),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -608,8 +609,6 @@ def report_html(run: Run, page: Path, progress: Callable[[str], None] = lambda _
 
 
 def _rel(target: Path, page: Path) -> str:
-    import os
-
     return os.path.relpath(target, Path(page).resolve().parent)
 
 
