@@ -185,6 +185,66 @@ def test_ctrl_c_leaves_no_container_no_bpftrace_and_an_interrupted_manifest(
     assert (run_dir / "events.parquet").exists()
 
 
+def test_two_runs_at_once_each_trace_their_own_and_leave_the_other_alone(
+    images, tmp_path: Path
+) -> None:
+    """Two `trace` commands at once on one host (two processes, as two users would): each run
+    shows its own container's opens and no other's, the short run's clean-up leaves the long
+    one's container and tracer running (it completes, reading its files after the other has
+    gone), and nothing of either is left."""
+    data = tmp_path / "data"
+    data.mkdir()
+    files = {"long": ["a0.bin", "a1.bin", "a2.bin"], "short": ["b0.bin", "b1.bin"]}
+    for i, name in enumerate(sorted(n for names in files.values() for n in names)):
+        (data / name).write_bytes(os.urandom(4096 * (i + 1)))
+    read = "for n in {names!r}:\n    open('/data/' + n, 'rb').read()\n"
+    scripts = {
+        # reads its files, waits for the short run to end, then reads them again
+        "long": "import os, time\n"
+        + read.format(names=files["long"])
+        + "while not os.path.exists('/data/short-done'): time.sleep(0.1)\n"
+        + read.format(names=files["long"]),
+        "short": read.format(names=files["short"]),
+    }
+    roots = {who: tmp_path / f"runs-{who}" for who in scripts}
+
+    def start(who: str, mount: str) -> subprocess.Popen:
+        command = [sys.executable, str(REPO / "cli.py"), "trace", "--image", BASE]
+        command += ["--out", str(roots[who]), "--mount", mount, "--", "python3", "-c", scripts[who]]
+        return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    procs = {"long": start("long", f"{data}:/data")}
+    try:
+        deadline = time.monotonic() + 120
+        while not any((d / "manifest.json").exists() for d in roots["long"].glob("*")):
+            assert time.monotonic() < deadline and procs["long"].poll() is None, "no long run"
+            time.sleep(0.2)
+        procs["short"] = start("short", f"{data}:/data")
+        _, err = procs["short"].communicate(timeout=300)
+        assert procs["short"].returncode == 0, err.decode()
+        assert procs["long"].poll() is None, "the long run ended with the short one"
+        (data / "short-done").touch()
+        _, err = procs["long"].communicate(timeout=300)
+        assert procs["long"].returncode == 0, err.decode()
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=120)
+    for who, names in files.items():
+        (run_dir,) = roots[who].iterdir()
+        manifest = _manifest(run_dir)
+        assert manifest["status"] == "completed", manifest.get("error")
+        events = traced_events(run_dir)
+        opens = events[(events["kind"] == "openat") & events["path"].str.startswith("/data/")]
+        times = 2 if who == "long" else 1
+        assert sorted(opens["path"]) == sorted(f"/data/{n}" for n in names * times), who
+        assert not client().containers.list(
+            all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"}
+        )
+    assert bpftrace_running() == []
+
+
 def _unet3d_run(runs_root: Path, data: Path, variant: str, **settings: object) -> Path:
     return trace(
         workload_request(

@@ -19,7 +19,6 @@ from tracing.ingest import jit, parse_kernels, scan, schema
 from tracing.ingest.join_kernels import _PID_LIMIT
 from tracing.ingest.names import _Names, _NameTable
 from tracing.ingest.scan import (
-    _BAD_AGG_KIND,
     _C_BYTES,
     _C_COMM,
     _C_COUNT,
@@ -38,7 +37,6 @@ from tracing.ingest.scan import (
     _FULL_NAMES,
     _FULL_ROWS,
     _I_AGGS,
-    _I_BAD_KIND,
     _I_BEHIND,
     _I_EXAMPLES,
     _I_HEAP,
@@ -137,12 +135,10 @@ SCRATCH = 32
 
 class Status(enum.IntEnum):
     """Why a parsing kernel returned (its ``info`` array's status slot): it parsed its block, or a
-    table or buffer it writes to is full (it goes on from where it stopped once that is grown),
-    or a line it cannot take."""
+    table or buffer it writes to is full (it goes on from where it stopped once that is grown)."""
 
     DONE = 0
     FULL_NAMES = _FULL_NAMES
-    BAD_AGG_KIND = _BAD_AGG_KIND
     FULL_ROWS = _FULL_ROWS
 
 
@@ -253,10 +249,6 @@ class _SyscallParser:
                 self.seen, info, self.scratch,
             )  # fmt: skip
 
-        def bad_kind() -> None:
-            code = int(info[_I_BAD_KIND])
-            raise ValueError(f"aggregated row with an unknown kind code {code}")
-
         run_growing(
             run,
             info,
@@ -264,7 +256,6 @@ class _SyscallParser:
             {
                 Status.FULL_NAMES: lambda: (self.kinds.grow(), self.comms.grow()),
                 Status.FULL_ROWS: lambda: out.widen(info),
-                Status.BAD_AGG_KIND: bad_kind,
             },
         )
         n, n_agg, n_paths, used = (int(info[i]) for i in (_I_ROWS, _I_AGGS, _I_PATHS, _I_HEAP))
@@ -292,12 +283,23 @@ def _widen(rows: np.ndarray, used: int) -> np.ndarray:
     return bigger
 
 
+def _whole_lines(raw: bytes, stats: ParseStats) -> bytes:
+    """``raw`` up to its last newline: bpftrace ends every line with one, so text after the
+    last is a line cut short (bpftrace stopped mid-line), counted as skipped. (A cut line can
+    look whole: "@add[7, sh]: 1" cut from "... 12".)"""
+    cut = raw.rfind(b"\n") + 1
+    if cut < len(raw):
+        stats.skip(raw[cut:].decode("utf-8", errors="replace"))
+    return raw[:cut]
+
+
 def _read_tsv(path: Path, columns: dict[str, pa.DataType], stats: ParseStats) -> pd.DataFrame:
     """Read a tab-separated bpftrace output file into a DataFrame with the given columns."""
-    if not path.exists() or path.stat().st_size == 0:
+    raw = _whole_lines(path.read_bytes(), stats) if path.exists() else b""
+    if not raw:
         return pd.DataFrame({c: pd.Series(dtype=t.to_pandas_dtype()) for c, t in columns.items()})
     return pacsv.read_csv(
-        path,
+        pa.BufferReader(raw),
         read_options=pacsv.ReadOptions(column_names=list(columns), block_size=16 << 20),
         parse_options=pacsv.ParseOptions(
             delimiter="\t", quote_char=False, escape_char=False, invalid_row_handler=stats.handler
@@ -518,23 +520,25 @@ class _Cache:
 
     @classmethod
     def read(cls, path: Path, stats: ParseStats) -> _Cache:
-        raw = path.read_bytes() if path.exists() else b""
+        raw = _whole_lines(path.read_bytes(), stats) if path.exists() else b""
         buf = np.zeros((len(raw) + 1 + 16 + 7) // 8 * 8, dtype=np.uint8)  # see _word
         buf[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
         end = len(raw)
-        if end and buf[end - 1] != 10:
-            buf[end] = 10
-            end += 1
         jit.compile()
         n_max = raw.count(b"\n") + 1
         ints = np.empty((4, n_max), dtype=np.int64)  # ts, code, pid, pages
         comms = np.empty(n_max + 1, dtype=np.int32)
         heap = np.empty(max(end, 1), dtype=np.uint8)
-        n, used, lost, behind = parse_kernels._parse_cache_lines(
-            buf, buf.view(np.uint64), end, ints, comms, heap
+        info = np.zeros(_I_EXAMPLES + 10, dtype=np.int64)
+        n, used = parse_kernels._parse_cache_lines(
+            buf, buf.view(np.uint64), end, ints, comms, heap, info
         )
-        stats.lost_events += int(lost)
-        stats.behind += int(behind)
+        stats.lost_events += int(info[_I_LOST])
+        stats.behind += int(info[_I_BEHIND])
+        examples = _skipped_examples(buf, info)
+        for text in examples:
+            stats.skip(text)
+        stats.skipped_lines += int(info[_I_SKIPPED]) - len(examples)
         comm = _strings(n, comms[: n + 1].copy(), heap[:used])
         ts, code, pid, pages = ints[:, :n]
         return cls(ts.copy(), code.astype(np.int8), pid.astype(np.int32), comm, pages.copy())

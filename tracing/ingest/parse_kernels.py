@@ -12,12 +12,10 @@ from tracing.ingest.jit import kernel as _kernel
 from tracing.ingest.scan import (
     _AGG_OPEN,
     _AGG_SEP,
-    _BAD_AGG_KIND,
     _C_PID,
     _FULL_NAMES,
     _FULL_ROWS,
     _I_AGGS,
-    _I_BAD_KIND,
     _I_BEHIND,
     _I_EXAMPLES,
     _I_HEAP,
@@ -327,8 +325,8 @@ def _parse_syscall_block(
     of every row is marked in ``seen`` (the thread-group leaders, by pid). Returns
     the position reached: ``end``, or the start of a line with ``info[_I_STATUS]``
     ``_FULL_NAMES`` or ``_FULL_ROWS`` when a name table or the output is full (grow it and
-    call again from there), ``_BAD_AGG_KIND`` for an aggregated row of an unknown kind code
-    (``info[_I_BAD_KIND]``)."""
+    call again from there). A line that gives no row (an aggregated row of an unknown kind
+    code too) is counted as skipped (:func:`_skip_line`)."""
     n = info[_I_ROWS]
     n_agg = info[_I_AGGS]
     fields = scratch[:14]  # of an aggregated row
@@ -416,10 +414,8 @@ def _parse_syscall_block(
             found = 0
             if _expect(buf, pos, _WORD_AGG) >= 0:
                 found = _parse_agg(buf, pos + 4, aggs, agg_times, n_agg, agg_kinds, fields)
-                if found < 0:
-                    info[_I_STATUS] = _BAD_AGG_KIND
-                    info[_I_BAD_KIND] = -1 - found
-                    break
+                if found < 0:  # an unknown kind code: no row, a skipped line (counted)
+                    found = 0
                 if found == 1:
                     pid = aggs[n_agg, _C_PID]
                     if 0 <= pid < len(seen):
@@ -447,17 +443,17 @@ def _parse_cache_lines(
     ints: np.ndarray,
     comms: np.ndarray,
     heap: np.ndarray,
-) -> tuple[int, int, int]:
+    info: np.ndarray,
+) -> tuple[int, int]:
     """Parse raw/cache.txt (``buf[:end]``, whole lines): "T <ns>" starts a block of counts,
     "@addQ[<pid>, <comm>]: <pages>" (or @del, @shm_add, @shm_del; Q the map's digit, absent
     before the maps rotated) is one (``ints``: time, the map's code in :data:`CACHE_KINDS`,
-    pid, pages by row; the comm's bytes to ``heap``, their ends in ``comms[1:]``), "Lost <n>
-    events" adds n lost events, "BEHIND <ns>" one to the count of the tracer falling behind;
-    other lines are skipped. Returns (rows, bytes of comms, lost events, behind)."""
+    pid, pages by row; the comm's bytes to ``heap``, their ends in ``comms[1:]``); any other
+    line is the tracer's noise or a skipped line, counted in ``info`` as by
+    :func:`_parse_syscall_block` (:func:`_skip_line`: lost events, "BEHIND", skipped lines
+    and their first examples). Returns (rows, bytes of comms)."""
     n = 0
     used = 0
-    lost = 0
-    behind = 0
     ts = 0
     comms[0] = 0
     pos = 0
@@ -466,6 +462,7 @@ def _parse_cache_lines(
         stop = line_end - 1 if line_end > pos and buf[line_end - 1] == 13 else line_end  # \r\n
         code = -1
         start = pos + 4
+        parsed = False
         if _expect(buf, pos, _WORD_ADD) >= 0:
             code = 1
         elif _expect(buf, pos, _WORD_DEL) >= 0:
@@ -497,22 +494,16 @@ def _parse_cache_lines(
                 used += length
                 n += 1
                 comms[n] = used
+                parsed = True
         elif _expect(buf, pos, _WORD_TICK) >= 0:
             value, p, ok = _read_int(buf, pos + 2, True)
             if ok and p == stop:
                 ts = value
-        elif _expect(buf, pos, _WORD_BEHIND) >= 0:
-            behind += 1
-        else:
-            q = _expect(buf, pos, _WORD_LOST)
-            if q >= 0:
-                value, q, ok = _read_int(buf, q, False)
-                if ok and _expect(buf, q, _WORD_EVENTS) >= 0:
-                    lost += value
-            elif _has(buf, pos, _WORD_MAP_UPDATE):  # a full map (bpftrace -k): a lost update
-                lost += 1
+                parsed = True
+        if not parsed:
+            line_end = _skip_line(buf, words, pos, end, info)
         pos = line_end + 1
-    return n, used, lost, behind
+    return n, used
 
 
 @_inline
@@ -598,7 +589,7 @@ def _parse_block_lines(
     order, their count in ``info[_I_PATHS]``). A request is a line of either form block.bt has
     had: ``@blkQ[...]: (...)`` printed from its maps (:func:`_parse_blk_map`) or, before, a
     tab-separated line. Other lines are counted as in :func:`_parse_syscall_block` (its
-    ``info`` slots, the same statuses but _BAD_AGG_KIND; ``scratch``: at least 12 int64 of
+    ``info`` slots, the same statuses; ``scratch``: at least 12 int64 of
     working space)."""
     fields = scratch[:11]  # of a request printed from a map
     used = scratch[11:12]  # the devices' table's count (its own count is info[_I_PATHS])

@@ -287,9 +287,9 @@ def merge_rows(n: int, **columns: Any) -> np.ndarray:
 
 
 # info slots of the parser
-_I_ROWS, _I_AGGS, _I_PATHS, _I_HEAP, _I_LOST, _I_SKIPPED, _I_STATUS, _I_BAD_KIND = range(8)
+_I_ROWS, _I_AGGS, _I_PATHS, _I_HEAP, _I_LOST, _I_SKIPPED, _I_STATUS = range(7)
 _I_BEHIND = 8  # "BEHIND <ns>" lines
-_FULL_NAMES, _BAD_AGG_KIND, _FULL_ROWS = 1, 2, 3
+_FULL_NAMES, _FULL_ROWS = 1, 3
 _I_EXAMPLES = 9  # then (start, end) of up to 5 skipped lines
 
 

@@ -43,6 +43,8 @@ class ParseStats:
         match = _LOST_RE.match(text)
         if match:
             self.lost_events += int(match.group(1))
+        elif text.startswith("BEHIND "):
+            self.behind += 1
         elif not (text.startswith(("READY ", "Attaching ")) or text.strip() == ""):
             self.skip(text)
         return "skip"
