@@ -4,7 +4,9 @@ by their flags), the ``--out`` options, ``--set`` parsing and the summary of a r
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -42,6 +44,14 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             raise click.ClickException(exc.render(flags())) from None
         except UserError as exc:
             raise click.ClickException(str(exc)) from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = f" writing {exc.filename}" if exc.filename else ""
+            raise click.ClickException(
+                f"{os.strerror(exc.errno)}{where}: free some space (df -h) or write less, then "
+                "run the command again"
+            ) from None
         except KeyboardInterrupt as exc:
             err_console.print(str(exc) or "interrupted")
             sys.exit(130)

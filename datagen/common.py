@@ -41,6 +41,7 @@ from typing import Any, BinaryIO
 from core import versioned
 from core.atomic import atomic_path, atomic_write_text, temp_path
 from core.errors import UserError
+from core.units import format_size
 
 SCHEMA_VERSION = 1
 #: The dataset manifest (manifest.json, written last: see :func:`write_manifest`).
@@ -87,6 +88,30 @@ def check_size_bytes(size_bytes: int) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Output directory
+
+
+def check_free_space(out: Path, size_bytes: int, force: bool) -> None:
+    """Refuse, in one line and before ``out`` is touched, a dataset of ``size_bytes`` that its
+    file system cannot hold: its free space, plus what ``force`` would delete of an earlier
+    dataset there. (A file system that fills while the files are written, through another
+    writer, is :func:`commands.common.user_errors`' one line; no manifest is written.)"""
+    out = Path(out)
+    place = out
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    free = shutil.disk_usage(place).free
+    if force and out.is_dir() and (out / MARKER_NAME).is_file():
+        free += sum(
+            entry.stat(follow_symlinks=False).st_size
+            for entry in out.rglob("*")
+            if entry.is_file() and not entry.is_symlink()
+        )
+    if free < size_bytes:
+        raise UserError(
+            f"{out}: its file system has {format_size(free)} free and the dataset needs "
+            f"{format_size(size_bytes)}: free some space, write it elsewhere (--out), or give a "
+            "smaller --size"
+        )
 
 
 def prepare_output_dir(out: Path, force: bool) -> Path:

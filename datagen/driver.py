@@ -7,8 +7,9 @@ validates its parameters and lays the dataset out, and ``write(plan)``, which wr
 (through :meth:`Job.run`) and returns their manifest records with the generator's manifest
 params. The job then guarantees the dataset-directory contract of :mod:`datagen.common`:
 
-1. the request (size, seed, workers) is checked when the job is made, and the plan is made,
-   before the directory is touched: a bad request never clears it;
+1. the request (size, seed, workers) is checked when the job is made, and the plan is made
+   and the file system's free space checked, before the directory is touched: a bad request
+   never clears it;
 2. the directory is prepared (:func:`datagen.common.prepare_output_dir`: empty, or cleared
    with ``force`` when twintrace wrote it);
 3. the files are written; a failure or Ctrl-C propagates, leaving no partial file;
@@ -27,6 +28,7 @@ from core.errors import UserError
 from datagen.common import (
     FileTask,
     ProgressCallback,
+    check_free_space,
     check_seed,
     check_size_bytes,
     prepare_output_dir,
@@ -92,6 +94,7 @@ class Job:
     ) -> dict[str, Any]:
         """Plan, prepare ``out``, write, then write the manifest; return the manifest."""
         layout = plan()
+        check_free_space(self.out, self.size_bytes, self.force)
         prepare_output_dir(self.out, self.force)
         started = time.monotonic()
         files, params = write(layout)

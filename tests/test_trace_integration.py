@@ -245,6 +245,23 @@ def test_two_runs_at_once_each_trace_their_own_and_leave_the_other_alone(
     assert bpftrace_running() == []
 
 
+def test_a_missing_image_is_one_line_and_no_run_directory(images, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "cli.py"), "trace", "--image", "twintrace/none:missing"]
+        + ["--out", str(runs), "--", "true"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "Error: image twintrace/none:missing is not built: run `./cli.py build`"
+    )
+    assert not runs.exists()
+
+
 def _unet3d_run(runs_root: Path, data: Path, variant: str, **settings: object) -> Path:
     return trace(
         workload_request(
