@@ -96,6 +96,7 @@ def stalls(
 
     from analysis.stalls import summary_lines
     from experiments.stalls import StallSettings, measure_stalls
+    from experiments.study_state import sole_runner
 
     stall_settings = StallSettings(
         **settings, read_bps=parse_size(read_rate) if read_rate else None
@@ -107,13 +108,14 @@ def stalls(
         )
     if (out_dir / "stalls.json").exists():
         raise UserError(f"{out_dir} already holds a result: give another --out")
-    result = measure_stalls(
-        stall_settings,
-        out_dir,
-        cache_fractions=numbers(cache_fractions, "--cache-fractions", float),
-        cores=numbers(cores, "--cores", float),
-        log=lambda line: err_console.print(styled(line)),
-    )
+    with sole_runner(out_dir):
+        result = measure_stalls(
+            stall_settings,
+            out_dir,
+            cache_fractions=numbers(cache_fractions, "--cache-fractions", float),
+            cores=numbers(cores, "--cores", float),
+            log=lambda line: err_console.print(styled(line)),
+        )
     for line in summary_lines(result):
         err_console.print(line, highlight=False)
     if as_json:
@@ -202,6 +204,7 @@ def hfta(
       ./cli.py hfta --workload alexnet --data data/img --variant sleep --set image_size=64
     """
     from experiments.hfta import RESULTS_NAME, load_results, parse_spec, run_hfta
+    from experiments.study_state import sole_runner
 
     spec: dict[str, Any] = {
         "workload": workload,
@@ -227,9 +230,10 @@ def hfta(
         out_dir = Path("runs/hfta") / f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}"
     if (out_dir / RESULTS_NAME).exists():
         raise UserError(f"{out_dir} already holds a result: give another --out")
-    path = run_hfta(
-        settings, data_dir, out_dir, log=lambda line: err_console.print(line, highlight=False)
-    )
+    with sole_runner(out_dir):
+        path = run_hfta(
+            settings, data_dir, out_dir, log=lambda line: err_console.print(line, highlight=False)
+        )
     if as_json:
         click.echo(json.dumps(load_results(path), indent=2, sort_keys=True))
     else:

@@ -79,6 +79,7 @@ from typing import Any
 from core.atomic import atomic_write_text
 from core.errors import UserError
 from core.units import parse_size
+from experiments import study_state
 from store.rundir import FINISHED, load_json, write_json
 from workloads.config import RUN_VARIANTS
 from workloads.registry import WORKLOADS
@@ -519,13 +520,19 @@ def ensure_datasets(experiment: Experiment, data_root: Path, log: Log) -> dict[s
 
 
 def run_experiment(experiment: Experiment, out_root: Path, log: Log = print) -> list[Outcome]:
-    """Run (or resume) every run of the grid, then produce the outputs; return the outcomes."""
+    """Run (or resume) every run of the grid, then produce the outputs; return the outcomes.
+    One runner at a time in its directory (:func:`study_state.sole_runner`)."""
+    home = Path(out_root) / experiment.name
+    with study_state.sole_runner(home):
+        return _run_experiment(experiment, home, log)
+
+
+def _run_experiment(experiment: Experiment, home: Path, log: Log) -> list[Outcome]:
     import time
 
     from experiments.request import TraceSettings, build_request
     from tracing.runner import RunInterrupted, trace
 
-    home = Path(out_root) / experiment.name
     runs_root = home / "runs"
     runs_root.mkdir(parents=True, exist_ok=True)
     state_path = home / "state.json"

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserError
+from experiments import study_state
 from experiments.orchestrate import Dataset, check_table, ensure_dataset, parse_datasets, read_toml
 
 Log = Callable[[str], None]
@@ -100,6 +101,6 @@ def run_study(study: Study, out_root: Path, log: Log = print) -> Path:
     """Generate the study's datasets when missing, run it under ``out_root/<name>``; return the
     path of its results JSON."""
     out = Path(out_root) / study.name
-    out.mkdir(parents=True, exist_ok=True)
-    data = {d.name: ensure_dataset(d, out / "data", log) for d in study.datasets}
-    return Path(_module(study.kind).run_study(study, out, data, log))
+    with study_state.sole_runner(out):
+        data = {d.name: ensure_dataset(d, out / "data", log) for d in study.datasets}
+        return Path(_module(study.kind).run_study(study, out, data, log))

@@ -22,9 +22,13 @@ A study's run loop::
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
+import os
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -87,6 +91,38 @@ def run_settings(epochs: int, batch_size: int, workers: int, seed: int) -> dict[
         "eval_every": 0,
         "checkpoint_every": 0,
     }
+
+
+#: The file an experiment's or a study's runner holds locked in its directory while it runs.
+LOCK_NAME = ".twintrace-runner"
+
+
+@contextlib.contextmanager
+def sole_runner(home: Path) -> Iterator[None]:
+    """Hold ``home`` (an experiment's or a study's directory) for this process while it runs:
+    a second runner on the same directory is refused in one line naming the first (its pid,
+    host and start), before it touches anything. The lock is ``flock`` on ``home/``
+    :data:`LOCK_NAME`, which the kernel drops when the holder ends however it ends (SIGKILL
+    included), so a dead runner never blocks the next."""
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
+            raise UserError(
+                f"{home} is being run by {holder}: wait for it to end (or stop it), or give "
+                "another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {started}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def study_home(out: Path) -> tuple[Path, Path, float]:
