@@ -42,6 +42,7 @@ from core import versioned
 from core.atomic import atomic_path, atomic_write_text, temp_path
 from core.errors import UserError
 from core.units import format_size
+from workloads.data import MANIFEST_NAME, MARKER_NAME
 
 SCHEMA_VERSION = 1
 #: The dataset manifest (manifest.json, written last: see :func:`write_manifest`).
@@ -50,8 +51,6 @@ DATASET = versioned.Layout(
     SCHEMA_VERSION,
     remedy="regenerate the dataset (with --force to reuse the directory)",
 )
-MANIFEST_NAME = "manifest.json"
-MARKER_NAME = ".twintrace-dataset"
 
 ProgressCallback = Callable[[int, int], None]
 """``progress(done_bytes, total_bytes)``: cumulative, called from the calling process only."""

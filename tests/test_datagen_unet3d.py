@@ -46,6 +46,7 @@ from tests.datagen_helpers import (
     dataset_fixture,
     temp_files,
 )
+from workloads.unet3d.files import check_dataset
 
 SMALL = UNet3DGenParams(s1_range=(8, 20), s2_range=(10, 24), min_dim=6)
 SIZE = 400_000
@@ -332,9 +333,22 @@ def test_interrupted_generation_leaves_only_whole_files_and_no_manifest(
         assert array.size > 0
     with pytest.raises(UserError, match="did not finish"):
         load_manifest(out)
+    # No command takes it for a dataset: the workload's check (trace's, the reader's) refuses it.
+    with pytest.raises(UserError, match=f"{out} is a twintrace dataset whose generation did not"):
+        check_dataset(out)
     # The incomplete dataset is replaced with --force.
     generate_unet3d(out, SIZE, workers=2, params=SMALL, force=True)
     assert load_manifest(out)["params"]["cases"] > 0
+    check_dataset(out)
+    # A manifest cut short is refused as damaged; data twintrace did not write (no marker) is
+    # taken as it is.
+    manifest = (out / MANIFEST_NAME).read_bytes()
+    (out / MANIFEST_NAME).write_bytes(manifest[: len(manifest) // 2])
+    with pytest.raises(UserError, match=f"{out / MANIFEST_NAME} is damaged"):
+        check_dataset(out)
+    (out / MANIFEST_NAME).unlink()
+    (out / MARKER_NAME).unlink()
+    assert check_dataset(out).items > 0
 
 
 def _group_alive(pgid: int) -> bool:
