@@ -218,6 +218,56 @@ def test_ctrl_c_stops_every_container_of_a_compose_topology(
     assert bpftrace_running() == []
 
 
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        ('["sh", "-c", "exit 4"]', "container quits exited with code 4"),
+        ('["no-such-program"]', "no-such-program: not found"),
+    ],
+    ids=["exits-at-once", "cannot-start"],
+)
+def test_a_compose_service_that_exits_at_once_fails_the_run_naming_it(
+    images, tmp_path: Path, runs_root: Path, command: str, says: str
+) -> None:
+    """A service that exits the moment it starts, or whose program does not exist: the run
+    fails in one line naming the service, the other service is stopped, nothing is left."""
+    compose = tmp_path / "pair.yml"
+    compose.write_text(
+        textwrap.dedent(
+            f"""\
+            version: "3.7"
+            services:
+              waits:
+                image: {BASE}
+                command: ["python3", "-c", "import time\\nwhile True: time.sleep(0.1)"]
+              quits:
+                image: {BASE}
+                command: {command}
+            """
+        )
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "cli.py"), "trace", "--compose", str(compose)]
+        + ["--out", str(runs_root), "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert time.monotonic() - started < 120  # the waiting service did not hold the run up
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    # The error, then (its last lines) what the service printed before it ended.
+    error = done.stderr[done.stderr.rindex("Error: ") :]
+    assert error.startswith("Error: container quits exited with code ") and says in error, error
+    (run_dir,) = runs_root.iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and says in manifest["error"]
+    assert _left_behind(run_dir.name) == []
+    assert bpftrace_running() == []
+
+
 def test_one_failing_container_fails_the_run_and_stops_the_others(images, runs_root: Path) -> None:
     forever = ("python3", "-c", "import time\nwhile True: time.sleep(0.1)")
     request = RunRequest(
