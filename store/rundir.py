@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import errno
 import functools
 import os
 import secrets
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -36,6 +38,7 @@ from core import __version__ as TWINTRACE_VERSION
 from core import versioned
 from core.atomic import atomic_path
 from core.errors import UserError
+from core.units import format_size
 from core.versioned import utc_now
 
 #: The layout version of every file this code reads and writes. Version 2 added the
@@ -286,6 +289,63 @@ def new_run_dir(root: Path, label: str, variant: str | None) -> Path:
             (path / sub).mkdir()
         return path
     raise UserError(f"could not create a new run directory under {root}")
+
+
+#: Room a run directory keeps (``.reserve``, allocated when the run starts) until its run
+#: ends, so that a run whose file system filled can still write its manifest saying so.
+RESERVE_NAME = ".reserve"
+RESERVE_BYTES = 1 << 20
+#: Less than this free on a run directory's file system after tracing: it filled during the
+#: run, and the tracer's output (written as it comes, in pieces far smaller) was cut.
+FULL_BYTES = 1 << 20
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` is a file system out of room (ENOSPC, EDQUOT)."""
+    return isinstance(exc, OSError) and exc.errno in _NO_ROOM
+
+
+def reserve_room(run_dir: Path) -> None:
+    """Allocate :data:`RESERVE_BYTES` in ``run_dir`` (:data:`RESERVE_NAME`). A file system
+    without that much room and :data:`FULL_BYTES` more (a run that could only fill it) removes
+    ``run_dir`` and refuses the run in one line."""
+    path = Path(run_dir) / RESERVE_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.write(fd, bytes(RESERVE_BYTES))  # a file system without fallocate
+        full = room_left(run_dir) is not None
+    except OSError as exc:
+        if not no_room(exc):
+            raise
+        full = True
+    finally:
+        os.close(fd)
+    if full:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise UserError(
+            f"{Path(run_dir).parent}: its file system has no room for a run (at least "
+            f"{format_size(RESERVE_BYTES + FULL_BYTES)} free, and as much as the trace takes): "
+            "free some space or give another --out"
+        )
+
+
+def give_back_room(run_dir: Path) -> None:
+    """Free the room :func:`reserve_room` kept (nothing when there is none)."""
+    (Path(run_dir) / RESERVE_NAME).unlink(missing_ok=True)
+
+
+def room_left(run_dir: Path) -> int | None:
+    """The bytes free (to root) on ``run_dir``'s file system when that is under
+    :data:`FULL_BYTES` (it filled), else None."""
+    st = os.statvfs(run_dir)
+    free = st.f_bfree * st.f_frsize
+    return free if free < FULL_BYTES else None
 
 
 def git_revision() -> str | None:

@@ -3,10 +3,15 @@
 Data generation refuses up front a dataset its file system cannot hold, before the directory
 is touched; one whose file system fills while it writes (tmpfs rounds every small file up to a
 page, so 2 MB of 16 kB images do not fit in 2 MiB) stops with one line, exit 1, only whole
-files and no manifest: it is never taken for a dataset."""
+files and no manifest: it is never taken for a dataset.
+
+A traced run refuses a runs directory without room for a run; one whose file system fills
+while it traces fails saying so (its manifest has the room it kept for that), keeps raw/ as far
+as it was written and leaves nothing running."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,16 +21,19 @@ import pytest
 
 from core.errors import UserError
 from datagen.common import load_manifest
-from tests.conftest import REPO, require
+from tests.conftest import REPO, bpftrace_running, require
+from tracing.container import RUN_LABEL, client
+from workloads.config import BASE_TAG
 
 
-@pytest.fixture()
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs at ``tmp_path / "fs"``, unmounted after the test."""
+@pytest.fixture(params=["2m"])
+def small_fs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A tmpfs of ``request.param`` (2 MiB unless parametrized) at ``tmp_path / "fs"``,
+    unmounted after the test."""
     mount = tmp_path / "fs"
     mount.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+        ["mount", "-t", "tmpfs", "-o", f"size={request.param}", "tmpfs", str(mount)],
         capture_output=True,
         text=True,
         check=False,
@@ -37,9 +45,9 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
-def _datagen(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(REPO / "cli.py"), "datagen", *args],
+        [sys.executable, str(REPO / "cli.py"), *args],
         capture_output=True,
         text=True,
         check=False,
@@ -56,7 +64,7 @@ def test_a_dataset_larger_than_the_free_space_is_refused_before_anything_is_writ
     small_fs: Path,
 ) -> None:
     out = small_fs / "unet3d"
-    done = _datagen("unet3d", "--out", str(out), "--size", "8MB", "--scale", "0.2")
+    done = _cli("datagen", "unet3d", "--out", str(out), "--size", "8MB", "--scale", "0.2")
     assert done.returncode == 1
     assert _last_line(done) == (
         f"Error: {out}: its file system has 2.0 MiB free and the dataset needs 7.6 MiB: free "
@@ -70,7 +78,7 @@ def test_a_file_system_filling_while_generating_leaves_whole_files_and_no_datase
 ) -> None:
     out = small_fs / "images"
     args = ("images", "--out", str(out), "--size", "2000000", "--mean-kb", "16")
-    done = _datagen(*args, "--size-sigma", "0.1")
+    done = _cli("datagen", *args, "--size-sigma", "0.1")
     assert done.returncode == 1
     assert _last_line(done) == (
         "Error: No space left on device: free some space (df -h) or write less, then run the "
@@ -86,6 +94,55 @@ def test_a_file_system_filling_while_generating_leaves_whole_files_and_no_datase
     with pytest.raises(UserError, match="manifest"):
         load_manifest(out)
     # With --force and a size that fits, the same directory becomes a whole dataset.
-    done = _datagen(*args, "--size-sigma", "0.1", "--force", "--size", "1000000")
+    done = _cli("datagen", *args, "--size-sigma", "0.1", "--force", "--size", "1000000")
     assert done.returncode == 0, done.stderr
     assert len(load_manifest(out)["files"]) > 10
+
+
+STORM = (
+    "import os\n"
+    "for i in range(300000):\n"
+    "    fd = os.open('/etc/hostname', os.O_RDONLY)\n"
+    "    os.read(fd, 10)\n"
+    "    os.close(fd)\n"
+)
+
+
+@pytest.mark.docker
+@pytest.mark.bpftrace
+@pytest.mark.integration
+@pytest.mark.parametrize("small_fs", ["3m"], indirect=True)
+def test_a_file_system_filling_while_tracing_fails_the_run_saying_so(
+    images, small_fs: Path
+) -> None:
+    runs = small_fs / "runs"
+    done = _cli("trace", "--image", BASE_TAG, "--out", str(runs), "--", "python3", "-c", STORM)
+    assert done.returncode == 1
+    (run_dir,) = runs.iterdir()
+    says = f"the file system of {runs} filled while tracing"
+    assert _last_line(done).startswith(f"Error: {says} (")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["error"].startswith(says)
+    assert (run_dir / "raw" / "syscalls.txt").stat().st_size > 1 << 20  # kept as written
+    assert not (run_dir / ".reserve").exists()
+    assert not client().containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"})
+    assert bpftrace_running() == []
+    # With the room back, `ingest` processes what raw/ holds; the run stays failed.
+    (run_dir / "raw" / "syscalls.txt").write_bytes(b"")
+    done = _cli("ingest", str(run_dir))
+    assert done.returncode == 1 and (run_dir / "events.parquet").exists()
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.docker
+@pytest.mark.integration
+def test_a_runs_directory_without_room_for_a_run_is_refused(images, small_fs: Path) -> None:
+    (small_fs / "fill").write_bytes(bytes(1 << 20))  # 1 MiB of 2 left: under the 2 MiB a run needs
+    runs = small_fs / "runs"
+    done = _cli("trace", "--image", BASE_TAG, "--out", str(runs), "--", "true")
+    assert done.returncode == 1
+    assert _last_line(done) == (
+        f"Error: {runs}: its file system has no room for a run (at least 2.0 MiB free, and as "
+        "much as the trace takes): free some space or give another --out"
+    )
+    assert list(runs.iterdir()) == []

@@ -194,6 +194,7 @@ def trace(
     hosts = [h for h in hosts if h not in idle]
 
     run_dir = rundir.new_run_dir(request.runs_root, request.label, request.variant)
+    rundir.reserve_room(run_dir)  # given back at the end: the manifest can always say why
     raw, ctl, out = (run_dir / sub for sub in rundir.RUN_SUBDIRS)
     manifest = rundir.initial_manifest(
         run_dir,
@@ -364,16 +365,27 @@ def trace(
                 except UserError as exc:  # the tracer's output is incomplete: say so
                     status = "failed" if status == "completed" else status
                     error = f"{error}; {exc}" if error else str(exc)
+            free = rundir.room_left(run_dir)
+            if free is not None:  # the tracer's output was cut where the file system filled
+                rundir.give_back_room(run_dir)
+                full = (
+                    f"the file system of {run_dir.parent} filled while tracing "
+                    f"({format_size(free)} free at the end): the trace in raw/ is cut short; "
+                    f"free some space and run again (`./cli.py ingest {run_dir}` processes "
+                    "what raw/ holds)"
+                )
+                status, error = "failed", f"{error}; {full}" if error else full
             # On disk the run is still running, now with its end and its outcome before the
             # processing: should this process die while processing (or the processing fail),
             # `./cli.py ingest RUN` finishes it from there.
             manifest["outcome"] = {"status": status, "error": error}
             rundir.write_manifest(run_dir, manifest)
-            progress("processing the trace")
-            placed = [Placed(m.spec.role, m.host, m.main_pid) for m in members]
-            status, error = _process(
-                run_dir, manifest, placed, status, error, hosts, progress=progress
-            )
+            if free is None:  # a full file system has no room for the tables
+                progress("processing the trace")
+                placed = [Placed(m.spec.role, m.host, m.main_pid) for m in members]
+                status, error = _process(
+                    run_dir, manifest, placed, status, error, hosts, progress=progress
+                )
             if manifest.get("start_ns") and manifest.get("end_ns"):
                 manifest["coordinator_s"] = {  # bench/cluster_overhead.py
                     "call_to_release": (manifest["start_ns"] - called_ns) / 1e9,
@@ -382,6 +394,7 @@ def trace(
     except KeyboardInterrupt as exc:  # a second Ctrl-C while shutting down or processing
         status, error, pending = "interrupted", "interrupted by the user", exc
     finally:
+        rundir.give_back_room(run_dir)
         manifest.update(status=status, error=error, ended_at=rundir.utc_now())
         rundir.write_manifest(run_dir, manifest)
     outcome = RunOutcome(run_dir, status, error)
@@ -993,6 +1006,7 @@ def reingest(run_dir: Path, progress: Callable[[str], None] = lambda msg: None) 
     raw = run_dir / "raw"
     if not raw.is_dir():
         raise UserError(f"{run_dir} has no raw/: there is no trace to process")
+    rundir.give_back_room(run_dir)  # what a killed run kept
     names = list(manifest.get("hosts") or {}) or [(manifest.get("host") or {}).get("hostname")]
     across = bool(manifest.get("cluster"))
     hosts = [Host(str(n), None, host_dir=str(n) if across else "") for n in names]
@@ -1119,12 +1133,18 @@ def _process(
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # keep raw/ and say why the tables are missing
+        rundir.give_back_room(run_dir)  # room for the traceback and the manifest
         kept = raw / PROCESSING_ERROR
         with contextlib.suppress(OSError):
             atomic_write_text(kept, traceback.format_exc())
+        what = (
+            f"the file system of {run_dir.parent} filled while writing the tables ({exc})"
+            if rundir.no_room(exc)
+            else repr(exc)
+        )
         why = (
-            f"{exc!r} (its traceback: raw/{PROCESSING_ERROR}; raw/ is whole: "
-            f"`./cli.py ingest {run_dir}` tries again)"
+            f"{what} (its traceback: raw/{PROCESSING_ERROR}; raw/ is whole: "
+            f"`./cli.py ingest {run_dir}` tries again{', once there is room' if rundir.no_room(exc) else ''})"
         )
         if status == "completed":
             status, error = "failed", f"processing the trace failed: {why}"
