@@ -46,6 +46,7 @@ from tests.datagen_helpers import (
     dataset_fixture,
     temp_files,
 )
+from workloads.data import check_manifest
 from workloads.unet3d.files import check_dataset
 
 SMALL = UNet3DGenParams(s1_range=(8, 20), s2_range=(10, 24), min_dim=6)
@@ -345,7 +346,7 @@ def test_interrupted_generation_leaves_only_whole_files_and_no_manifest(
     manifest = (out / MANIFEST_NAME).read_bytes()
     (out / MANIFEST_NAME).write_bytes(manifest[: len(manifest) // 2])
     with pytest.raises(UserError, match=f"{out / MANIFEST_NAME} is damaged"):
-        check_dataset(out)
+        check_manifest(out, "unet3d")  # on the host before a run (tracing/request.py)
     (out / MANIFEST_NAME).unlink()
     (out / MARKER_NAME).unlink()
     assert check_dataset(out).items > 0

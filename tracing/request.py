@@ -37,6 +37,7 @@ from workloads.config import (
     WorkloadConfig,
     image_tag,
 )
+from workloads.data import check_manifest
 
 if TYPE_CHECKING:
     from tracing.remote import StorageNode
@@ -320,6 +321,7 @@ def workload_request(
     else:
         data_dir = Path(data_dir).resolve()
         spec.check_data(data_dir)
+        check_manifest(data_dir, spec.datagen)
         if remote:
             check_served_dataset(data_dir)
     extra = list(mounts)

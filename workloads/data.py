@@ -27,7 +27,7 @@ class DataSummary:
 
 def data_directory(data_dir: str | Path, data: str, generator: str) -> Path:
     """``data_dir`` as a Path; when it is no directory, or a twintrace dataset whose generation
-    did not finish (its marker without a whole manifest), a UserError says how to generate the
+    did not finish (its marker without its manifest), a UserError says how to generate the
     ``data`` (``"BERT"``) there: ``./cli.py datagen <generator>``. A directory twintrace did not
     write (no marker: real data) is taken as it is."""
     path = Path(data_dir)
@@ -36,16 +36,29 @@ def data_directory(data_dir: str | Path, data: str, generator: str) -> Path:
             f"{data} data directory {path} does not exist: generate a dataset there with "
             f"./cli.py datagen {generator}"
         )
-    if (path / MARKER_NAME).is_file():  # twintrace's: whole only once its manifest is
-        again = f"generate it again with ./cli.py datagen {generator} --out {path} --force"
-        manifest = path / MANIFEST_NAME
-        if not manifest.is_file():
-            raise UserError(
-                f"{path} is a twintrace dataset whose generation did not finish (it has no "
-                f"{MANIFEST_NAME}): {again}"
-            )
+    # twintrace's dataset is whole only once its manifest is (stat only: the readers call
+    # this in the traced containers, where a read of the manifest would be in the trace)
+    if (path / MARKER_NAME).is_file() and not (path / MANIFEST_NAME).is_file():
+        raise UserError(
+            f"{path} is a twintrace dataset whose generation did not finish (it has no "
+            f"{MANIFEST_NAME}): {_again(path, generator)}"
+        )
+    return path
+
+
+def _again(path: Path, generator: str) -> str:
+    return f"generate it again with ./cli.py datagen {generator} --out {path} --force"
+
+
+def check_manifest(data_dir: str | Path, generator: str) -> None:
+    """On the host, before a run: a twintrace dataset in ``data_dir`` (its marker) has a
+    manifest that is whole JSON, else a UserError says to generate it again."""
+    path = Path(data_dir)
+    manifest = path / MANIFEST_NAME
+    if (path / MARKER_NAME).is_file() and manifest.is_file():
         try:
             json.loads(manifest.read_bytes())
         except ValueError:
-            raise UserError(f"{manifest} is damaged (not valid JSON): {again}") from None
-    return path
+            raise UserError(
+                f"{manifest} is damaged (not valid JSON): {_again(path, generator)}"
+            ) from None
