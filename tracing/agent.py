@@ -375,6 +375,7 @@ class Agent:
         self.lock = threading.Lock()
         self.last_call = time.monotonic()
         self.done = threading.Event()  # set by Shutdown or an expired lease
+        self.given_up: str | None = None  # why it stopped what ran on its own (give_up)
         self.in_flight = 0  # calls being answered: the lease does not run out under one
         self._counting = threading.Lock()  # in_flight's: calls run on several threads
 
@@ -423,7 +424,14 @@ class Agent:
     def status(self, _: dict) -> dict:
         return {
             "state": self.state,
-            "failed": self.run.failed() if self.run else None,
+            # the cause first: a tracer stopped by the agent's own end ends its bpftrace too
+            "failed": (
+                f"the tracer agent stopped: {self.given_up}"
+                if self.given_up
+                else self.run.failed()
+                if self.run
+                else None
+            ),
             "released_ns": self.run.released_ns if self.run else None,
         }
 
@@ -470,6 +478,7 @@ class Agent:
         with self.lock:
             if self.run is not None and self.state != "stopped":
                 log.warning("run %s: %s: stopping its tracer", self.run.run_id, why)
+                self.given_up = why
                 try:
                     self.run.stop()
                 finally:
@@ -555,7 +564,11 @@ def run_agent(listen: str, lease_s: float, root: Path, clock_offset_ns: int = 0)
     log.info("listening on port %d (lease %.0f s, sources %s)", port, lease_s, agent.sources)
 
     def on_signal(signum: int, frame: Any) -> None:
-        threading.Thread(target=agent.give_up, args=(f"signal {signum}",), daemon=True).start()
+        why = (
+            f"{signal.Signals(signum).name} (its container was stopped: `docker stop`, or its "
+            "engine shutting down)"
+        )
+        threading.Thread(target=agent.give_up, args=(why,), daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

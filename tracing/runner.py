@@ -37,6 +37,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
+import requests.exceptions
 
 from core.atomic import atomic_write_text
 from core.errors import UserError
@@ -733,6 +734,9 @@ def _check_hosts(hosts: list[Host], manifest: dict, ping: bool = True) -> None:
                 raise _lost(h, manifest, f"engine and agent stopped answering ({exc})") from None
             raise _lost(h, manifest, f"tracer agent died: {why}", engine_alive=True) from None
         if failure:
+            if silent := _engine_silent(h):  # the engine stopped, its containers (the agent's
+                # too) with it: that is the cause, not the tracer's end it brought
+                raise _lost(h, manifest, f"engine stopped answering ({silent})")
             raise UserError(f"{h.name}: {failure}" if h.host_dir else failure)
 
 
@@ -756,8 +760,13 @@ def _lost(h: Host, manifest: dict, why: str, engine_alive: bool = False) -> User
     h.lost, h.engine_alive = why, engine_alive
     if h.name in manifest.get("hosts", {}):
         manifest["hosts"][h.name]["lost"] = why
-    if not h.host_dir:  # the run's one host: its tracer is what was lost
+    if not h.host_dir and engine_alive:  # the run's one host: its tracer is what was lost
         return UserError(f"the {why}; what it traced is kept in raw/")
+    if not h.host_dir:  # the engine (why: "engine ...")
+        return UserError(
+            f"the Docker {why}: the run's containers stopped with it; once it is back, the "
+            "next run removes what is left of them; what it traced is kept in raw/"
+        )
     return UserError(
         f"host {h.name} left the run: its {why}; what its tracer wrote until then is kept in "
         f"raw/{h.host_dir}/"
@@ -901,6 +910,11 @@ def _shutdown(
         elif not m.spec.out and started is not None:
             _copy_own_mllog(m.spec, run_dir / "raw" / m.spec.role / "mllog.log", started)
     if first_error is not None:
+        if isinstance(first_error, requests.exceptions.ConnectionError):
+            raise UserError(
+                f"the Docker engine did not answer while the run was being stopped "
+                f"({first_error}): once it is back, the next run removes what is left"
+            ) from None
         raise first_error
 
 
