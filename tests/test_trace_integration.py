@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -243,6 +244,38 @@ def test_two_runs_at_once_each_trace_their_own_and_leave_the_other_alone(
             all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"}
         )
     assert bpftrace_running() == []
+
+
+def test_descriptors_exhausted_in_a_container_are_traced_call_by_call(
+    images, tmp_path: Path, runs_root: Path
+) -> None:
+    """A job under `ulimit -n 12` opens files 40 times, keeping them open: the kernel refuses
+    the opens beyond its limit (EMFILE); the trace has every call, the refused ones with
+    -EMFILE, exactly as many as the job counted."""
+    script = (
+        "import errno, os\n"
+        "fds, refused = [], 0\n"
+        "for i in range(40):\n"
+        "    try:\n"
+        "        fds.append(os.open(f'/data/f{i % 5}.bin', os.O_RDONLY))\n"
+        "    except OSError as exc:\n"
+        "        assert exc.errno == errno.EMFILE\n"
+        "        refused += 1\n"
+        "print(len(fds), refused)\n"
+    )
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(5):
+        (data / f"f{i}.bin").write_bytes(os.urandom(100))
+    command = ["sh", "-c", f'ulimit -n 12; exec python3 -c "{script}"']
+    mounts = (BindMount(data, "/data", True),)
+    run_dir = trace(image_request(BASE, command, runs_root, mounts=mounts)).check()
+    opened, refused = map(int, (run_dir / "raw" / "main" / "container.log").read_text().split())
+    assert refused > 0 and opened + refused == 40
+    events = traced_events(run_dir)
+    opens = events[(events["kind"] == "openat") & events["path"].str.startswith("/data/", na=False)]
+    assert len(opens) == 40
+    assert (opens["ret"] >= 0).sum() == opened and (opens["ret"] == -errno.EMFILE).sum() == refused
 
 
 def test_a_missing_image_is_one_line_and_no_run_directory(images, tmp_path: Path) -> None:
