@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -124,6 +127,19 @@ def assert_refuses_other_results(
     path.write_text(json.dumps({"kind": kind, "schema_version": 99}))
     with pytest.raises(UserError, match="schema_version 99"):
         load(path)
+
+
+def run_cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``./cli.py ARGS`` as a user runs it (a process of its own, from the checkout), its
+    output captured as text; ``kw``: subprocess.run's other keywords (``timeout``, ``env``)."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "cli.py"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        **kw,
+    )
 
 
 def traced_events(run_dir: Path) -> pd.DataFrame:

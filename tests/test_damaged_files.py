@@ -4,26 +4,14 @@ whole. (Datasets cut short: tests/test_datagen_unet3d.py; tracer output: test_in
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from core.errors import UserError
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 from tests.synthetic import make_run
 from workloads.profile import default_profile, load_profile
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(REPO / "cli.py"), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    )
 
 
 def _cut(path: Path) -> None:
@@ -50,13 +38,13 @@ def test_a_run_file_cut_short_is_one_line_naming_it(
     for command in commands:
         args = [a.format(good=good) for a in command]
         out = ["--out", str(tmp_path / "out.html")] if command[0] in ("plot", "export") else []
-        done = _cli(*args, str(run), *out)
+        done = run_cli(*args, str(run), *out)
         assert done.returncode == 1, (command, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr, done.stderr
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith("Error: ") and says.format(run=run) in last, (command, last)
     # The index lists the damaged run beside the good one and exits 1.
-    done = _cli("runs", "--out", str(tmp_path / "runs"))
+    done = run_cli("runs", "--out", str(tmp_path / "runs"))
     if name == "manifest.json":
         assert done.returncode == 1 and "Traceback" not in done.stderr
         assert "completed" in done.stdout and "damaged" in done.stdout + done.stderr
@@ -72,6 +60,6 @@ def test_a_profile_or_experiment_file_cut_short_is_one_line(tmp_path: Path) -> N
     spec = tmp_path / "grid.toml"
     spec.write_text(Path(REPO / "experiments" / "timelines.toml").read_text())
     _cut(spec)
-    done = _cli("experiment", "run", str(spec), "--dry-run")
+    done = run_cli("experiment", "run", str(spec), "--dry-run")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(f"Error: experiment file {spec} ")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 
 from core.errors import UserError
 from datagen.common import load_manifest
-from tests.conftest import REPO, bpftrace_running, require
+from tests.conftest import bpftrace_running, require, run_cli
 from tracing.container import RUN_LABEL, client
 from workloads.config import BASE_TAG
 
@@ -45,16 +44,6 @@ def small_fs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(REPO / "cli.py"), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    )
-
-
 def _last_line(done: subprocess.CompletedProcess[str]) -> str:
     assert "Traceback" not in done.stderr, done.stderr
     return done.stderr.strip().splitlines()[-1]
@@ -64,7 +53,7 @@ def test_a_dataset_larger_than_the_free_space_is_refused_before_anything_is_writ
     small_fs: Path,
 ) -> None:
     out = small_fs / "unet3d"
-    done = _cli("datagen", "unet3d", "--out", str(out), "--size", "8MB", "--scale", "0.2")
+    done = run_cli("datagen", "unet3d", "--out", str(out), "--size", "8MB", "--scale", "0.2")
     assert done.returncode == 1
     assert _last_line(done) == (
         f"Error: {out}: its file system has 2.0 MiB free and the dataset needs 7.6 MiB: free "
@@ -78,7 +67,7 @@ def test_a_file_system_filling_while_generating_leaves_whole_files_and_no_datase
 ) -> None:
     out = small_fs / "images"
     args = ("images", "--out", str(out), "--size", "2000000", "--mean-kb", "16")
-    done = _cli("datagen", *args, "--size-sigma", "0.1")
+    done = run_cli("datagen", *args, "--size-sigma", "0.1")
     assert done.returncode == 1
     assert _last_line(done) == (
         "Error: No space left on device: free some space (df -h) or write less, then run the "
@@ -94,7 +83,7 @@ def test_a_file_system_filling_while_generating_leaves_whole_files_and_no_datase
     with pytest.raises(UserError, match="manifest"):
         load_manifest(out)
     # With --force and a size that fits, the same directory becomes a whole dataset.
-    done = _cli("datagen", *args, "--size-sigma", "0.1", "--force", "--size", "1000000")
+    done = run_cli("datagen", *args, "--size-sigma", "0.1", "--force", "--size", "1000000")
     assert done.returncode == 0, done.stderr
     assert len(load_manifest(out)["files"]) > 10
 
@@ -116,7 +105,7 @@ def test_a_file_system_filling_while_tracing_fails_the_run_saying_so(
     images, small_fs: Path
 ) -> None:
     runs = small_fs / "runs"
-    done = _cli("trace", "--image", BASE_TAG, "--out", str(runs), "--", "python3", "-c", STORM)
+    done = run_cli("trace", "--image", BASE_TAG, "--out", str(runs), "--", "python3", "-c", STORM)
     assert done.returncode == 1
     (run_dir,) = runs.iterdir()
     says = f"the file system of {runs} filled while tracing"
@@ -129,7 +118,7 @@ def test_a_file_system_filling_while_tracing_fails_the_run_saying_so(
     assert bpftrace_running() == []
     # With the room back, `ingest` processes what raw/ holds; the run stays failed.
     (run_dir / "raw" / "syscalls.txt").write_bytes(b"")
-    done = _cli("ingest", str(run_dir))
+    done = run_cli("ingest", str(run_dir))
     assert done.returncode == 1 and (run_dir / "events.parquet").exists()
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
 
@@ -139,7 +128,7 @@ def test_a_file_system_filling_while_tracing_fails_the_run_saying_so(
 def test_a_runs_directory_without_room_for_a_run_is_refused(images, small_fs: Path) -> None:
     (small_fs / "fill").write_bytes(bytes(1 << 20))  # 1 MiB of 2 left: under the 2 MiB a run needs
     runs = small_fs / "runs"
-    done = _cli("trace", "--image", BASE_TAG, "--out", str(runs), "--", "true")
+    done = run_cli("trace", "--image", BASE_TAG, "--out", str(runs), "--", "true")
     assert done.returncode == 1
     assert _last_line(done) == (
         f"Error: {runs}: its file system has no room for a run (at least 2.0 MiB free, and as "

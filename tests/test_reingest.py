@@ -15,7 +15,7 @@ import pytest
 
 from core.errors import UserError
 from store import rundir
-from tests.conftest import require_tracing
+from tests.conftest import require_tracing, run_cli
 from tests.synthetic import make_run
 from tracing.runner import reingest
 
@@ -57,16 +57,6 @@ def test_ingest_refuses_a_run_still_being_run_and_one_without_raw(tmp_path: Path
         reingest(other)
 
 
-def _cli(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
 def _trace_args(data: Path, runs_root: Path) -> list[str]:
     return [
         "trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(data),
@@ -87,11 +77,11 @@ def test_ingest_again_gives_the_same_rows_and_finishes_a_killed_run(
     nothing of the run is left running."""
     require_tracing()
     runs_root = tmp_path / "runs"
-    done = _cli(*_trace_args(tiny_unet3d, runs_root))
+    done = run_cli(*_trace_args(tiny_unet3d, runs_root))
     assert done.returncode == 0, done.stderr
     run_dir = Path(done.stdout.strip().splitlines()[-1])
     tables = {n: pd.read_parquet(run_dir / f) for n, (f, _) in rundir.TABLES.items()}
-    again = _cli("ingest", str(run_dir))
+    again = run_cli("ingest", str(run_dir))
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip().splitlines()[-1] == str(run_dir)
     for name, (file_name, _) in rundir.TABLES.items():
@@ -116,11 +106,11 @@ def test_ingest_again_gives_the_same_rows_and_finishes_a_killed_run(
     killed = max(p for p in runs_root.iterdir() if p.name != run_dir.name and p.is_dir())
     manifest = rundir.load_manifest(killed)
     assert manifest["status"] == "running" and manifest["outcome"]["status"] == "completed"
-    rows = json.loads(_cli("runs", "--json", "--out", str(runs_root)).stdout)
+    rows = json.loads(run_cli("runs", "--json", "--out", str(runs_root)).stdout)
     assert {r["run_id"]: r["status"] for r in rows}[killed.name] == "incomplete"
-    shown = _cli("show", str(killed))
+    shown = run_cli("show", str(killed))
     assert "incomplete" in shown.stderr and f"./cli.py ingest {killed}" in shown.stderr
-    finished = _cli("ingest", str(killed))
+    finished = run_cli("ingest", str(killed))
     assert finished.returncode == 0, finished.stderr
     assert rundir.load_manifest(killed)["status"] == "completed"
     run = rundir.load_run(killed)

@@ -177,6 +177,17 @@ def _strings(n: int, offsets: np.ndarray, data: np.ndarray) -> pa.StringArray:
     return strings
 
 
+def _count_info(stats: ParseStats, buf: np.ndarray, info: np.ndarray) -> None:
+    """Add what a parsing kernel counted in ``info`` (lost events, BEHIND marks, skipped
+    lines and their first examples) to ``stats``."""
+    stats.lost_events += int(info[_I_LOST])
+    stats.behind += int(info[_I_BEHIND])
+    examples = _skipped_examples(buf, info)
+    for text in examples:
+        stats.skip(text)
+    stats.skipped_lines += int(info[_I_SKIPPED]) - len(examples)
+
+
 def _skipped_examples(buf: np.ndarray, info: np.ndarray) -> list[str]:
     """The first (up to 5) lines a kernel skipped, as text."""
     return [
@@ -464,12 +475,7 @@ class _BlockParser:
             self.devs.append(int(self.dev_keys[slot[0]]) >> 1)
         self.rwbs.new_names()
         self.comms.new_names()
-        stats.lost_events += int(info[_I_LOST])
-        stats.behind += int(info[_I_BEHIND])
-        examples = _skipped_examples(buf, info)
-        for text in examples:
-            stats.skip(text)
-        stats.skipped_lines += int(info[_I_SKIPPED]) - len(examples)
+        _count_info(stats, buf, info)
         return rows[:n]
 
     def kinds(self) -> list[str]:
@@ -533,12 +539,7 @@ class _Cache:
         n, used = parse_kernels._parse_cache_lines(
             buf, buf.view(np.uint64), end, ints, comms, heap, info
         )
-        stats.lost_events += int(info[_I_LOST])
-        stats.behind += int(info[_I_BEHIND])
-        examples = _skipped_examples(buf, info)
-        for text in examples:
-            stats.skip(text)
-        stats.skipped_lines += int(info[_I_SKIPPED]) - len(examples)
+        _count_info(stats, buf, info)
         comm = _strings(n, comms[: n + 1].copy(), heap[:used])
         ts, code, pid, pages = ints[:, :n]
         return cls(ts.copy(), code.astype(np.int8), pid.astype(np.int32), comm, pages.copy())
