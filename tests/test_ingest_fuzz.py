@@ -13,16 +13,19 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import IN_CI
 from tracing import ingest
 
 #: A run of examples per parser: enough to meet every kind of line in many orders, within
-#: seconds (the parsers are compiled once, by the first example).
+#: seconds (the parsers are compiled once, by the first example). New examples each run on a
+#: developer's machine; in CI the same ones every run (a failure there is reproducible).
 SETTINGS = settings(
     max_examples=150,
     deadline=None,
+    derandomize=IN_CI,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
@@ -75,8 +78,12 @@ OPENS = st.builds(_open, TS, ID, COMM, ID, st.integers(-2, 4096), ID, PATH)
 
 
 def _cut(line: str, data: st.DataObject) -> str:
-    """``line`` cut short before its last byte (never empty)."""
-    return line[: data.draw(st.integers(1, len(line) - 1))]
+    """``line`` cut short before its last byte (never empty), but not just after a ")": a
+    path or a thread name may hold one, and a line cut there looks whole (as a page-cache
+    count cut in its digits does: those are cut before their count)."""
+    cut = line[: data.draw(st.integers(1, len(line) - 1))]
+    assume(not cut.endswith(")"))
+    return cut
 
 
 def _write(tmp_path: Path, name: str, lines: list[str], end_newline: bool) -> Path:
