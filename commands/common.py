@@ -4,7 +4,6 @@ by their flags), the ``--out`` options, ``--set`` parsing and the summary of a r
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from core.errors import SettingError, UserError
+from core.errors import SettingError, UserError, no_room
 
 # No markup: what we print to stderr holds text of others (a container's log lines, paths,
 # errors) in which "[...]" is not markup; styled lines are built with styled(). Lines are not
@@ -45,7 +44,7 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as exc:
             raise click.ClickException(str(exc)) from None
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if not no_room(exc):
                 raise
             where = f" writing {exc.filename}" if exc.filename else ""
             raise click.ClickException(

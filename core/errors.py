@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import string
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +14,12 @@ class UserError(Exception):
     The message says what is wrong and what to do. The CLI prints it on one line and exits
     non-zero without a traceback; every other exception is a bug and shows one.
     """
+
+
+def no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` is a file system out of room (ENOSPC, EDQUOT): the environment, which
+    a command says in one line, not a bug."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class SettingError(UserError):

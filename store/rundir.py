@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from core import __version__ as TWINTRACE_VERSION
 from core import versioned
 from core.atomic import atomic_path
-from core.errors import UserError
+from core.errors import UserError, no_room
 from core.units import format_size
 from core.versioned import utc_now
 
@@ -298,12 +298,6 @@ RESERVE_BYTES = 1 << 20
 #: Less than this free on a run directory's file system after tracing: it filled during the
 #: run, and the tracer's output (written as it comes, in pieces far smaller) was cut.
 FULL_BYTES = 1 << 20
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
-
-
-def no_room(exc: BaseException) -> bool:
-    """Whether ``exc`` is a file system out of room (ENOSPC, EDQUOT)."""
-    return isinstance(exc, OSError) and exc.errno in _NO_ROOM
 
 
 def reserve_room(run_dir: Path) -> None:

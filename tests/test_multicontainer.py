@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -163,24 +162,26 @@ def test_rank_containers_read_disjoint_shards(
     assert _left_behind(run_dir.name) == []
 
 
+#: A service's command (YAML flow form) that runs until it is stopped.
+FOREVER = '["python3", "-c", "import time\\nwhile True: time.sleep(0.1)"]'
+
+
+def _pair(tmp_path: Path, commands: dict[str, str]) -> Path:
+    """A compose file at ``tmp_path/pair.yml``: a service of the base image per entry of
+    ``commands`` (name -> its command in YAML flow form)."""
+    services = "".join(
+        f"  {name}:\n    image: {BASE}\n    command: {command}\n"
+        for name, command in commands.items()
+    )
+    compose = tmp_path / "pair.yml"
+    compose.write_text(f'version: "3.7"\nservices:\n{services}')
+    return compose
+
+
 def test_ctrl_c_stops_every_container_of_a_compose_topology(
     images, tmp_path: Path, runs_root: Path
 ) -> None:
-    compose = tmp_path / "pair.yml"
-    compose.write_text(
-        textwrap.dedent(
-            f"""\
-            version: "3.7"
-            services:
-              ping:
-                image: {BASE}
-                command: ["python3", "-c", "import time\\nwhile True: time.sleep(0.1)"]
-              pong:
-                image: {BASE}
-                command: ["python3", "-c", "import time\\nwhile True: time.sleep(0.1)"]
-            """
-        )
-    )
+    compose = _pair(tmp_path, {"ping": FOREVER, "pong": FOREVER})
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "cli.py"), "trace", "--compose", str(compose)]
         + ["--out", str(runs_root), "--quiet"],
@@ -231,21 +232,7 @@ def test_a_compose_service_that_exits_at_once_fails_the_run_naming_it(
 ) -> None:
     """A service that exits the moment it starts, or whose program does not exist: the run
     fails in one line naming the service, the other service is stopped, nothing is left."""
-    compose = tmp_path / "pair.yml"
-    compose.write_text(
-        textwrap.dedent(
-            f"""\
-            version: "3.7"
-            services:
-              waits:
-                image: {BASE}
-                command: ["python3", "-c", "import time\\nwhile True: time.sleep(0.1)"]
-              quits:
-                image: {BASE}
-                command: {command}
-            """
-        )
-    )
+    compose = _pair(tmp_path, {"waits": FOREVER, "quits": command})
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(REPO / "cli.py"), "trace", "--compose", str(compose)]

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 import requests.exceptions
 
 from core.atomic import atomic_write_text
-from core.errors import UserError
+from core.errors import UserError, no_room
 from core.units import format_size
 from store import rundir
 from tracing import barrier, bpftrace, container, dlio, host, ingest, placement, swarm
@@ -1151,14 +1151,15 @@ def _process(
         kept = raw / PROCESSING_ERROR
         with contextlib.suppress(OSError):
             atomic_write_text(kept, traceback.format_exc())
+        full = no_room(exc)
         what = (
             f"the file system of {run_dir.parent} filled while writing the tables ({exc})"
-            if rundir.no_room(exc)
+            if full
             else repr(exc)
         )
         why = (
             f"{what} (its traceback: raw/{PROCESSING_ERROR}; raw/ is whole: "
-            f"`./cli.py ingest {run_dir}` tries again{', once there is room' if rundir.no_room(exc) else ''})"
+            f"`./cli.py ingest {run_dir}` tries again{', once there is room' if full else ''})"
         )
         if status == "completed":
             status, error = "failed", f"processing the trace failed: {why}"
