@@ -200,7 +200,7 @@ def build_request(s: TraceSettings, runs_root: Path, log: Log = print) -> Any:
             storage = StorageNode(s.prep_workers or 1, s.storage_cpus)
         if s.storage_host is not None:
             options["storage_host"] = s.storage_host
-        return workload_request(
+        request = workload_request(
             s.workload,
             s.variant,
             s.data,
@@ -209,6 +209,11 @@ def build_request(s: TraceSettings, runs_root: Path, log: Log = print) -> Any:
             storage=storage,
             **common,
         )
+        from images.build import check_current
+        from tracing.container import client
+
+        check_current(client(), s.workload, s.variant)  # the settings are checked first
+        return request
     if s.image is not None:
         return image_request(
             s.image, list(s.command) or None, runs_root, mounts=mounts, data_dir=s.data, run=run

@@ -712,6 +712,28 @@ def build_workload(
     )
 
 
+def check_current(cli: docker.DockerClient, workload: str, variant: str) -> None:
+    """A UserError when ``twintrace/<workload>:<variant>`` is built, but not from this
+    checkout's context, Dockerfile and build arguments on the current twintrace/base (its
+    inputs hash label is another): a run of it would measure other code than the checkout's.
+    Nothing to say when it, or the base, is not built (the run says so as it starts)."""
+    tag = image_tag(workload, variant)
+    label, image_id = _existing_hash(cli, tag)
+    try:
+        base_id = cli.images.get(BASE_TAG).id
+    except docker.errors.ImageNotFound:
+        return
+    if image_id is None:
+        return
+    current = workload_inputs_hash(workload, variant, base_id)
+    if label != current:
+        raise UserError(
+            f"image {tag} is stale: it was built from other sources or another {BASE_TAG} than "
+            f"this checkout's (its inputs {label or 'unlabelled'}, the checkout's {current}): "
+            "run `./cli.py build`"
+        )
+
+
 DLIO_DIR = REPO / "images" / "dlio"
 DLIO_CONTEXT = CACHE / "dlio-context"
 

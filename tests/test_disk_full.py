@@ -11,8 +11,12 @@ as it was written and leaves nothing running."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +24,11 @@ import pytest
 
 from core.errors import UserError
 from datagen.common import load_manifest
-from tests.conftest import bpftrace_running, require, run_cli
+from tests.conftest import bpftrace_running, require, run_cli, traced_events
 from tracing.container import RUN_LABEL, client
 from workloads.config import BASE_TAG
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(params=["2m"])
@@ -121,6 +127,78 @@ def test_a_file_system_filling_while_tracing_fails_the_run_saying_so(
     done = run_cli("ingest", str(run_dir))
     assert done.returncode == 1 and (run_dir / "events.parquet").exists()
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
+
+
+def _fill(path: Path) -> None:
+    """Write zeros to ``path`` until its file system has no room left."""
+    chunk = bytes(1 << 16)
+    with path.open("wb") as f:
+        try:
+            while True:
+                f.write(chunk)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+
+
+@pytest.mark.docker
+@pytest.mark.bpftrace
+@pytest.mark.integration
+@pytest.mark.parametrize("small_fs", ["16m"], indirect=True)
+def test_a_file_system_filling_while_processing_fails_the_run_and_ingest_finishes_it(
+    images, small_fs: Path
+) -> None:
+    """The run's own CLI stopped (SIGSTOP) as it starts processing, the file system filled by
+    another writer, the CLI let go: the tables do not fit. The run fails saying so, keeps raw/
+    whole and the traceback, writes no table (not even a part of one) and leaves nothing
+    running; with the room back, `ingest` makes its tables and it is completed."""
+    runs = small_fs / "runs"
+    reads = "for i in range(200): open('/etc/hostname').read()"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "trace", "--image", BASE_TAG, "--out", str(runs)]
+        + ["--", "python3", "-c", reads],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if "processing the trace" in line:
+            os.kill(proc.pid, signal.SIGSTOP)
+            break
+    (run_dir,) = runs.iterdir()
+    raw = {p.name: p.stat().st_size for p in (run_dir / "raw").iterdir()}
+    try:
+        _fill(small_fs / "filler")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=120)
+    said.append(err)
+    assert proc.returncode == 1, "".join(said)
+    assert "Traceback" not in "".join(said)
+    last = "".join(said).strip().splitlines()[-1]
+    says = f"processing the trace failed: the file system of {runs} filled while writing the tables"
+    assert last.startswith(f"Error: {says} ("), last
+    assert f"`./cli.py ingest {run_dir}` tries again, once there is room" in last
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["error"].startswith(says)
+    # raw/ as it was, the traceback beside it; no table and no part of one.
+    assert {p.name: p.stat().st_size for p in (run_dir / "raw").iterdir() if p.name in raw} == raw
+    assert "No space left on device" in (run_dir / "raw" / "processing-error.txt").read_text()
+    leftovers = sorted(p.name for p in run_dir.iterdir() if p.is_file())
+    assert leftovers == ["manifest.json"], leftovers
+    assert not client().containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"})
+    assert bpftrace_running() == []
+    # With the room back, `ingest` processes raw/: the run had completed, and now is.
+    (small_fs / "filler").unlink()
+    done = run_cli("ingest", str(run_dir))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "completed"
+    events = traced_events(run_dir)
+    opens = events[(events["kind"] == "openat") & (events["path"] == "/etc/hostname")]
+    assert len(opens) >= 200
 
 
 @pytest.mark.docker

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from store.rundir import load_run
-from tests.conftest import REPO, STEP_KEYS, bpftrace_running, traced_events
+from tests.conftest import REPO, STEP_KEYS, bpftrace_running, run_cli, traced_events
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.host import drop_caches
 from tracing.request import image_request, workload_request
@@ -293,6 +293,39 @@ def test_a_missing_image_is_one_line_and_no_run_directory(images, tmp_path: Path
         "Error: image twintrace/none:missing is not built: run `./cli.py build`"
     )
     assert not runs.exists()
+
+
+def test_a_stale_workload_image_is_refused_in_one_line_and_no_run_directory(
+    images, tiny_unet3d: Path, tmp_path: Path
+) -> None:
+    """twintrace/unet3d:sleep replaced by an image built from other inputs (its inputs hash
+    label another, as an image built before the sources changed has): `trace` refuses it."""
+    import io
+
+    from images.build import HASH_LABEL
+
+    cli = client()
+    tag = "twintrace/unet3d:sleep"
+    current = cli.images.get(tag)
+    dockerfile = f"FROM {current.id}\nLABEL {HASH_LABEL}=0123456789abcdef\n"
+    stale, _ = cli.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+    try:
+        runs = tmp_path / "runs"
+        done = run_cli(
+            "trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(tiny_unet3d),
+            "--out", str(runs),
+        )  # fmt: skip
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(
+            f"Error: image {tag} is stale: it was built from other sources or another "
+            "twintrace/base:latest than this checkout's (its inputs 0123456789abcdef, the checkout's "
+        ), last
+        assert last.endswith("): run `./cli.py build`")
+        assert not runs.exists()
+    finally:
+        current.tag(tag)
+        cli.images.remove(stale.id)
 
 
 def _unet3d_run(runs_root: Path, data: Path, variant: str, **settings: object) -> Path:
