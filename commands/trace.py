@@ -118,6 +118,13 @@ if TYPE_CHECKING:
 )
 @click.option("--cpus", type=float, default=None, help="CPU limit of each container, e.g. 1.5.")
 @click.option(
+    "--pids-limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The most processes and threads of each container at once (docker's --pids-limit); "
+    "past it fork and clone fail (EAGAIN), and a failed run says so.",
+)
+@click.option(
     "--gpus",
     default=None,
     help="GPUs for each container, as docker's --gpus: all, a count (2), ids (0,1) or device=1 "

@@ -416,6 +416,7 @@ def dlio_request(
         working_dir=container.OUT_MOUNT,
         memory_bytes=run.limits.memory_bytes,
         cpus=run.limits.cpus,
+        pids_limit=run.limits.pids,
     )
     members: tuple[ContainerSpec, ...] = (member,)
     if rank_containers:

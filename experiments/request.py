@@ -65,6 +65,7 @@ class TraceSettings:
     mounts: tuple[str, ...] = ()  # SRC:DST[:ro|:rw]
     memory_limit: str | int | None = None
     cpus: float | None = None
+    pids_limit: int | None = None
     read_limit: int | None = None  # the dataset's disk read at most so many bytes per second
     gpus: str | None = None
     sample_interval: float = 0.1
@@ -151,6 +152,8 @@ def run_options(s: TraceSettings) -> Any:
     limits = Limits.parse(s.memory_limit or None, s.cpus)
     if s.read_limit is not None:
         limits = dataclasses.replace(limits, read_bps=s.read_limit)
+    if s.pids_limit is not None:
+        limits = dataclasses.replace(limits, pids=s.pids_limit)
     return RunOptions(
         limits=limits,
         gpus=s.gpus,

@@ -4,6 +4,8 @@ whole. (Datasets cut short: tests/test_datagen_unet3d.py; tracer output: test_in
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from core.errors import UserError
 from tests.conftest import REPO, run_cli
 from tests.synthetic import make_run
+from workloads.data import MANIFEST_NAME, MARKER_NAME, check_manifest
 from workloads.profile import default_profile, load_profile
 
 
@@ -63,3 +66,67 @@ def test_a_profile_or_experiment_file_cut_short_is_one_line(tmp_path: Path) -> N
     done = run_cli("experiment", "run", str(spec), "--dry-run")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(f"Error: experiment file {spec} ")
+
+
+def _edit_manifest(data: Path, change: Callable[[dict], None]) -> None:
+    path = data / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+#: (what is done to a whole dataset after its generation, what the one line says)
+LIES: list[tuple[str, Callable[[Path], None], str]] = [
+    ("a file cut short", lambda d: _cut(d / "part-0.bin"), "{d}/part-0.bin has 100 bytes, manifest.json says 200: the dataset was changed after it was generated"),
+    ("a file removed", lambda d: (d / "part-1.bin").unlink(), "{d}/part-1.bin is missing, though manifest.json lists it"),
+    ("the total edited", lambda d: _edit_manifest(d, lambda m: m.update(total_bytes=1)), "{d}/manifest.json says its dataset holds 1 bytes, its files sum to 400: it was edited"),
+    ("an entry's size edited", lambda d: _edit_manifest(d, lambda m: m["files"][0].update(bytes=300)), "{d}/part-0.bin has 200 bytes, manifest.json says 300"),
+    ("an entry without its size", lambda d: _edit_manifest(d, lambda m: m["files"][0].pop("bytes")), "{d}/manifest.json has a file entry without its name and bytes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("what", "lie", "says"), LIES, ids=[c[0] for c in LIES])
+def test_a_dataset_changed_after_its_generation_is_refused_before_a_run(
+    tmp_path: Path, what: str, lie: Callable[[Path], None], says: str
+) -> None:
+    """A dataset whose manifest stays valid JSON but no longer tells the truth about its files:
+    the host's check before a run (tracing/request.py) names what differs and says to generate
+    it again; the same dataset untouched passes."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / MARKER_NAME).write_text("")
+    files = []
+    for i in range(2):
+        (data / f"part-{i}.bin").write_bytes(bytes(200))
+        files.append({"name": f"part-{i}.bin", "bytes": 200})
+    (data / MANIFEST_NAME).write_text(json.dumps({"files": files, "total_bytes": 400}))
+    check_manifest(data, "dlrm")
+    lie(data)
+    with pytest.raises(UserError) as caught:
+        check_manifest(data, "dlrm")
+    message = str(caught.value)
+    assert message.startswith(says.format(d=data)), message
+    assert message.endswith(f"generate it again with ./cli.py datagen dlrm --out {data} --force")
+
+
+@pytest.mark.docker
+@pytest.mark.integration
+def test_trace_refuses_a_dataset_whose_manifest_was_edited(
+    images: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
+    """The same check at work in `trace`: one line, exit 1, no run directory."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_unet3d, data)
+    _edit_manifest(data, lambda m: m.update(total_bytes=m["total_bytes"] + 1))
+    runs = tmp_path / "runs"
+    done = run_cli(
+        "trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(data),
+        "--out", str(runs),
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: {data / MANIFEST_NAME} says its dataset holds "), last
+    assert last.endswith(f"generate it again with ./cli.py datagen unet3d --out {data} --force")
+    assert not runs.exists()

@@ -278,6 +278,48 @@ def test_descriptors_exhausted_in_a_container_are_traced_call_by_call(
     assert (opens["ret"] >= 0).sum() == opened and (opens["ret"] == -errno.EMFILE).sum() == refused
 
 
+def test_processes_exhausted_in_a_container_fail_the_run_saying_so_with_the_limit(
+    images, runs_root: Path
+) -> None:
+    """`--pids-limit 16`: a job starts threads, each busy for a second, until the kernel
+    refuses one (EAGAIN: Python's "can't start new thread"), and fails. The run is failed
+    with that reason and the limit, its samples count the container's threads up to the limit
+    and the refusal, and nothing of it is left."""
+    job = (
+        "import sys, threading, time\n"
+        "started = []\n"
+        "try:\n"
+        "    while True:\n"
+        "        t = threading.Thread(target=time.sleep, args=(1.0,))\n"
+        "        t.start()\n"
+        "        started.append(t)\n"
+        "except RuntimeError as exc:\n"
+        "    print('refused after', len(started), 'threads:', exc, flush=True)\n"
+        "    sys.exit(1)\n"  # after the threads started end (the interpreter joins them)
+    )
+    done = run_cli(
+        "trace", "--image", BASE, "--pids-limit", "16", "--out", str(runs_root), "--",
+        "python3", "-c", job,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (run_dir,) = runs_root.iterdir()
+    manifest = _manifest(run_dir)
+    assert manifest["status"] == "failed" and manifest["containers"][0]["pids_limit"] == 16
+    assert manifest["error"].startswith("container main exited with code 1")
+    assert manifest["error"].endswith(
+        "; container main reached its limit of 16 processes and threads (fork or clone refused "
+        "1 time: --pids-limit: give it more)"
+    ), manifest["error"]
+    assert "refused after 15 threads" in (run_dir / "raw" / "main" / "container.log").read_text()
+    samples = pd.read_parquet(run_dir / "samples.parquet")
+    pids = samples[samples["metric"] == "container_pids"]["value"]
+    assert pids.max() == 16 and pids.min() >= 1
+    refused = samples[samples["metric"] == "container_pids_refused"]["value"]
+    assert refused.iloc[0] == 0 and refused.iloc[-1] == 1
+    assert not client().containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"})
+    assert bpftrace_running() == []
+
+
 def test_a_missing_image_is_one_line_and_no_run_directory(images, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     done = subprocess.run(

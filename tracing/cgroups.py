@@ -22,6 +22,9 @@ class ProcessCgroups:
     v2_dir: Path  # unified-hierarchy directory (its inode number is the bpftrace cgroup id)
     cpuacct_dir: Path | None  # v1 cpuacct controller directory, None on pure v2
     memory_dir: Path | None  # v1 memory controller directory, None on pure v2
+    # Where pids.current and pids.events are: the v1 pids controller's directory, or the
+    # unified one (pure v2); None where the host has no pids controller.
+    pids_dir: Path | None = None
 
     @property
     def v2_id(self) -> int:
@@ -65,12 +68,14 @@ def cgroups_of(pid: int) -> ProcessCgroups:
     root = unified_root()
     v2_dir = root / v2_rel.lstrip("/")
     cpuacct = memory = None
+    pids: Path | None = v2_dir
     if root != CGROUP_ROOT:
         if "cpuacct" in v1:
             cpuacct = _v1_dir("cpuacct", v1["cpuacct"])
         if "memory" in v1:
             memory = _v1_dir("memory", v1["memory"])
-    return ProcessCgroups(v2_dir=v2_dir, cpuacct_dir=cpuacct, memory_dir=memory)
+        pids = _v1_dir("pids", v1["pids"]) if "pids" in v1 else None
+    return ProcessCgroups(v2_dir=v2_dir, cpuacct_dir=cpuacct, memory_dir=memory, pids_dir=pids)
 
 
 def _v1_dir(controller: str, rel: str) -> Path:

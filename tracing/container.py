@@ -179,6 +179,7 @@ def start_held(
     network: str | None,
     memory_bytes: int | None = None,
     cpus: float | None = None,
+    pids_limit: int | None = None,
     device_read_bps: Sequence[tuple[str, int]] = (),
     environment: dict[str, str] | None = None,
     shm_bytes: int = 1 << 30,
@@ -196,6 +197,8 @@ def start_held(
         kwargs["memswap_limit"] = int(memory_bytes)  # no swap: bounds memory and page cache
     if cpus:
         kwargs["nano_cpus"] = int(cpus * 1e9)
+    if pids_limit:
+        kwargs["pids_limit"] = int(pids_limit)
     if device_read_bps:
         kwargs["device_read_bps"] = [{"Path": p, "Rate": int(r)} for p, r in device_read_bps]
     if working_dir:

@@ -69,6 +69,9 @@ class ContainerSpec:
     environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
     memory_bytes: int | None = None
     cpus: float | None = None
+    # The most processes and threads at once (docker's --pids-limit): past it, fork and clone
+    # fail with EAGAIN.
+    pids_limit: int | None = None
     # Reads from these disks capped at so many bytes per second (docker's --device-read-bps,
     # the blkio throttle): a slower storage device, emulated.
     device_read_bps: tuple[tuple[str, int], ...] = ()
@@ -106,6 +109,8 @@ class ContainerSpec:
             )
         if self.cpus is not None and self.cpus <= 0:
             raise SettingError("{cpus} must be positive, got {got}", got=self.cpus)
+        if self.pids_limit is not None and self.pids_limit < 1:
+            raise SettingError("{pids_limit} must be 1 or more, got {got}", got=self.pids_limit)
 
 
 def gpu_count(gpus: str) -> int | None:
@@ -125,6 +130,7 @@ class Limits:
     cpus: float | None = None
     # The dataset's disk read at most this many bytes per second (a slower device, emulated).
     read_bps: int | None = None
+    pids: int | None = None  # the most processes and threads of each container
 
     def __post_init__(self) -> None:
         if self.read_bps is not None and self.read_bps < 1:
@@ -351,6 +357,7 @@ def workload_request(
         "mounts": (*(() if remote else (BindMount(data_dir, DATA_MOUNT, True),)), *extra),
         "memory_bytes": run.limits.memory_bytes,
         "cpus": run.limits.cpus,
+        "pids_limit": run.limits.pids,
         "device_read_bps": read_throttle(data_dir, run.limits.read_bps),
         "gpus": run.gpus,
     }
@@ -486,6 +493,7 @@ def image_request(
                 environment=dict(environment or {}),
                 memory_bytes=run.limits.memory_bytes,
                 cpus=run.limits.cpus,
+                pids_limit=run.limits.pids,
                 gpus=run.gpus,
             ),
         ),

@@ -126,6 +126,7 @@ class _Member:
         settings = {
             "memory_bytes": spec.memory_bytes,
             "cpus": spec.cpus,
+            "pids_limit": spec.pids_limit,
             "environment": dict(spec.environment),
             "shm_bytes": spec.shm_bytes,
             "working_dir": spec.working_dir,
@@ -258,6 +259,7 @@ def trace(
                 "environment": dict(spec.environment),
                 "memory_limit_bytes": spec.memory_bytes,
                 "cpus": spec.cpus,
+                "pids_limit": spec.pids_limit,
                 "device_read_bps": [list(d) for d in spec.device_read_bps],
                 "gpus": spec.gpus,
                 "daemon": spec.daemon,
@@ -441,6 +443,24 @@ def _memory_kill(m: _Member) -> str:
         f": the kernel killed a process of it for memory, at its limit of {format_size(limit)} "
         "(--memory-limit: give it more)"
     )
+
+
+def _pids_refused(samples: pd.DataFrame, manifest: dict) -> str:
+    """What to add to a failed run's error for each container the kernel refused a process or
+    thread at its limit (``--pids-limit``: the sampled ``container_pids_refused``); "" when
+    none was. A container that ends within one sample interval of its first refusal may show
+    none: its output's last lines then say what failed."""
+    rows = samples[samples["metric"] == "container_pids_refused"]
+    counts = rows.groupby("container", observed=True)["value"].max()
+    limits = {c.get("role"): c.get("pids_limit") for c in manifest.get("containers") or []}
+    said = [
+        f"container {role} reached its limit of {limits.get(role) or '?'} processes and threads "
+        f"(fork or clone refused {int(n)} time{'s' if n != 1 else ''}: --pids-limit: give it "
+        "more)"
+        for role, n in counts.items()
+        if n > 0
+    ]
+    return "; ".join(said)
 
 
 def _on_every(hosts: list[Host], call: Callable[[Host], Any]) -> list[Any]:
@@ -1122,6 +1142,9 @@ def _process(
         )
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
+        refused = _pids_refused(samples, manifest)
+        if refused and status == "failed":
+            error = f"{error}; {refused}" if error else refused
         manifest["lost_events"] = stats.lost_events
         manifest["tracer_behind"] = stats.behind
         missed = manifest.get("missed_probes") or {}

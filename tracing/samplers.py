@@ -16,7 +16,10 @@ them ``pt_data_worker``; from each process's ``/proc/PID/stat`` CPU time, in clo
 ``container_mem_shm`` (shared memory: tmpfs such as /dev/shm, where loader workers hand
 batches over, and memfd; the kernel counts it as file pages, the cache metric does not) and
 ``container_mem_pinned`` (bytes; the part of the page cache mapped into its processes or in
-shared memory). The loader share lets a
+shared memory), ``container_pids`` (its processes and threads: the cgroup's
+``pids.current``) and ``container_pids_refused`` (how many times the kernel refused it a new
+process or thread at its limit, ``--pids-limit``: ``pids.events``' ``max``, a running count).
+The loader share lets a
 comparison tell the data pipeline's CPU from the model's on a host whose accelerator is its
 CPU (docs/similarity.md).
 
@@ -285,6 +288,9 @@ class Sampler:
                 rows.append(("container_mem_shm", now["mem"]["shm"], "bytes", role))
             if now["mem"].get("pinned") is not None:
                 rows.append(("container_mem_pinned", now["mem"]["pinned"], "bytes", role))
+            for metric, key in (("container_pids", "current"), ("container_pids_refused", "max")):
+                if now["pids"].get(key) is not None:
+                    rows.append((metric, now["pids"][key], "count", role))
         for role, now_net in cur.get("net", {}).items():
             before_net = prev.get("net", {}).get(role)
             if now_net is not None and before_net is not None:
@@ -332,10 +338,16 @@ def cpu_usage_ns(cg: ProcessCgroups, files: OpenFiles | None = None) -> int | No
 
 
 def _container_counters(cg: ProcessCgroups, files: OpenFiles | None = None) -> dict:
-    """CPU time and memory of one container's cgroup (v1 controllers or v2), and the CPU
-    ticks of its data-loader worker processes (pid -> ticks)."""
+    """CPU time, memory and processes of one container's cgroup (v1 controllers or v2), and
+    the CPU ticks of its data-loader worker processes (pid -> ticks)."""
     loaders = loader_ticks(cg.v2_dir / "cgroup.procs", files=files)
     usage_ns = cpu_usage_ns(cg, files)
+    pids: dict[str, int | None] = {}
+    if cg.pids_dir is not None:
+        pids = {
+            "current": _read_int(cg.pids_dir / "pids.current", files),
+            "max": _read_keyed(cg.pids_dir / "pids.events", files).get("max"),
+        }
     if cg.is_v1:
         stat = _read_keyed(cg.memory_dir / "memory.stat", files)
         return {
@@ -346,6 +358,7 @@ def _container_counters(cg: ProcessCgroups, files: OpenFiles | None = None) -> d
                 "shm": stat.get("shmem"),
                 "pinned": _pinned(stat, "mapped_file"),
             },
+            "pids": pids,
             "loaders": loaders,
         }
     stat = _read_keyed(cg.v2_dir / "memory.stat", files)
@@ -356,6 +369,7 @@ def _container_counters(cg: ProcessCgroups, files: OpenFiles | None = None) -> d
             "cache": stat.get("file"),
             "pinned": _pinned(stat, "file_mapped"),
         },
+        "pids": pids,
         "loaders": loaders,
     }
 

@@ -315,6 +315,7 @@ def start_role(
     network: str | None,
     memory_bytes: int | None = None,
     cpus: float | None = None,
+    pids_limit: int | None = None,
     environment: dict[str, str] | None = None,
     shm_bytes: int = 1 << 30,
     working_dir: str | None = None,
@@ -343,13 +344,17 @@ def start_role(
     # task fails to start: its service is made again without it.
     unlimited = dict(spec, Ulimits=[{"Name": "memlock", "Soft": -1, "Hard": -1}])
 
+    resources = Resources(
+        cpu_limit=int(cpus * 1e9) if cpus else None,
+        mem_limit=int(memory_bytes) if memory_bytes else None,
+    )
+    if pids_limit:  # the engine's API names it from version 1.41; the SDK does not
+        resources.setdefault("Limits", {})["Pids"] = int(pids_limit)
+
     def create(container_spec: dict) -> Any:
         template = TaskTemplate(
             container_spec,
-            resources=Resources(
-                cpu_limit=int(cpus * 1e9) if cpus else None,
-                mem_limit=int(memory_bytes) if memory_bytes else None,
-            ),
+            resources=resources,
             restart_policy=RestartPolicy(condition="none"),
             placement=Placement(constraints=[f"node.hostname=={node}", *constraints]),
             networks=[NetworkAttachmentConfig(network, aliases=[role])] if network else [],

@@ -48,6 +48,7 @@ USED_KEYS = frozenset(
         "working_dir",
         "mem_limit",
         "cpus",
+        "pids_limit",
         "shm_size",
         "deploy",
         "labels",
@@ -150,6 +151,7 @@ def service_spec(
     resources = ((service.get("deploy") or {}).get("resources") or {}).get("limits") or {}
     memory = service.get("mem_limit") or resources.get("memory")
     cpus = service.get("cpus") or resources.get("cpus")
+    pids = service.get("pids_limit") or resources.get("pids")
     labels = service.get("labels") or {}
     if isinstance(labels, list):
         labels = dict(item.split("=", 1) for item in labels if "=" in item)
@@ -161,6 +163,7 @@ def service_spec(
         environment=_environment(service.get("environment"), where),
         memory_bytes=parse_size(memory) if memory else limits.memory_bytes,
         cpus=float(cpus) if cpus else limits.cpus,
+        pids_limit=int(pids) if pids else limits.pids,
         shm_bytes=parse_size(service["shm_size"]) if service.get("shm_size") else 1 << 30,
         working_dir=service.get("working_dir"),
         # A service that mounts its own output directory keeps it (its MLLOG is copied).

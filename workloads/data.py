@@ -52,13 +52,48 @@ def _again(path: Path, generator: str) -> str:
 
 def check_manifest(data_dir: str | Path, generator: str) -> None:
     """On the host, before a run: a twintrace dataset in ``data_dir`` (its marker) has a
-    manifest that is whole JSON, else a UserError says to generate it again."""
+    manifest that is whole JSON and tells the truth about its files (each one there, of the
+    size it lists, and their sum its ``total_bytes``: stat only), else a UserError names what
+    differs and says to generate it again. A dataset changed after it was generated (a file
+    truncated, replaced or removed; the manifest edited) would measure other data than it
+    claims."""
     path = Path(data_dir)
     manifest = path / MANIFEST_NAME
-    if (path / MARKER_NAME).is_file() and manifest.is_file():
-        try:
-            json.loads(manifest.read_bytes())
-        except ValueError:
+    if not ((path / MARKER_NAME).is_file() and manifest.is_file()):
+        return
+    try:
+        listed = json.loads(manifest.read_bytes())
+    except ValueError:
+        raise UserError(
+            f"{manifest} is damaged (not valid JSON): {_again(path, generator)}"
+        ) from None
+    files = listed.get("files") if isinstance(listed, dict) else None
+    if not isinstance(files, list):
+        raise UserError(f"{manifest} lists no files: it was edited; {_again(path, generator)}")
+    total = 0
+    for entry in files:
+        name, size = (entry.get("name"), entry.get("bytes")) if isinstance(entry, dict) else (0, 0)
+        if not isinstance(name, str) or not isinstance(size, int):
             raise UserError(
-                f"{manifest} is damaged (not valid JSON): {_again(path, generator)}"
+                f"{manifest} has a file entry without its name and bytes ({entry!r}): it was "
+                f"edited; {_again(path, generator)}"
+            )
+        try:
+            found = (path / name).stat().st_size
+        except OSError:
+            raise UserError(
+                f"{path / name} is missing, though {MANIFEST_NAME} lists it: the dataset was "
+                f"changed after it was generated; {_again(path, generator)}"
             ) from None
+        if found != size:
+            raise UserError(
+                f"{path / name} has {found} bytes, {MANIFEST_NAME} says {size}: the dataset "
+                f"was changed after it was generated (a file cut short, replaced or the "
+                f"manifest edited); {_again(path, generator)}"
+            )
+        total += size
+    if listed.get("total_bytes") != total:
+        raise UserError(
+            f"{manifest} says its dataset holds {listed.get('total_bytes')} bytes, its files "
+            f"sum to {total}: it was edited; {_again(path, generator)}"
+        )
