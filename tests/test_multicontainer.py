@@ -3,6 +3,7 @@ ground truth: each container's opens and bytes, a joint release, and a clean sto
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import docker
 import pandas as pd
 import pytest
 
@@ -251,6 +253,59 @@ def test_a_compose_service_that_exits_at_once_fails_the_run_naming_it(
     (run_dir,) = runs_root.iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "failed" and says in manifest["error"]
+    assert _left_behind(run_dir.name) == []
+    assert bpftrace_running() == []
+
+
+def test_a_network_removed_by_someone_else_fails_the_run_saying_so(
+    images, tmp_path: Path, runs_root: Path
+) -> None:
+    """While a two-service run runs, someone else disconnects its containers from the run's
+    network and removes it (`docker network disconnect -f`, `docker network rm`): the run
+    ends as its services do, failed, saying what happened, with its trace processed and
+    nothing of it left."""
+    wait = '["python3", "-c", "import time; time.sleep(6)"]'
+    compose = _pair(tmp_path, {"ping": wait, "pong": wait})
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), "trace", "--compose", str(compose)]
+        + ["--out", str(runs_root), "--quiet"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    cli = client()
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
+            nets = cli.networks.list(filters={"label": RUN_LABEL})
+            if len(nets) == 1 and len(cli.networks.get(nets[0].id).containers) == 2:
+                break
+            time.sleep(0.2)
+        net = cli.networks.get(nets[0].id)
+        while net.attrs.get("Containers"):  # the engine may still be making an endpoint
+            assert time.monotonic() < deadline, net.attrs["Containers"]
+            for ctr_id in net.attrs["Containers"]:
+                with contextlib.suppress(docker.errors.APIError):
+                    net.disconnect(ctr_id, force=True)
+            time.sleep(0.1)
+            net.reload()
+        net.remove()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    (run_dir,) = runs_root.iterdir()
+    says = (
+        f"the run's network {net.name} was removed while it ran (by something other than "
+        "twintrace): its containers could no longer reach each other"
+    )
+    assert err.strip().splitlines()[-1] == f"Error: {says} (run directory: {run_dir})"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["error"] == says
+    assert (run_dir / "events.parquet").is_file()
     assert _left_behind(run_dir.name) == []
     assert bpftrace_running() == []
 

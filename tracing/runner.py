@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import docker
 import pandas as pd
 import pyarrow.parquet as pq
 import requests.exceptions
@@ -352,6 +353,8 @@ def trace(
                         members, hosts, request.run.timeout_s, manifest, container_ended
                     )
                 manifest["end_ns"] = time.monotonic_ns()
+                if len(members) > 1 and (gone := _network_gone(manager or cli, run_dir.name)):
+                    status, error = "failed", f"{error}; {gone}" if error else gone
             except KeyboardInterrupt as exc:
                 status, error, pending = "interrupted", "interrupted by the user", exc
             except UserError as exc:
@@ -442,6 +445,20 @@ def _memory_kill(m: _Member) -> str:
     return (
         f": the kernel killed a process of it for memory, at its limit of {format_size(limit)} "
         "(--memory-limit: give it more)"
+    )
+
+
+def _network_gone(cli: Any, run_id: str) -> str:
+    """What to say of a run whose containers ended after its network was removed by
+    something other than twintrace ("" while it is there, or when the engine does not say)."""
+    try:
+        if container.run_networks(cli, run_id):
+            return ""
+    except (requests.exceptions.ConnectionError, docker.errors.APIError):
+        return ""
+    return (
+        f"the run's network {container.network_name(run_id)} was removed while it ran (by "
+        "something other than twintrace): its containers could no longer reach each other"
     )
 
 
