@@ -320,6 +320,55 @@ def test_processes_exhausted_in_a_container_fail_the_run_saying_so_with_the_limi
     assert bpftrace_running() == []
 
 
+@pytest.mark.parametrize("when", ["held", "released"])
+def test_a_container_removed_by_someone_else_fails_the_run_saying_so(
+    images, runs_root: Path, when: str
+) -> None:
+    """`docker rm -f` of the run's container as soon as it runs (held at its barrier while the
+    tracer attaches), or once released: the run is failed, saying so in one line, what it
+    traced processed, and nothing of it left."""
+    from tracing.container import ROLE_LABEL
+
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), "trace", "--image", BASE, "--out", str(runs_root)]
+        + ["--quiet", "--", "python3", "-c", "import time; time.sleep(60)"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    cli = client()
+    try:
+        deadline = time.monotonic() + 120
+        while not (
+            ctrs := cli.containers.list(
+                filters={"label": [RUN_LABEL, f"{ROLE_LABEL}=main"], "status": "running"}
+            )
+        ):
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
+            time.sleep(0.05)
+        while when == "released" and "start_ns" not in _manifest(next(runs_root.iterdir())):
+            assert time.monotonic() < deadline and proc.poll() is None, "it was not released"
+            time.sleep(0.05)
+        ctrs[0].remove(force=True)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    (run_dir,) = runs_root.iterdir()
+    says = (
+        f"container {ctrs[0].name} was removed while it ran (by something other than "
+        "twintrace): the run is incomplete"
+    )
+    assert err.strip().splitlines()[-1] == f"Error: {says} (run directory: {run_dir})"
+    manifest = _manifest(run_dir)
+    assert manifest["status"] == "failed" and manifest["error"] == says
+    assert when == "held" or (run_dir / "events.parquet").is_file()
+    assert not client().containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"})
+    assert bpftrace_running() == []
+
+
 def test_a_missing_image_is_one_line_and_no_run_directory(images, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     done = subprocess.run(

@@ -550,20 +550,16 @@ def _run_gpus(request: RunRequest) -> str | None:
     return next((spec.gpus for spec in request.containers if spec.gpus), None)
 
 
-def _attach(
+def _attach_call(
     h: Host,
-    members: list[_Member],
+    mine: list[_Member],
     run_dir: Path,
     request: RunRequest,
     networked: bool,
-    manifest: dict,
-) -> None:
-    """Host ``h``'s agent attaches its samplers and bpftrace scripts to its held containers;
-    each one it found must be the process and cgroup docker names."""
-    mine = [m for m in members if m.host is h]
-    # Across nodes each agent caps what its containers send (on one host: tracing.shaper)
-    rate = request.run.net_bandwidth_bits_s if h.swarm else None
-    reply = h.agent.client.call(
+    rate: int | None,
+) -> dict:
+    """The agent's ``Attach`` of host ``h``'s containers ``mine`` (see :func:`_attach`)."""
+    return h.agent.client.call(
         "Attach",
         {
             "run_id": run_dir.name,
@@ -583,6 +579,27 @@ def _attach(
             **({"net_bandwidth_bits_s": rate} if rate is not None else {}),
         },
     )
+
+
+def _attach(
+    h: Host,
+    members: list[_Member],
+    run_dir: Path,
+    request: RunRequest,
+    networked: bool,
+    manifest: dict,
+) -> None:
+    """Host ``h``'s agent attaches its samplers and bpftrace scripts to its held containers;
+    each one it found must be the process and cgroup docker names."""
+    mine = [m for m in members if m.host is h]
+    # Across nodes each agent caps what its containers send (on one host: tracing.shaper)
+    rate = request.run.net_bandwidth_bits_s if h.swarm else None
+    try:
+        reply = _attach_call(h, mine, run_dir, request, networked, rate)
+    except UserError:
+        for m in mine:  # one removed meanwhile (by something else): that is the cause
+            _exit_code(m)
+        raise
     h.agent.attached = True
     record = manifest["trace"] if not h.host_dir else manifest["hosts"][h.name]
     record["memory_file_systems"] = reply["memory_file_systems"]
