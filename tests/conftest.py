@@ -142,6 +142,43 @@ def run_cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     )
 
 
+def start_cli(*args: str) -> subprocess.Popen[str]:
+    """``./cli.py ARGS`` started in the background (its output piped, as text), for a test that
+    acts on the run while it runs."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def left_behind(run_id: str) -> list[str]:
+    """The containers and networks of run ``run_id`` still on this host's engine."""
+    from tracing.container import RUN_LABEL, client
+
+    cli = client()
+    label = {"label": f"{RUN_LABEL}={run_id}"}
+    return [c.name for c in cli.containers.list(all=True, filters=label)] + [
+        n.name for n in cli.networks.list(filters=label)
+    ]
+
+
+def assert_failed_run(runs_root: Path, returncode: int, stderr: str, says: str) -> Path:
+    """The one run under ``runs_root`` failed with the error ``says``: the CLI exited 1 with no
+    traceback and ``says`` as its last line, the manifest says the same, and nothing of the run
+    is left running. Returns its directory."""
+    assert returncode == 1 and "Traceback" not in stderr, stderr
+    (run_dir,) = runs_root.iterdir()
+    assert stderr.strip().splitlines()[-1] == f"Error: {says} (run directory: {run_dir})"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["error"] == says
+    assert left_behind(run_dir.name) == []
+    assert bpftrace_running() == []
+    return run_dir
+
+
 def traced_events(run_dir: Path) -> pd.DataFrame:
     """A traced run's events.parquet, with ``kind`` as plain strings for comparisons."""
     df = pd.read_parquet(run_dir / "events.parquet")

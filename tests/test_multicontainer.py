@@ -17,7 +17,14 @@ import pandas as pd
 import pytest
 
 from store.rundir import load_run
-from tests.conftest import REPO, bpftrace_running, traced_events
+from tests.conftest import (
+    REPO,
+    assert_failed_run,
+    bpftrace_running,
+    left_behind,
+    start_cli,
+    traced_events,
+)
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.request import ContainerSpec, RunRequest, workload_request
 from tracing.runner import trace
@@ -33,14 +40,6 @@ READER = (
     "    with open(os.path.join(root, name), 'rb') as fh:\n"
     "        fh.read()\n"
 )
-
-
-def _left_behind(run_id: str) -> list[str]:
-    cli = client()
-    label = {"label": f"{RUN_LABEL}={run_id}"}
-    return [c.name for c in cli.containers.list(all=True, filters=label)] + [
-        n.name for n in cli.networks.list(filters=label)
-    ]
 
 
 def test_two_containers_each_show_exactly_their_own_opens_and_bytes(
@@ -97,7 +96,7 @@ def test_two_containers_each_show_exactly_their_own_opens_and_bytes(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary["containers"]) == {"left", "right"}
     assert summary["containers"]["left"]["syscalls"]["openat"]["count"] >= 3
-    assert _left_behind(run_dir.name) == []
+    assert left_behind(run_dir.name) == []
 
 
 def _expected_shards(n_cases: int, world: int, seed: int) -> dict[str, list[int]]:
@@ -161,7 +160,7 @@ def test_rank_containers_read_disjoint_shards(
         # A real step logs its end after the loss's own all-reduce and .item(): one rank can be
         # descheduled in between on 2 cores (4 processes), so only the typical step is tight.
         assert gaps_ms.median() < 20 and (gaps_ms < 500).all()
-    assert _left_behind(run_dir.name) == []
+    assert left_behind(run_dir.name) == []
 
 
 #: A service's command (YAML flow form) that runs until it is stopped.
@@ -202,7 +201,7 @@ def test_ctrl_c_stops_every_container_of_a_compose_topology(
                     run_dir = dirs[0]
                     assert bpftrace_running()
                     # two containers, one network, the run's tracer agent
-                    assert len(_left_behind(run_dir.name)) == 3 + 1
+                    assert len(left_behind(run_dir.name)) == 3 + 1
                     break
             time.sleep(0.2)
         assert run_dir is not None, "the trace never started"
@@ -217,7 +216,7 @@ def test_ctrl_c_stops_every_container_of_a_compose_topology(
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
     assert [c["role"] for c in manifest["containers"]] == ["ping", "pong"]
-    assert _left_behind(run_dir.name) == []
+    assert left_behind(run_dir.name) == []
     assert bpftrace_running() == []
 
 
@@ -253,7 +252,7 @@ def test_a_compose_service_that_exits_at_once_fails_the_run_naming_it(
     (run_dir,) = runs_root.iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "failed" and says in manifest["error"]
-    assert _left_behind(run_dir.name) == []
+    assert left_behind(run_dir.name) == []
     assert bpftrace_running() == []
 
 
@@ -266,14 +265,7 @@ def test_a_network_removed_by_someone_else_fails_the_run_saying_so(
     nothing of it left."""
     wait = '["python3", "-c", "import time; time.sleep(6)"]'
     compose = _pair(tmp_path, {"ping": wait, "pong": wait})
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), "trace", "--compose", str(compose)]
-        + ["--out", str(runs_root), "--quiet"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli("trace", "--compose", str(compose), "--out", str(runs_root), "--quiet")
     cli = client()
     try:
         deadline = time.monotonic() + 120
@@ -296,18 +288,12 @@ def test_a_network_removed_by_someone_else_fails_the_run_saying_so(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 1 and "Traceback" not in err, err
-    (run_dir,) = runs_root.iterdir()
     says = (
         f"the run's network {net.name} was removed while it ran (by something other than "
         "twintrace): its containers could no longer reach each other"
     )
-    assert err.strip().splitlines()[-1] == f"Error: {says} (run directory: {run_dir})"
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "failed" and manifest["error"] == says
+    run_dir = assert_failed_run(runs_root, proc.returncode, err, says)
     assert (run_dir / "events.parquet").is_file()
-    assert _left_behind(run_dir.name) == []
-    assert bpftrace_running() == []
 
 
 def test_one_failing_container_fails_the_run_and_stops_the_others(images, runs_root: Path) -> None:
@@ -327,7 +313,7 @@ def test_one_failing_container_fails_the_run_and_stops_the_others(images, runs_r
     manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
     codes = {c["role"]: c["exit_code"] for c in manifest["containers"]}
     assert codes == {"waits": None, "dies": 3} and manifest["exit_code"] == 3
-    assert _left_behind(outcome.run_dir.name) == []
+    assert left_behind(outcome.run_dir.name) == []
     assert bpftrace_running() == []
 
 
@@ -361,4 +347,4 @@ def test_a_daemon_runs_until_the_others_are_done(images, runs_root: Path) -> Non
     events = traced_events(run_dir)
     served = events[(events["container"] == "server") & (events["path"] == "/etc/hostname")]
     assert (served["kind"] == "openat").sum() >= 1
-    assert _left_behind(run_dir.name) == []
+    assert left_behind(run_dir.name) == []

@@ -15,7 +15,15 @@ import pandas as pd
 import pytest
 
 from store.rundir import load_run
-from tests.conftest import REPO, STEP_KEYS, bpftrace_running, run_cli, traced_events
+from tests.conftest import (
+    REPO,
+    STEP_KEYS,
+    assert_failed_run,
+    bpftrace_running,
+    run_cli,
+    start_cli,
+    traced_events,
+)
 from tracing.container import RUN_LABEL, BindMount, client
 from tracing.host import drop_caches
 from tracing.request import image_request, workload_request
@@ -329,14 +337,10 @@ def test_a_container_removed_by_someone_else_fails_the_run_saying_so(
     traced processed, and nothing of it left."""
     from tracing.container import ROLE_LABEL
 
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), "trace", "--image", BASE, "--out", str(runs_root)]
-        + ["--quiet", "--", "python3", "-c", "import time; time.sleep(60)"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli(
+        "trace", "--image", BASE, "--out", str(runs_root), "--quiet", "--",
+        "python3", "-c", "import time; time.sleep(60)",
+    )  # fmt: skip
     cli = client()
     try:
         deadline = time.monotonic() + 120
@@ -355,18 +359,12 @@ def test_a_container_removed_by_someone_else_fails_the_run_saying_so(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 1 and "Traceback" not in err, err
-    (run_dir,) = runs_root.iterdir()
     says = (
         f"container {ctrs[0].name} was removed while it ran (by something other than "
         "twintrace): the run is incomplete"
     )
-    assert err.strip().splitlines()[-1] == f"Error: {says} (run directory: {run_dir})"
-    manifest = _manifest(run_dir)
-    assert manifest["status"] == "failed" and manifest["error"] == says
+    run_dir = assert_failed_run(runs_root, proc.returncode, err, says)
     assert when == "held" or (run_dir / "events.parquet").is_file()
-    assert not client().containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"})
-    assert bpftrace_running() == []
 
 
 def test_a_missing_image_is_one_line_and_no_run_directory(images, tmp_path: Path) -> None:
