@@ -45,7 +45,7 @@ from commands.common import (  # noqa: E402
 from commands.profiles import list_profiles, profile  # noqa: E402
 from commands.report import report  # noqa: E402
 from commands.runs import compare, export, list_runs, plot, show  # noqa: E402
-from commands.studies import experiment, hfta, stalls  # noqa: E402
+from commands.studies import experiment, hfta, stalls, sustain  # noqa: E402
 from commands.trace import ingest, storage_server, trace  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.units import format_size, parse_size  # noqa: E402
@@ -337,6 +337,7 @@ for _command in (
     profile,
     stalls,
     hfta,
+    sustain,
     experiment,
     cluster,
 ):

@@ -78,7 +78,6 @@ import pyarrow.csv as pacsv
 from analysis.jsontext import Field, Texts, const, floats, ints, join, micros, row_bytes, texts_of
 from analysis.tables import (
     BLOCK_KINDS,
-    PROCESS_KINDS,
     SYSCALL_KINDS,
     container_codes,
     kind_mask,
@@ -88,7 +87,7 @@ from analysis.tables import (
 from core import __version__ as TWINTRACE_VERSION
 from core.atomic import atomic_path
 from core.errors import UserError
-from store.rundir import TABLES, Run
+from store.rundir import PROCESS_KINDS, TABLES, Run
 
 # Pseudo-process ids: above any Linux pid (pid_max is at most 2**22) and below 2**31, which
 # some trace readers require. A run of several containers has an application and a samples

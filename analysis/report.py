@@ -91,6 +91,11 @@ def demand_lines(run: rundir.Run) -> list[str]:
         f"  data: read at {rate(d['delivered_bytes_per_s'])}; keeping the {what} "
         f"busy needs {rate(d['needed_bytes_per_s'])}",
     ]
+    from analysis.sustain import page_cache_note
+
+    note = page_cache_note(run, d)
+    if note:
+        lines.append(f"  page cache: {note}")
     peer = _dlio_figures(run)
     if peer is not None and peer.get("au_percent") is not None:
         ours = 100 * d["au"]
@@ -169,7 +174,7 @@ def _summary_group(kind: str) -> str | None:
         return "block"
     if kind.startswith(("cache_", "shm_")):
         return "page_cache"
-    if kind in ("fork", "exec", "exit", "steps"):
+    if kind in (*rundir.PROCESS_KINDS, "steps"):
         return None
     return "syscalls"
 

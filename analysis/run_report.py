@@ -326,6 +326,11 @@ def training_facts(run: Run) -> list[tuple[str, str]]:
                 f"storage delivered {rate(demand['delivered_bytes_per_s'])}; the {what} needed {rate(demand['needed_bytes_per_s'])} never to wait",
             ),
         ]
+        from analysis.sustain import page_cache_note
+
+        note = page_cache_note(run, demand)
+        if note:
+            facts.append(("page cache", note))
     return facts
 
 

@@ -24,7 +24,6 @@ import pandas as pd
 from store.rundir import FD_KINDS, Run
 
 BLOCK_KINDS: tuple[str, ...] = ("block_read", "block_write", "block_other")
-PROCESS_KINDS: tuple[str, ...] = ("fork", "exec", "exit")
 #: Every traced system call (the page-cache, block and process rows are not calls).
 SYSCALL_KINDS: tuple[str, ...] = (*FD_KINDS, "openat")
 

@@ -1,4 +1,4 @@
-"""The studies and experiment grids: ``stalls``, ``hfta``, ``experiment run``."""
+"""The studies and experiment grids: ``stalls``, ``hfta``, ``sustain``, ``experiment run``."""
 
 from __future__ import annotations
 
@@ -233,6 +233,108 @@ def hfta(
     with sole_runner(out_dir):
         path = run_hfta(
             settings, data_dir, out_dir, log=lambda line: err_console.print(line, highlight=False)
+        )
+    if as_json:
+        click.echo(json.dumps(load_results(path), indent=2, sort_keys=True))
+    else:
+        click.echo(str(path))
+
+
+@click.command()
+@click.option("--workload", required=True, help="Workload (see ./cli.py workloads).")
+@data_option("Its dataset (./cli.py datagen).", dest="data")
+@click.option(
+    "--accelerator",
+    metavar="NAME",
+    default=None,
+    help="The accelerator emulated (profile database; ./cli.py profiles). Default: the "
+    "workload's shipped profile.",
+)
+@click.option(
+    "--profile-model", metavar="MODEL", default=None, help="Image workloads: the emulated model."
+)
+@click.option("--batch-size", type=int, default=None, help="Batch per accelerator.")
+@click.option("--workers", type=int, default=None, help="Loader workers per accelerator.")
+@click.option("--epochs", type=int, default=1, show_default=True, help="Epochs of each run.")
+@click.option(
+    "--max-steps", type=int, default=0, show_default=True, help="Steps per epoch (0: all)."
+)
+@click.option(
+    "--au",
+    type=float,
+    default=None,
+    help="The AU every count must keep, e.g. 0.9. Default: MLPerf Storage's rule for the "
+    "workload (0.9 for unet3d and resnet50), else 0.9.",
+)
+@click.option(
+    "--max-accelerators",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="The largest count the search tries.",
+)
+@click.option(
+    "--read-rate",
+    default=None,
+    help="Cap the dataset disk's reads at this many bytes per second, e.g. 50MB: a slower "
+    "storage, emulated (the containers' blkio throttle).",
+)
+@click.option(
+    "--memory-limit",
+    default=None,
+    help="Memory limit of the containers (bounds their page cache), e.g. 2GiB.",
+)
+@click.option("--cpus", type=float, default=None, help="CPU limit of the container.")
+@click.option(
+    "--cache",
+    type=click.Choice(["drop", "keep"]),
+    default="drop",
+    show_default=True,
+    help="drop: the page cache dropped before each run (root), so each starts cold.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Training seed.")
+@click.option("--timeout", type=float, default=None, help="Fail a run still going after this (s).")
+@set_option("Workload option KEY=VALUE (repeatable).")
+@out_option(
+    "out_dir",
+    "Results directory (sustain.json, sustain.html, runs/); run again with the same settings, "
+    "the search keeps its runs. Default: runs/sustain/<time>-<workload>.",
+    kind="dir",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@user_errors
+def sustain(
+    read_rate: str | None,
+    memory_limit: str | None,
+    timeout: float | None,
+    out_dir: Path | None,
+    as_json: bool,
+    **settings: Any,
+) -> None:
+    """How many emulated accelerators this storage keeps at or above the AU threshold (MLPerf
+    Storage's question): traced runs of the sleep variant with 1, 2, 4, ... accelerators, then
+    a bisection; the answer, what limited it (the storage, the page cache, the clients' CPU),
+    and the bandwidth per accelerator. Writes sustain.json and sustain.html (docs/sustain.md).
+
+    \b
+    Examples:
+      ./cli.py sustain --workload unet3d --data data/unet3d --accelerator a100
+      ./cli.py sustain --workload unet3d --data data/unet3d --read-rate 100MB --max-steps 20
+    """
+    from experiments.study_state import sole_runner
+    from experiments.sustain import SustainSettings, find_sustained, load_results
+
+    search = SustainSettings(
+        **settings,
+        read_bps=parse_size(read_rate) if read_rate else None,
+        memory_limit=parse_size(memory_limit) if memory_limit else None,
+        timeout_s=timeout,
+    )
+    if out_dir is None:
+        out_dir = Path("runs/sustain") / f"{time.strftime('%Y%m%d-%H%M%S')}-{search.workload}"
+    with sole_runner(out_dir):
+        path = find_sustained(
+            search, out_dir, log=lambda line: err_console.print(styled(line), highlight=False)
         )
     if as_json:
         click.echo(json.dumps(load_results(path), indent=2, sort_keys=True))

@@ -68,6 +68,9 @@ FD_KINDS: tuple[str, ...] = (
     "mmap",
     "dup",
 )
+#: The process tree's kinds (tracing/bpf/proc.bt): oom_kill, a process the kernel chose to kill
+#: for memory (its pid in ``ret``).
+PROCESS_KINDS: tuple[str, ...] = ("fork", "exec", "exit", "oom_kill")
 
 #: The instrumentation's event log inside a workload container (``tracing.container.OUT_MOUNT``
 #: + ``mllog.log``): the tool's own output, whose volume differs by variant by design (an

@@ -691,6 +691,30 @@ def test_an_agent_dying_mid_run_fails_the_run_keeps_its_trace_and_leaves_nothing
 
 
 @_on_the_cluster
+def test_a_task_killed_for_memory_says_so_from_its_trace(
+    docker_cli: object, tmp_path: Path
+) -> None:
+    """A container of a run across nodes needs more memory than its limit: the swarm says only
+    that its task ended (exit 137, no OOMKilled); the trace has the kill (proc.bt's
+    oom:mark_victim), and the run's error says so, with the limit. Nothing is left."""
+    from tracing.request import Limits, RunOptions, image_request
+    from tracing.runner import trace
+    from workloads.config import BASE_TAG
+
+    require_tracing()
+    grow = "x = bytearray(512 * 2**20); print(len(x))"  # 512 MiB against a 64 MiB limit
+    run = RunOptions(limits=Limits(memory_bytes=64 * 2**20), nodes=1, cluster=NAME)
+    outcome = trace(image_request(BASE_TAG, ["python3", "-c", grow], tmp_path / "runs", run=run))
+    assert outcome.status == "failed" and outcome.error is not None
+    assert outcome.error.startswith("container main exited with code 137"), outcome.error
+    assert outcome.error.endswith(
+        "; the kernel killed 1 process of container main for memory (traced), at its limit of "
+        "64.0 MiB (--memory-limit: give it more)"
+    ), outcome.error
+    _nothing_of_the_run_left(docker_cli, outcome.run_dir)
+
+
+@_on_the_cluster
 def test_ctrl_c_at_the_coordinator_of_a_run_across_nodes_leaves_nothing(
     docker_cli: object, tiny_unet3d: Path, tmp_path: Path
 ) -> None:

@@ -134,7 +134,11 @@ def test_a_container_killed_for_memory_says_so_with_its_limit(images, runs_root:
     ), outcome.error
     manifest = _manifest(outcome.run_dir)
     assert manifest["status"] == "failed" and manifest["exit_code"] == 137
-    assert (outcome.run_dir / "events.parquet").is_file()  # the trace is kept, processed
+    # The trace is kept, processed, and has the kill: the kernel chose the python process.
+    events = traced_events(outcome.run_dir)
+    python = events[(events["kind"] == "exec") & events["path"].str.endswith("python3")]
+    kills = events[events["kind"] == "oom_kill"]
+    assert list(kills["ret"]) == list(python["pid"]) and list(kills["container"]) == ["main"]
     assert not client().containers.list(
         all=True, filters={"label": f"{RUN_LABEL}={outcome.run_dir.name}"}
     )

@@ -436,15 +436,30 @@ def _watch_training(members: list[_Member], run_dir: Path, report: Report | None
 
 def _memory_kill(m: _Member) -> str:
     """What to add to a failed container's error when the kernel killed a process of it for
-    memory (a container on this host or a host's engine; a swarm's task does not say)."""
+    memory (a container on this host or a host's engine; a swarm's task does not say: the
+    trace does, :func:`_traced_memory_kills`)."""
     if isinstance(m.ctr, swarm.RoleTask) or not container.killed_for_memory(m.ctr):
         return ""
-    limit = m.spec.memory_bytes
+    return f": the kernel killed a process of it for memory{_at_limit(m.spec.memory_bytes)}"
+
+
+def _at_limit(limit: int | None) -> str:
     if limit is None:
-        return ": the kernel killed a process of it for memory (the host ran out; no limit set)"
-    return (
-        f": the kernel killed a process of it for memory, at its limit of {format_size(limit)} "
-        "(--memory-limit: give it more)"
+        return " (the host ran out; no limit set)"
+    return f", at its limit of {format_size(limit)} (--memory-limit: give it more)"
+
+
+def _traced_memory_kills(events: Path, manifest: dict) -> str:
+    """What to add to a failed run's error across nodes for each container a process of which
+    the kernel chose to kill for memory: the trace's ``oom_kill`` rows (proc.bt), since a
+    swarm's task does not say why it ended. "" when there were none."""
+    table = pq.read_table(events, columns=["container"], filters=[("kind", "==", "oom_kill")])
+    roles = table.column("container").to_pandas().astype(str)
+    limits = {c.get("role"): c.get("memory_limit_bytes") for c in manifest.get("containers") or []}
+    return "; ".join(
+        f"the kernel killed {n} process{'es' if n > 1 else ''} of container {role} for memory "
+        f"(traced){_at_limit(limits.get(role))}"
+        for role, n in roles.value_counts().sort_index().items()
     )
 
 
@@ -1176,9 +1191,11 @@ def _process(
         )
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
-        refused = _pids_refused(samples, manifest)
-        if refused and status == "failed":
-            error = f"{error}; {refused}" if error else refused
+        said = [_pids_refused(samples, manifest)]
+        if manifest.get("cluster"):
+            said.append(_traced_memory_kills(run_dir / "events.parquet", manifest))
+        if status == "failed":
+            error = "; ".join(filter(None, [error, *said])) or None
         manifest["lost_events"] = stats.lost_events
         manifest["tracer_behind"] = stats.behind
         missed = manifest.get("missed_probes") or {}

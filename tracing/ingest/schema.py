@@ -71,6 +71,7 @@ KINDS: tuple[str, ...] = (
     # pages of memory file systems (tmpfs: /dev/shm; shmem: memfd), apart from file data
     "shm_add",
     "shm_delete",
+    "oom_kill",  # a process chosen to be killed for memory (proc.bt); last: older runs' codes
 )
 #: raw/cache.txt's maps, by the code its parser gives them (0..3).
 CACHE_KINDS: tuple[str, ...] = ("cache_delete", "cache_add", "shm_delete", "shm_add")

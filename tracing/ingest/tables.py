@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from store.rundir import (
     PHASES_COLUMNS,
+    PROCESS_KINDS,
     SAMPLES_COLUMNS,
     conform,
     empty_frame,
@@ -125,7 +126,7 @@ def _kind_groups(per_kind: Mapping[str, tuple[int, int]]) -> dict[str, dict]:
             groups["block"][kind] = entry
         elif kind.startswith(("cache_", "shm_")):
             groups["page_cache"][kind] = entry
-        elif kind in ("fork", "exec", "exit"):
+        elif kind in PROCESS_KINDS:
             groups["processes"][kind] = int(count)
         else:
             groups["syscalls"][kind] = entry

@@ -1,0 +1,173 @@
+"""``./cli.py sustain``: how many emulated accelerators a storage keeps at the AU threshold.
+
+The search (grow, then bisect) on known AU curves; the limiter's verdicts on known figures; the
+sizing rules on a known dataset; bad input in one line. With Docker and bpftrace, the real
+thing: a storage made slow on purpose (the containers' blkio read cap) sustains the count the
+cap and the emulated accelerators' demand predict, within one, limited by the storage; and
+the page-cache flag on a run that re-reads a cached dataset, none on a cold one."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from analysis.sustain import CACHED_SHARE, cached, limiter, search_counts
+from core.errors import UserError
+from tests.conftest import require_tracing, run_cli, unet3d_cases
+
+
+def _search(au_passes: int, largest: int) -> tuple[int, list[int]]:
+    """The answer and the counts run, for a storage that keeps AU at the threshold up to
+    ``au_passes`` accelerators."""
+    passes: dict[int, bool] = {}
+    tried = []
+    while True:
+        count, best, done = search_counts(passes, largest)
+        if done:
+            return best or 0, tried
+        assert count is not None and count not in passes
+        tried.append(count)
+        passes[count] = count <= au_passes
+
+
+@pytest.mark.parametrize("largest", [1, 5, 16, 64])
+def test_the_search_finds_every_answer_in_few_runs(largest: int) -> None:
+    for truth in range(0, 70):
+        answer, tried = _search(truth, largest)
+        assert answer == min(truth, largest), (truth, tried)
+        assert len(tried) <= 2 * math.ceil(math.log2(largest + 1)) + 1, (truth, tried)
+    assert _search(5, 16)[1] == [1, 2, 4, 8, 6, 5]
+    assert _search(0, 16)[1] == [1]
+    assert _search(99, 16)[1] == [1, 2, 4, 8, 16]
+
+
+FIGURES = {
+    "au": 0.6,
+    "storage_share": 0.98,
+    "storage_bytes_per_s": 25e6,
+    "needed_bytes_per_s": 60e6,
+    "cpu_cores": 0.4,
+    "cpu_capacity": 2.0,
+    "cpu_busy": 0.2,
+    "loader_share": 0.5,
+}
+
+
+def test_the_limiter_names_what_kept_au_down() -> None:
+    code, said = limiter(FIGURES, 0.9)
+    assert code == "storage" and said == (
+        "the storage: it delivered 25.0 MB/s from the device while the accelerators needed "
+        "60.0 MB/s; the CPU had room (20% busy)"
+    )
+    busy = {**FIGURES, "cpu_cores": 1.9, "cpu_busy": 0.95}
+    code, said = limiter(busy, 0.9)
+    assert code == "client_cpu" and said == (
+        "the clients' CPU: the containers used 1.90 of their 2.00 cores (95%), the loader "
+        "workers 50% of it"
+    )
+    memory = {**busy, "storage_share": CACHED_SHARE / 2}
+    assert limiter(memory, 0.9)[0] == "page_cache" and cached(memory)
+    assert limiter({**FIGURES, "au": 0.95}, 0.9)[0] == "accelerators"
+    assert limiter({**FIGURES, "storage_share": math.nan}, 0.9)[0] == "pipeline"
+
+
+def test_the_sizing_rules_say_what_satisfies_them(tiny_unet3d: Path) -> None:
+    from experiments.sustain import SustainSettings, check_sizing
+
+    heard: list[str] = []
+    sizing = check_sizing(
+        SustainSettings("unet3d", tiny_unet3d, memory_limit=64 * 2**20, batch_size=2),
+        heard.append,
+    )
+    data = sizing["bytes"]
+    assert sizing["memory_bytes"] == 64 * 2**20 and sizing["steps_one_accelerator"] == 7
+    assert heard == [f"warning: {w}" for w in sizing["warnings"]] and len(heard) == 2
+    assert heard[0].startswith(
+        f"warning: the dataset ({data / 2**20:.1f} MiB) is {data / 2**26:.2f}x the containers' "
+        "--memory-limit (64.0 MiB); MLPerf Storage asks for at least 5x (320.0 MiB)"
+    ), heard[0]
+    assert f"(--size {5 * 64 * 2**20})" in heard[0]
+    assert heard[1].startswith("warning: a run of one accelerator has 7 steps (7 per epoch x 1)")
+    # A dataset 5x the memory, and enough steps: no warning.
+    heard.clear()
+    check_sizing(
+        SustainSettings("unet3d", tiny_unet3d, memory_limit=data // 5, batch_size=1, epochs=100),
+        heard.append,
+    )
+    assert heard == []
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--au", "1.5"], "Error: --au must be above 0 and at most 1, got 1.5"),
+        (["--cache", "never"], "Invalid value for '--cache'"),
+        (["--max-accelerators", "0"], "Invalid value for '--max-accelerators'"),
+    ],
+)
+def test_bad_input_is_one_line(tiny_unet3d: Path, args: list[str], says: str) -> None:
+    done = run_cli("sustain", "--workload", "unet3d", "--data", str(tiny_unet3d), *args)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr
+    assert says in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_an_unknown_workload_is_one_line(tiny_unet3d: Path) -> None:
+    with pytest.raises(UserError, match="^unknown workload 'nope'; known: "):
+        from experiments.sustain import SustainSettings
+
+        SustainSettings("nope", tiny_unet3d)
+
+
+@pytest.fixture(scope="module")
+def slow_storage_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """48 UNet3D cases of about 2 MB: enough for 8 accelerators of 6 steps each."""
+    out = tmp_path_factory.mktemp("sustain-unet3d")
+    return unet3d_cases(out, 130_000_000, seed=3, s1_range=(80, 84), s2_range=(80, 84))
+
+
+@pytest.mark.docker
+@pytest.mark.bpftrace
+@pytest.mark.integration
+def test_a_capped_storage_sustains_the_count_its_cap_predicts(
+    images: object, slow_storage_data: Path, tmp_path: Path
+) -> None:
+    """The dataset disk's reads capped at C bytes/s (the blkio throttle), each emulated
+    accelerator needing D bytes/s at AU 100 % (a case per step over the profile's compute time):
+    the search's answer is floor(C / (0.9 D)) within one, limited by the storage, every run
+    cold (no page-cache flag)."""
+    from datagen.common import load_manifest
+    from workloads.profile import default_profile
+
+    require_tracing()
+    files = load_manifest(slow_storage_data)["files"]
+    case_bytes = sum(f["bytes"] for f in files) / (len(files) / 2)  # an x and a y per case
+    compute_s = default_profile("unet3d").compute_params(1, 1)[0]
+    demand = case_bytes / compute_s
+    cap = int(2.5 * 0.9 * demand)  # 2.5 accelerators' worth
+    out = tmp_path / "sustain"
+    done = run_cli(
+        "sustain", "--workload", "unet3d", "--data", str(slow_storage_data),
+        "--batch-size", "1", "--workers", "1", "--max-steps", "8", "--max-accelerators", "8",
+        "--read-rate", str(cap), "--set", "patch_size=32", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "sustain.json").read_text())
+    answer = result["answer"]
+    predicted = math.floor(cap / (0.9 * demand))
+    print(done.stderr)
+    assert abs(answer["accelerators"] - predicted) <= 1, (answer, predicted)
+    assert answer["limit"] == "storage", answer
+    assert answer["cached_runs"] == []
+    counts = [r["accelerators"] for r in result["runs"]]
+    assert counts[:2] == [1, 2] and len(counts) <= 6
+    assert (out / "sustain.html").is_file()
+    # Run again: every run is kept, none traced again.
+    again = run_cli(
+        "sustain", "--workload", "unet3d", "--data", str(slow_storage_data),
+        "--batch-size", "1", "--workers", "1", "--max-steps", "8", "--max-accelerators", "8",
+        "--read-rate", str(cap), "--set", "patch_size=32", "--out", str(out),
+    )  # fmt: skip
+    assert again.returncode == 0 and again.stderr.count("done before, kept") == len(counts)
