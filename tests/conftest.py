@@ -142,6 +142,23 @@ def run_cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     )
 
 
+#: A job that starts threads, each busy for a second, until the kernel refuses one (at a
+#: processes limit: Python's "can't start new thread"), says after how many, and fails; it
+#: ends once the threads it started have (the interpreter joins them).
+THREADS_TILL_REFUSED = (
+    "import sys, threading, time\n"
+    "started = []\n"
+    "try:\n"
+    "    while True:\n"
+    "        t = threading.Thread(target=time.sleep, args=(1.0,))\n"
+    "        t.start()\n"
+    "        started.append(t)\n"
+    "except RuntimeError as exc:\n"
+    "    print('refused after', len(started), 'threads:', exc, flush=True)\n"
+    "    sys.exit(1)\n"
+)
+
+
 def start_cli(*args: str) -> subprocess.Popen[str]:
     """``./cli.py ARGS`` started in the background (its output piped, as text), for a test that
     acts on the run while it runs."""

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from core.errors import UserError
-from tests.conftest import require, require_tracing
+from tests.conftest import THREADS_TILL_REFUSED, require, require_tracing
 from tracing import cluster as vc
 from tracing import container, swarm
 
@@ -710,6 +710,27 @@ def test_a_task_killed_for_memory_says_so_from_its_trace(
     assert outcome.error.endswith(
         "; the kernel killed 1 process of container main for memory (traced), at its limit of "
         "64.0 MiB (--memory-limit: give it more)"
+    ), outcome.error
+    _nothing_of_the_run_left(docker_cli, outcome.run_dir)
+
+
+@_on_the_cluster
+def test_a_task_at_its_processes_limit_says_so(docker_cli: object, tmp_path: Path) -> None:
+    """`--pids-limit` across nodes: the swarm's task gets it (its Resources.Limits.Pids), the
+    job's threads stop at it, and the failed run names the limit from its node's samples."""
+    from tracing.request import Limits, RunOptions, image_request
+    from tracing.runner import trace
+    from workloads.config import BASE_TAG
+
+    require_tracing()
+    run = RunOptions(limits=Limits(pids=16), nodes=1, cluster=NAME)
+    outcome = trace(
+        image_request(BASE_TAG, ["python3", "-c", THREADS_TILL_REFUSED], tmp_path / "runs", run=run)
+    )
+    assert outcome.status == "failed" and outcome.error is not None
+    assert outcome.error.endswith(
+        "; container main reached its limit of 16 processes and threads (fork or clone refused "
+        "1 time: --pids-limit: give it more)"
     ), outcome.error
     _nothing_of_the_run_left(docker_cli, outcome.run_dir)
 

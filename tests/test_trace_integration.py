@@ -18,6 +18,7 @@ from store.rundir import load_run
 from tests.conftest import (
     REPO,
     STEP_KEYS,
+    THREADS_TILL_REFUSED,
     assert_failed_run,
     bpftrace_running,
     run_cli,
@@ -297,21 +298,9 @@ def test_processes_exhausted_in_a_container_fail_the_run_saying_so_with_the_limi
     refuses one (EAGAIN: Python's "can't start new thread"), and fails. The run is failed
     with that reason and the limit, its samples count the container's threads up to the limit
     and the refusal, and nothing of it is left."""
-    job = (
-        "import sys, threading, time\n"
-        "started = []\n"
-        "try:\n"
-        "    while True:\n"
-        "        t = threading.Thread(target=time.sleep, args=(1.0,))\n"
-        "        t.start()\n"
-        "        started.append(t)\n"
-        "except RuntimeError as exc:\n"
-        "    print('refused after', len(started), 'threads:', exc, flush=True)\n"
-        "    sys.exit(1)\n"  # after the threads started end (the interpreter joins them)
-    )
     done = run_cli(
         "trace", "--image", BASE, "--pids-limit", "16", "--out", str(runs_root), "--",
-        "python3", "-c", job,
+        "python3", "-c", THREADS_TILL_REFUSED,
     )  # fmt: skip
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     (run_dir,) = runs_root.iterdir()
