@@ -244,6 +244,14 @@ def hfta(
 @click.option("--workload", required=True, help="Workload (see ./cli.py workloads).")
 @data_option("Its dataset (./cli.py datagen).", dest="data")
 @click.option(
+    "--variant",
+    type=click.Choice(["sleep", "dlio"]),
+    default="sleep",
+    show_default=True,
+    help="What emulates the accelerators: the sleep variant, or DLIO (MLPerf Storage's engine) "
+    "from the same settings and profile, on its own copy of the data.",
+)
+@click.option(
     "--accelerator",
     metavar="NAME",
     default=None,

@@ -2,7 +2,8 @@
 runs (``./cli.py sustain``, docs/sustain.md).
 
 The search runs the workload's ``sleep`` variant (emulated accelerators driven by the profile
-database) with 1, 2, 4, ... accelerators (ranks) until one count's AU falls below the threshold,
+database), or with ``--variant dlio`` the DLIO benchmark (MLPerf Storage's engine) configured
+from the same settings and profile, with 1, 2, 4, ... accelerators (ranks) until one count's AU falls below the threshold,
 then bisects between the last count that passed and the first that failed
 (:func:`analysis.sustain.search_counts`): about 2 log2(N) runs for an answer N. The threshold is
 MLPerf Storage's rule for the workload (:data:`AU_RULES`: 90 % for UNet3D and ResNet-50), else
@@ -48,6 +49,9 @@ from store.rundir import Run, load_run
 
 SCHEMA_VERSION = 1
 KIND = "sustain"
+#: What emulates the accelerators: our sleep variant, or DLIO (MLPerf Storage's engine),
+#: configured from the same settings and profile (experiments/dlio.py).
+VARIANTS = ("sleep", "dlio")
 RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, SCHEMA_VERSION)
 #: MLPerf Storage's AU thresholds for the workloads of its rules (CosmoFlow's 70 % has no
 #: workload here); any other workload: :data:`DEFAULT_AU`, twintrace's.
@@ -89,8 +93,8 @@ class SustainSettings:
             raise UserError(
                 f"unknown workload {self.workload!r}; known: {', '.join(sorted(WORKLOADS))}"
             )
-        if self.variant != "sleep":
-            raise UserError(f"--variant {self.variant}: the search emulates accelerators (sleep)")
+        if self.variant not in VARIANTS:
+            raise UserError(f"--variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
         if self.au is not None and not 0 < self.au <= 1:
             raise UserError(f"--au must be above 0 and at most 1, got {self.au}")
         if self.max_accelerators < 1:

@@ -171,3 +171,40 @@ def test_a_capped_storage_sustains_the_count_its_cap_predicts(
         "--read-rate", str(cap), "--set", "patch_size=32", "--out", str(out),
     )  # fmt: skip
     assert again.returncode == 0 and again.stderr.count("done before, kept") == len(counts)
+
+
+@pytest.mark.docker
+@pytest.mark.bpftrace
+@pytest.mark.integration
+def test_a_run_served_by_the_page_cache_is_flagged_and_a_cold_one_is_not(
+    images: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
+    """The same run twice: cold (the cache dropped), then again with the dataset cached. `show`
+    and the report flag the second only: it measured memory."""
+    from analysis.run_report import training_facts
+    from store.rundir import load_run
+    from tracing.host import drop_caches
+
+    require_tracing()
+    runs = tmp_path / "runs"
+    args = (
+        "trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(tiny_unet3d),
+        "--epochs", "1", "--batch-size", "1", "--workers", "1", "--set", "patch_size=32",
+        "--out", str(runs),
+    )  # fmt: skip
+    said = {}
+    for name in ("cold", "warm"):
+        if name == "cold":
+            drop_caches()
+        done = run_cli(*args)
+        assert done.returncode == 0, done.stderr
+        run_dir = Path(done.stdout.strip().splitlines()[-1])
+        shown = run_cli("show", str(run_dir))
+        assert shown.returncode == 0, shown.stderr
+        said[name] = [line for line in shown.stderr.splitlines() if "page cache:" in line]
+        facts = dict(training_facts(load_run(run_dir)))
+        assert ("page cache" in facts) == (name == "warm"), facts
+    assert said["cold"] == []
+    (line,) = said["warm"]
+    assert "of the dataset's bytes read came from the page cache, not the storage: this run " \
+        "measured memory" in line, line  # fmt: skip

@@ -137,7 +137,7 @@ def test_a_container_killed_for_memory_says_so_with_its_limit(images, runs_root:
     assert manifest["status"] == "failed" and manifest["exit_code"] == 137
     # The trace is kept, processed, and has the kill: the kernel chose the python process.
     events = traced_events(outcome.run_dir)
-    python = events[(events["kind"] == "exec") & events["path"].str.endswith("python3")]
+    python = events[(events["kind"] == "exec") & events["path"].str.endswith("/python3", na=False)]
     kills = events[events["kind"] == "oom_kill"]
     assert list(kills["ret"]) == list(python["pid"]) and list(kills["container"]) == ["main"]
     assert not client().containers.list(
