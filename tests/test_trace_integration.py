@@ -41,18 +41,27 @@ def _manifest(run_dir: Path) -> dict:
 
 
 def _trace_over_files(
-    tmp_path: Path, runs_root: Path, files: dict[str, int], script: str, cold: bool = False
+    tmp_path: Path,
+    runs_root: Path,
+    files: dict[str, int],
+    script: str,
+    cold: bool = False,
+    read_bps: int | None = None,
 ) -> Path:
     """Write ``files`` (name -> random bytes of that size) into a directory mounted at /data and
-    trace ``python3 -c script`` over it in the base image (page cache dropped first if ``cold``)."""
+    trace ``python3 -c script`` over it in the base image (page cache dropped first if ``cold``;
+    its disk's reads capped at ``read_bps``)."""
+    from tracing.request import Limits, RunOptions
+
     data = tmp_path / "data"
     data.mkdir()
     for name, size in files.items():
         (data / name).write_bytes(os.urandom(size))
     if cold:
         drop_caches()
-    mounts = (BindMount(data, "/data", True),)
-    return trace(image_request(BASE, ["python3", "-c", script], runs_root, mounts=mounts)).check()
+    run = RunOptions(limits=Limits(read_bps=read_bps))
+    command = ["python3", "-c", script]
+    return trace(image_request(BASE, command, runs_root, data_dir=data, run=run)).check()
 
 
 def test_reading_n_known_files_shows_n_opens_and_their_bytes(
@@ -589,13 +598,16 @@ def test_small_reads_at_storm_rate_are_aggregated_and_still_exact(
     assert summary["syscalls"]["pread64"]["count"] == int(all_preads)
 
 
+@pytest.mark.parametrize("read_bps", [None, 40_000_000], ids=["free", "capped"])
 def test_a_containers_cold_reads_are_its_block_requests_whoever_issued_them(
-    images, tmp_path: Path, runs_root: Path
+    images, tmp_path: Path, runs_root: Path, read_bps: int | None
 ) -> None:
     """Four threads read four 16 MiB files from a cold cache: every byte comes from the device
     through requests the container submitted, although the device's kernel thread issues many
     of them (kblockd, once the queue is busy: 72 % of such a run's bytes were attributed to it
-    when a request was attributed at issue)."""
+    when a request was attributed at issue). Capped (the blkio throttle, --read-rate), the
+    throttle's kernel thread submits the bios it held back: the bios' block cgroup is the
+    container's (every byte was the kernel's when the submitting task decided)."""
     sizes = [16 << 20] * 4
     script = (
         "import threading\n"
@@ -608,10 +620,11 @@ def test_a_containers_cold_reads_are_its_block_requests_whoever_issued_them(
         "[t.join() for t in threads]\n"
     )
     files = {f"f{i}.bin": size for i, size in enumerate(sizes)}
-    run_dir = _trace_over_files(tmp_path, runs_root, files, script, cold=True)
+    run_dir = _trace_over_files(tmp_path, runs_root, files, script, cold=True, read_bps=read_bps)
     assert _manifest(run_dir)["lost_events"] == 0
     events = traced_events(run_dir)
     reads = events[events["kind"] == "block_read"]
+    assert set(reads.loc[reads["in_container"], "container"]) == {"main"}
     inside = reads.loc[reads["in_container"], "bytes"].sum()
     # The data, and the interpreter's libraries: at least every byte of the files.
     assert inside >= sum(sizes), reads.groupby(["in_container", "comm"])["bytes"].sum()

@@ -265,6 +265,7 @@ class RunSide:
             [cg.v2_id for _, cg in found.values()],
             self.scripts,
             [fs["dev"] for fs in memory],
+            [cg.block_id for _, cg in found.values()],
         )
         self.tracer.start()
         pids = {name: child.pid for name, child in self.tracer.children.items()}

@@ -40,6 +40,8 @@ def script_path(name: str) -> Path:
 CGROUP_FILTER = "cgroup == $1"
 #: cache.bt's test for a page of a memory file system, rendered over their devices.
 MEMORY_FS = "0 /* MEMORY_FS */"
+#: block.bt's test for a bio charged to a traced container's block cgroup (``$cg``).
+BLOCK_CGROUPS = "0 /* BLOCK_CGROUPS */"
 
 
 def kernel_dev(major: int, minor: int) -> int:
@@ -47,15 +49,24 @@ def kernel_dev(major: int, minor: int) -> int:
     return (major << 20) | minor
 
 
-def render(name: str, cgroup_ids: Sequence[int], memory_devs: Sequence[int] = ()) -> str:
-    """Script ``name`` with its container filter over ``cgroup_ids`` (one or more) and, in
-    cache.bt, its memory file systems' test over ``memory_devs`` (kernel device numbers)."""
+def render(
+    name: str,
+    cgroup_ids: Sequence[int],
+    memory_devs: Sequence[int] = (),
+    block_ids: Sequence[int] = (),
+) -> str:
+    """Script ``name`` with its container filter over ``cgroup_ids`` (one or more); in
+    cache.bt, its memory file systems' test over ``memory_devs`` (kernel device numbers); in
+    block.bt, its test of a bio's block cgroup over ``block_ids`` (the containers'
+    :attr:`tracing.cgroups.ProcessCgroups.block_id`; none given: ``cgroup_ids``)."""
     if not cgroup_ids:
         raise ValueError("no cgroup to trace")
     text = script_path(name).read_text()
     if memory_devs:
         test = " || ".join(f"args->s_dev == {int(d)}" for d in sorted(set(memory_devs)))
         text = text.replace(MEMORY_FS, f"({test})")
+    blocks = sorted({int(i) for i in (block_ids or cgroup_ids)})
+    text = text.replace(BLOCK_CGROUPS, "(" + " || ".join(f"$cg == {i}" for i in blocks) + ")")
     if CGROUP_FILTER not in text:
         raise AssertionError(f"{name}.bt has no `{CGROUP_FILTER}` filter")
     ids = [int(i) for i in cgroup_ids]
@@ -108,11 +119,13 @@ class Tracer:
         cgroup_ids: Sequence[int],
         scripts: tuple[str, ...] = SCRIPTS,
         memory_devs: Sequence[int] = (),
+        block_ids: Sequence[int] = (),
     ):
         self.raw_dir = raw_dir
         self.ctl_dir = ctl_dir
         self.cgroup_ids = tuple(cgroup_ids)
         self.memory_devs = tuple(memory_devs)
+        self.block_ids = tuple(block_ids)
         self.scripts = scripts
         self.children: dict[str, ChildProcess] = {}
 
@@ -128,7 +141,7 @@ class Tracer:
             ready[name] = self.ctl_dir / f"{name}.ready"
             ready[name].unlink(missing_ok=True)
             script = self.raw_dir / f"{name}.bt"
-            script.write_text(render(name, self.cgroup_ids, self.memory_devs))
+            script.write_text(render(name, self.cgroup_ids, self.memory_devs, self.block_ids))
             self.children[name] = ChildProcess(
                 command(self.raw_dir / f"{name}.txt", script, ready[name]),
                 self.raw_dir / f"{name}.stdout",

@@ -25,11 +25,20 @@ class ProcessCgroups:
     # Where pids.current and pids.events are: the v1 pids controller's directory, or the
     # unified one (pure v2); None where the host has no pids controller.
     pids_dir: Path | None = None
+    # The v1 blkio controller's directory (None on pure v2): the block cgroup its bios carry.
+    blkio_dir: Path | None = None
 
     @property
     def v2_id(self) -> int:
         """The cgroup-v2 id, as bpftrace's `cgroup` builtin and `cgroupid()` report it."""
         return os.stat(self.v2_dir).st_ino
+
+    @property
+    def block_id(self) -> int:
+        """The id of the cgroup its block I/O is charged to (a bio's ``bi_blkg``, which the
+        read throttle queues by): the v1 blkio controller's where the host has one, else the
+        cgroup-v2 id."""
+        return os.stat(self.blkio_dir).st_ino if self.blkio_dir is not None else self.v2_id
 
     @property
     def is_v1(self) -> bool:
@@ -67,7 +76,7 @@ def cgroups_of(pid: int) -> ProcessCgroups:
         raise UserError(f"process {pid} has no cgroup-v2 membership; twintrace needs cgroup v2")
     root = unified_root()
     v2_dir = root / v2_rel.lstrip("/")
-    cpuacct = memory = None
+    cpuacct = memory = blkio = None
     pids: Path | None = v2_dir
     if root != CGROUP_ROOT:
         if "cpuacct" in v1:
@@ -75,7 +84,8 @@ def cgroups_of(pid: int) -> ProcessCgroups:
         if "memory" in v1:
             memory = _v1_dir("memory", v1["memory"])
         pids = _v1_dir("pids", v1["pids"]) if "pids" in v1 else None
-    return ProcessCgroups(v2_dir=v2_dir, cpuacct_dir=cpuacct, memory_dir=memory, pids_dir=pids)
+        blkio = _v1_dir("blkio", v1["blkio"]) if "blkio" in v1 else None
+    return ProcessCgroups(v2_dir, cpuacct, memory, pids, blkio)
 
 
 def _v1_dir(controller: str, rel: str) -> Path:

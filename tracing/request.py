@@ -476,10 +476,13 @@ def image_request(
     environment: Mapping[str, str] | None = None,
     run: RunOptions = RunOptions(),
 ) -> RunRequest:
-    """A run of any image: ``command`` (None: the image's own), ``data_dir`` at /data."""
+    """A run of any image: ``command`` (None: the image's own), ``data_dir`` at /data (its
+    disk's reads capped at the run's ``read_bps``, when it has one)."""
     all_mounts = list(mounts)
     if data_dir is not None:
         all_mounts.append(BindMount.parse(f"{data_dir}:{DATA_MOUNT}:ro"))
+    elif run.limits.read_bps is not None:
+        raise SettingError("{read_limit} caps the reads of the disk of {data}: give {data}")
     label = image.split("/")[-1].replace(":", "-")
     return RunRequest(
         label=label,
@@ -494,6 +497,7 @@ def image_request(
                 memory_bytes=run.limits.memory_bytes,
                 cpus=run.limits.cpus,
                 pids_limit=run.limits.pids,
+                device_read_bps=read_throttle(data_dir, run.limits.read_bps) if data_dir else (),
                 gpus=run.gpus,
             ),
         ),
