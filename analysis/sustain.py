@@ -6,7 +6,9 @@ Every figure is over the run's measured steps (each epoch's first step left out,
 
 - ``au``, ``samples_per_s``, ``delivered_bytes_per_s`` and ``needed_bytes_per_s``
   (:func:`analysis.breakdown.storage_demand`): the dataset's read syscalls, and the rate the
-  accelerators would need for AU 100%;
+  run's own reads imply at AU 100 % (what it got, over the time it computed); the search adds
+  ``demand_bytes_per_s``, the count times the first (one accelerator's) ``needed_bytes_per_s``:
+  what the count needs from the storage;
 - ``storage_bytes``: the bytes the run's containers read from the block device in that window
   (block reads attributed to them: docs/run-format.md) and ``storage_share``, their share of the
   dataset's read bytes (at most 1): what came from the storage, the rest from the page cache;
@@ -144,11 +146,17 @@ def limiter(figures: Mapping[str, Any], threshold: float) -> tuple[str, str]:
             f"{_share(figures.get('loader_share'))} of it"
         )
     if figures.get("storage_share") is not None and not math.isnan(figures["storage_share"]):
+        demand = figures.get("demand_bytes_per_s")
+        needed = (
+            f"{demand / mb:.1f} MB/s ({figures['accelerators']} x the demand of one accelerator "
+            "alone)"
+            if demand
+            else f"{figures['needed_bytes_per_s'] / mb:.1f} MB/s"
+        )
         return "storage", (
             f"{LIMITS['storage']}: it delivered {figures['storage_bytes_per_s'] / mb:.1f} MB/s "
-            f"from the device while the accelerators needed "
-            f"{figures['needed_bytes_per_s'] / mb:.1f} MB/s; the CPU had room ({_share(busy)} "
-            "busy)"
+            f"from the device while the accelerators needed {needed}; the CPU had room "
+            f"({_share(busy)} busy)"
         )
     return "pipeline", LIMITS["pipeline"]
 
@@ -186,7 +194,8 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
         f = r["figures"]
         lines.append(
             f"{r['accelerators']:>12}  {_pct(f.get('au')):>6}  "
-            f"{_mb(f.get('needed_bytes_per_s')):>11}  {_mb(f.get('delivered_bytes_per_s')):>9}  "
+            f"{_mb(f.get('demand_bytes_per_s') or f.get('needed_bytes_per_s')):>11}  "
+            f"{_mb(f.get('delivered_bytes_per_s')):>9}  "
             f"{_mb(f.get('storage_bytes_per_s')):>12}  {_pct(f.get('storage_share')):>12}  "
             f"{_pct(f.get('cpu_busy')):>8}" + ("  (page cache)" if cached(f) else "")
         )
@@ -233,7 +242,7 @@ def sustain_figure(result: Mapping[str, Any]) -> go.Figure:
     if answer["accelerators"]:
         fig.add_vline(x=answer["accelerators"], line_dash="dot", annotation_text="sustained")
     for key, name in (
-        ("needed_bytes_per_s", "needed by the accelerators"),
+        ("demand_bytes_per_s", "needed at AU 100 % (the count x one alone)"),
         ("delivered_bytes_per_s", "read (syscalls)"),
         ("storage_bytes_per_s", "from the storage (block)"),
     ):

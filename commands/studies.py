@@ -245,11 +245,12 @@ def hfta(
 @data_option("Its dataset (./cli.py datagen).", dest="data")
 @click.option(
     "--variant",
-    type=click.Choice(["sleep", "dlio"]),
+    type=click.Choice(["sleep", "dlio", "both"]),
     default="sleep",
     show_default=True,
     help="What emulates the accelerators: the sleep variant, or DLIO (MLPerf Storage's engine) "
-    "from the same settings and profile, on its own copy of the data.",
+    "from the same settings and profile, on its own copy of the data; both: one search each "
+    "(OUT/sleep, OUT/dlio), side by side.",
 )
 @click.option(
     "--accelerator",
@@ -329,25 +330,41 @@ def sustain(
       ./cli.py sustain --workload unet3d --data data/unet3d --accelerator a100
       ./cli.py sustain --workload unet3d --data data/unet3d --read-rate 100MB --max-steps 20
     """
-    from experiments.study_state import sole_runner
-    from experiments.sustain import SustainSettings, find_sustained, load_results
+    import dataclasses
 
+    from experiments.study_state import sole_runner
+    from experiments.sustain import SustainSettings, compare_lines, find_sustained, load_results
+
+    both = settings["variant"] == "both"
     search = SustainSettings(
-        **settings,
+        **{**settings, "variant": "sleep" if both else settings["variant"]},
         read_bps=parse_size(read_rate) if read_rate else None,
         memory_limit=parse_size(memory_limit) if memory_limit else None,
         timeout_s=timeout,
     )
     if out_dir is None:
         out_dir = Path("runs/sustain") / f"{time.strftime('%Y%m%d-%H%M%S')}-{search.workload}"
+
+    def log(line: str) -> None:
+        err_console.print(styled(line), highlight=False)
+
     with sole_runner(out_dir):
-        path = find_sustained(
-            search, out_dir, log=lambda line: err_console.print(styled(line), highlight=False)
-        )
+        if not both:
+            paths = [find_sustained(search, out_dir, log)]
+        else:
+            paths = []
+            for variant in ("sleep", "dlio"):
+                log(f"the search with {variant}")
+                chosen = dataclasses.replace(search, variant=variant)
+                paths.append(find_sustained(chosen, out_dir / variant, log))
+            for line in compare_lines(*(load_results(p) for p in paths)):
+                log(line)
     if as_json:
-        click.echo(json.dumps(load_results(path), indent=2, sort_keys=True))
+        results = [load_results(p) for p in paths]
+        click.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     else:
-        click.echo(str(path))
+        for path in paths:
+            click.echo(str(path))
 
 
 @click.group()

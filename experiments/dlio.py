@@ -48,7 +48,13 @@ from datagen.common import MARKER_NAME, load_manifest, write_manifest
 from store.hostprofiles import foreign_fix, rank_threads, warn_if_foreign
 from tracing import container
 from tracing.container import BindMount
-from tracing.request import ContainerSpec, RunOptions, RunRequest, accelerator_profile
+from tracing.request import (
+    ContainerSpec,
+    RunOptions,
+    RunRequest,
+    accelerator_profile,
+    read_throttle,
+)
 from workloads import dlio
 from workloads.config import WorkloadConfig
 
@@ -417,6 +423,7 @@ def dlio_request(
         memory_bytes=run.limits.memory_bytes,
         cpus=run.limits.cpus,
         pids_limit=run.limits.pids,
+        device_read_bps=read_throttle(mirror, run.limits.read_bps),
     )
     members: tuple[ContainerSpec, ...] = (member,)
     if rank_containers:

@@ -182,8 +182,6 @@ def _trace(s: SustainSettings, count: int, runs_root: Path, log: Log) -> Run:
     from tracing.host import drop_caches
     from tracing.runner import trace
 
-    if s.cache == "drop":
-        drop_caches()
     request = study_state.study_request(
         s,
         Path(s.data),
@@ -198,6 +196,8 @@ def _trace(s: SustainSettings, count: int, runs_root: Path, log: Log) -> Run:
         read_limit=s.read_bps,
         options=dict(s.options),
     )
+    if s.cache == "drop":  # after the request: DLIO's copy of the dataset is made with it
+        drop_caches()
     return load_run(trace(request).check())
 
 
@@ -236,6 +236,11 @@ def find_sustained(s: SustainSettings, out: Path, log: Log = print) -> Path:
         )
     _, best, _ = search_counts(passes, s.max_accelerators)
     best = best or 0
+    # What the accelerators need at AU 100 %: the count times one accelerator's demand alone
+    # (the rate a run's own reads imply is what it got, at the AU it had).
+    one = rows[1]["figures"].get("needed_bytes_per_s") if 1 in rows else None
+    for count, row in rows.items():
+        row["figures"]["demand_bytes_per_s"] = count * one if one else None
     failed = min((n for n, ok in passes.items() if not ok and n > best), default=None)
     code, sentence = limiter(
         rows[failed]["figures"] if failed else rows[best]["figures"], threshold
@@ -273,6 +278,31 @@ def find_sustained(s: SustainSettings, out: Path, log: Log = print) -> Path:
         table=table_lines,
         log=log,
     )
+
+
+def compare_lines(ours: Mapping[str, Any], dlio: Mapping[str, Any]) -> list[str]:
+    """The two searches side by side (``--variant both``): per count tried, each one's AU and
+    rate from the storage; then each answer and its limit."""
+    by_count: dict[int, dict[str, Any]] = {}
+    for name, result in (("sleep", ours), ("dlio", dlio)):
+        for r in result["runs"]:
+            by_count.setdefault(r["accelerators"], {})[name] = r["figures"]
+    lines = [f"{'accelerators':>12}  {'AU sleep':>8}  {'AU DLIO':>8}  {'storage MB/s sleep':>18}  "
+             f"{'storage MB/s DLIO':>17}"]  # fmt: skip
+    for count in sorted(by_count):
+        a, b = by_count[count].get("sleep", {}), by_count[count].get("dlio", {})
+        lines.append(
+            f"{count:>12}  {_percent(a.get('au')):>8}  {_percent(b.get('au')):>8}  "
+            f"{_mb(a.get('storage_bytes_per_s')):>18}  {_mb(b.get('storage_bytes_per_s')):>17}"
+        )
+    for name, result in (("ours (sleep)", ours), ("DLIO", dlio)):
+        answer = result["answer"]
+        lines.append(f"{name}: {answer['accelerators']}, limited by {answer['limit_text']}")
+    return lines
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value / 1e6:.1f}"
 
 
 def _percent(value: float | None) -> str:
