@@ -136,8 +136,8 @@ def test_a_capped_storage_sustains_the_count_its_cap_predicts(
 ) -> None:
     """The dataset disk's reads capped at C bytes/s (the blkio throttle), each emulated
     accelerator needing D bytes/s at AU 100 % (a case per step over the profile's compute time):
-    the search's answer is floor(C / (0.9 D)) within one, limited by the storage, every run
-    cold (no page-cache flag)."""
+    the answer is floor(C / (0.9 D)) within one, limited by the storage, every run cold (no
+    page-cache flag); with our sleep variant and with DLIO (``--variant both``)."""
     from datagen.common import load_manifest
     from workloads.profile import default_profile
 
@@ -147,30 +147,34 @@ def test_a_capped_storage_sustains_the_count_its_cap_predicts(
     compute_s = default_profile("unet3d").compute_params(1, 1)[0]
     demand = case_bytes / compute_s
     cap = int(2.5 * 0.9 * demand)  # 2.5 accelerators' worth
-    out = tmp_path / "sustain"
-    done = run_cli(
-        "sustain", "--workload", "unet3d", "--data", str(slow_storage_data),
-        "--batch-size", "1", "--workers", "1", "--max-steps", "8", "--max-accelerators", "8",
-        "--read-rate", str(cap), "--set", "patch_size=32", "--out", str(out),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    result = json.loads((out / "sustain.json").read_text())
-    answer = result["answer"]
     predicted = math.floor(cap / (0.9 * demand))
-    print(done.stderr)
-    assert abs(answer["accelerators"] - predicted) <= 1, (answer, predicted)
-    assert answer["limit"] == "storage", answer
-    assert answer["cached_runs"] == []
-    counts = [r["accelerators"] for r in result["runs"]]
-    assert counts[:2] == [1, 2] and len(counts) <= 6
-    assert (out / "sustain.html").is_file()
-    # Run again: every run is kept, none traced again.
-    again = run_cli(
-        "sustain", "--workload", "unet3d", "--data", str(slow_storage_data),
+    out = tmp_path / "sustain"
+    args = (
+        "sustain", "--workload", "unet3d", "--data", str(slow_storage_data), "--variant", "both",
         "--batch-size", "1", "--workers", "1", "--max-steps", "8", "--max-accelerators", "8",
         "--read-rate", str(cap), "--set", "patch_size=32", "--out", str(out),
     )  # fmt: skip
-    assert again.returncode == 0 and again.stderr.count("done before, kept") == len(counts)
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
+    print(done.stderr)
+    assert done.stdout.split() == [str(out / v / "sustain.json") for v in ("sleep", "dlio")]
+    runs = 0
+    for variant in ("sleep", "dlio"):
+        result = json.loads((out / variant / "sustain.json").read_text())
+        answer = result["answer"]
+        assert abs(answer["accelerators"] - predicted) <= 1, (variant, answer, predicted)
+        assert answer["limit"] == "storage", (variant, answer)
+        assert answer["cached_runs"] == [], (variant, answer)
+        counts = [r["accelerators"] for r in result["runs"]]
+        assert counts[:2] == [1, 2] and len(counts) <= 6
+        for r in result["runs"]:  # every count read at the cap or below, from the device
+            assert r["figures"]["storage_bytes_per_s"] <= 1.1 * cap, (variant, r)
+        assert (out / variant / "sustain.html").is_file()
+        runs += len(counts)
+    assert "ours (sleep): " in done.stderr and "\nDLIO: " in done.stderr
+    # Run again: every run is kept, none traced again.
+    again = run_cli(*args)
+    assert again.returncode == 0 and again.stderr.count("done before, kept") == runs
 
 
 @pytest.mark.docker
