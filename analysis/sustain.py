@@ -143,7 +143,7 @@ def limiter(figures: Mapping[str, Any], threshold: float) -> tuple[str, str]:
         return "client_cpu", (
             f"{LIMITS['client_cpu']}: the containers used {figures['cpu_cores']:.2f} of their "
             f"{figures['cpu_capacity']:.2f} cores ({busy:.0%}), the loader workers "
-            f"{_share(figures.get('loader_share'))} of it"
+            f"{percent(figures.get('loader_share'), '?')} of it"
         )
     if figures.get("storage_share") is not None and not math.isnan(figures["storage_share"]):
         demand = figures.get("demand_bytes_per_s")
@@ -156,13 +156,9 @@ def limiter(figures: Mapping[str, Any], threshold: float) -> tuple[str, str]:
         return "storage", (
             f"{LIMITS['storage']}: it delivered {figures['storage_bytes_per_s'] / mb:.1f} MB/s "
             f"from the device while the accelerators needed {needed}; the CPU had room "
-            f"({_share(busy)} busy)"
+            f"({percent(busy, '?')} busy)"
         )
     return "pipeline", LIMITS["pipeline"]
-
-
-def _share(value: float | None) -> str:
-    return "?" if value is None or math.isnan(value) else f"{value:.0%}"
 
 
 def search_counts(passes: Mapping[int, bool], largest: int) -> tuple[int | None, int | None, bool]:
@@ -193,11 +189,11 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
     for r in sorted(result["runs"], key=lambda r: r["accelerators"]):
         f = r["figures"]
         lines.append(
-            f"{r['accelerators']:>12}  {_pct(f.get('au')):>6}  "
-            f"{_mb(f.get('demand_bytes_per_s') or f.get('needed_bytes_per_s')):>11}  "
-            f"{_mb(f.get('delivered_bytes_per_s')):>9}  "
-            f"{_mb(f.get('storage_bytes_per_s')):>12}  {_pct(f.get('storage_share')):>12}  "
-            f"{_pct(f.get('cpu_busy')):>8}" + ("  (page cache)" if cached(f) else "")
+            f"{r['accelerators']:>12}  {percent(f.get('au')):>6}  "
+            f"{megabytes(f.get('demand_bytes_per_s') or f.get('needed_bytes_per_s')):>11}  "
+            f"{megabytes(f.get('delivered_bytes_per_s')):>9}  "
+            f"{megabytes(f.get('storage_bytes_per_s')):>12}  {percent(f.get('storage_share')):>12}  "
+            f"{percent(f.get('cpu_busy')):>8}" + ("  (page cache)" if cached(f) else "")
         )
     answer = result["answer"]
     lines.append(
@@ -207,16 +203,36 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _pct(value: float | None) -> str:
-    return (
-        "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.0%}"
-    )
+def percent(value: float | None, missing: str = "-") -> str:
+    """A fraction as a whole percent; ``missing`` for none (None or NaN)."""
+    return missing if value is None or math.isnan(value) else f"{value:.0%}"
 
 
-def _mb(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value / 1e6:.1f}"
+def megabytes(value: float | None) -> str:
+    """Bytes per second in MB/s, one decimal; "-" for none."""
+    return "-" if value is None or math.isnan(value) else f"{value / 1e6:.1f}"
+
+
+def compare_lines(ours: Mapping[str, Any], dlio: Mapping[str, Any]) -> list[str]:
+    """Two searches side by side (``--variant both``): per count tried, each one's AU and rate
+    from the storage; then each answer and its limit."""
+    by_count: dict[int, dict[str, Any]] = {}
+    for name, result in (("sleep", ours), ("dlio", dlio)):
+        for r in result["runs"]:
+            by_count.setdefault(r["accelerators"], {})[name] = r["figures"]
+    lines = [f"{'accelerators':>12}  {'AU sleep':>8}  {'AU DLIO':>8}  {'storage MB/s sleep':>18}  "
+             f"{'storage MB/s DLIO':>17}"]  # fmt: skip
+    for count in sorted(by_count):
+        a, b = by_count[count].get("sleep", {}), by_count[count].get("dlio", {})
+        lines.append(
+            f"{count:>12}  {percent(a.get('au')):>8}  {percent(b.get('au')):>8}  "
+            f"{megabytes(a.get('storage_bytes_per_s')):>18}  "
+            f"{megabytes(b.get('storage_bytes_per_s')):>17}"
+        )
+    for name, result in (("ours (sleep)", ours), ("DLIO", dlio)):
+        answer = result["answer"]
+        lines.append(f"{name}: {answer['accelerators']}, limited by {answer['limit_text']}")
+    return lines
 
 
 def sustain_figure(result: Mapping[str, Any]) -> go.Figure:
@@ -263,8 +279,11 @@ __all__ = [
     "CPU_BUSY",
     "LIMITS",
     "cached",
+    "compare_lines",
     "limiter",
+    "megabytes",
     "page_cache_note",
+    "percent",
     "run_figures",
     "search_counts",
     "sustain_figure",

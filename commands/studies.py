@@ -332,8 +332,9 @@ def sustain(
     """
     import dataclasses
 
+    from analysis.sustain import compare_lines
     from experiments.study_state import sole_runner
-    from experiments.sustain import SustainSettings, compare_lines, find_sustained, load_results
+    from experiments.sustain import SustainSettings, find_sustained, load_results
 
     both = settings["variant"] == "both"
     search = SustainSettings(

@@ -36,6 +36,7 @@ from typing import Any
 from analysis.sustain import (
     cached,
     limiter,
+    percent,
     run_figures,
     search_counts,
     sustain_figure,
@@ -230,7 +231,7 @@ def find_sustained(s: SustainSettings, out: Path, log: Log = print) -> Path:
             "figures": figures,
         }
         log(
-            f"{count} accelerator(s): AU {_percent(au)} "
+            f"{count} accelerator(s): AU {percent(au)} "
             f"({'at' if passes[count] else 'below'} the {threshold:.0%} threshold)"
             + ("; its reads mostly came from the page cache" if cached(figures) else "")
         )
@@ -278,35 +279,6 @@ def find_sustained(s: SustainSettings, out: Path, log: Log = print) -> Path:
         table=table_lines,
         log=log,
     )
-
-
-def compare_lines(ours: Mapping[str, Any], dlio: Mapping[str, Any]) -> list[str]:
-    """The two searches side by side (``--variant both``): per count tried, each one's AU and
-    rate from the storage; then each answer and its limit."""
-    by_count: dict[int, dict[str, Any]] = {}
-    for name, result in (("sleep", ours), ("dlio", dlio)):
-        for r in result["runs"]:
-            by_count.setdefault(r["accelerators"], {})[name] = r["figures"]
-    lines = [f"{'accelerators':>12}  {'AU sleep':>8}  {'AU DLIO':>8}  {'storage MB/s sleep':>18}  "
-             f"{'storage MB/s DLIO':>17}"]  # fmt: skip
-    for count in sorted(by_count):
-        a, b = by_count[count].get("sleep", {}), by_count[count].get("dlio", {})
-        lines.append(
-            f"{count:>12}  {_percent(a.get('au')):>8}  {_percent(b.get('au')):>8}  "
-            f"{_mb(a.get('storage_bytes_per_s')):>18}  {_mb(b.get('storage_bytes_per_s')):>17}"
-        )
-    for name, result in (("ours (sleep)", ours), ("DLIO", dlio)):
-        answer = result["answer"]
-        lines.append(f"{name}: {answer['accelerators']}, limited by {answer['limit_text']}")
-    return lines
-
-
-def _mb(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value / 1e6:.1f}"
-
-
-def _percent(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.0%}"
 
 
 __all__ = [
