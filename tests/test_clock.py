@@ -9,12 +9,22 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tracing.agent import Agent, AgentClient, serve
-from tracing.clock import Exchange, drift_ppm, estimate, host_clock, measure
+from tracing.clock import (
+    MAX_ROUNDS,
+    ROUNDS,
+    TARGET_BOUND_NS,
+    Exchange,
+    drift_ppm,
+    estimate,
+    host_clock,
+    measure,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -81,6 +91,40 @@ def test_measure_calls_the_host_once_per_round() -> None:
     found = measure(ask, rounds=5, clock=lambda: next(ticks))
     assert len(calls) == 5 and found.rounds == 5
     assert abs(found.offset_ns - 7_000) <= found.bound_ns
+
+
+def _slow_then_fast(slow: int) -> tuple[Callable[[], tuple[int, int]], Callable[[], int]]:
+    """An agent 5 us ahead whose first ``slow`` round trips take 3 ms (a busy host), the next
+    20 us; its ``ask`` and the coordinator's clock."""
+    now = [0]
+    calls = [0]
+
+    def clock() -> int:
+        return now[0]
+
+    def ask() -> tuple[int, int]:
+        calls[0] += 1
+        leg = 1_500_000 if calls[0] <= slow else 10_000
+        now[0] += leg
+        t1 = now[0] + 5_000
+        now[0] += leg
+        return t1, t1
+
+    return ask, clock
+
+
+def test_a_busy_host_gets_more_exchanges_until_the_bound_is_tight() -> None:
+    ask, clock = _slow_then_fast(slow=20)
+    found = measure(ask, clock=clock)
+    assert found.rounds == 21 and found.bound_ns <= TARGET_BOUND_NS
+    assert abs(found.offset_ns - 5_000) <= found.bound_ns
+    # Never faster: it stops at MAX_ROUNDS with the best it had.
+    ask, clock = _slow_then_fast(slow=10**6)
+    found = measure(ask, clock=clock)
+    assert found.rounds == MAX_ROUNDS and found.bound_ns > TARGET_BOUND_NS
+    # A quiet host: ROUNDS, no more.
+    ask, clock = _slow_then_fast(slow=0)
+    assert measure(ask, clock=clock).rounds == ROUNDS
 
 
 @pytest.mark.parametrize("offset", [0, 3_600_000_000_000, -42_000_017])

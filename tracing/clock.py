@@ -28,6 +28,11 @@ from collections.abc import Callable, Sequence
 #: Exchanges per estimate: the smallest round trip of eight is within a few microseconds of
 #: the floor on a loaded loopback (tests/test_clock.py).
 ROUNDS = 8
+#: A bound above this after ROUNDS exchanges (on a busy host every round trip of eight can
+#: wait for a CPU: a CI run saw 1.2 ms) asks for more exchanges, up to MAX_ROUNDS (a round
+#: trip costs well under a millisecond: at most a few tens of ms more, only when needed).
+TARGET_BOUND_NS = 500_000
+MAX_ROUNDS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +87,15 @@ def measure(
     ask: Callable[[], tuple[int, int]],
     rounds: int = ROUNDS,
     clock: Callable[[], int] = time.monotonic_ns,
+    target_ns: int = TARGET_BOUND_NS,
+    max_rounds: int = MAX_ROUNDS,
 ) -> ClockEstimate:
-    """``rounds`` exchanges through ``ask`` (one call to the agent, returning its ``t1, t2``)."""
-    exchanges = []
-    for _ in range(rounds):
+    """``rounds`` exchanges through ``ask`` (one call to the agent, returning its ``t1, t2``),
+    and more while the bound is above ``target_ns``, up to ``max_rounds`` in all."""
+    exchanges: list[Exchange] = []
+    while len(exchanges) < rounds or (
+        len(exchanges) < max_rounds and estimate(exchanges).bound_ns > target_ns
+    ):
         t0 = clock()
         t1, t2 = ask()
         t3 = clock()
