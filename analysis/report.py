@@ -69,12 +69,13 @@ def run_summary_lines(run_dir: Path) -> list[str]:
 def demand_lines(run: rundir.Run) -> list[str]:
     """The steps of an instrumented or sleep run: time split, AU, and the data rate delivered
     vs needed to keep the accelerators busy (:func:`analysis.breakdown.storage_demand`)."""
-    from analysis.breakdown import storage_demand
+    from analysis.breakdown import step_table, storage_demand
 
     if run.variant not in ("instrumented", "sleep", "dlio") or "phases" in run.missing:
         return []
     try:
-        d = storage_demand(run)
+        steps = step_table(run)
+        d = storage_demand(run, steps)
     except UserError:
         return []
     if not d["steps"]:
@@ -93,7 +94,7 @@ def demand_lines(run: rundir.Run) -> list[str]:
     ]
     from analysis.sustain import page_cache_note
 
-    note = page_cache_note(run, d)
+    note = page_cache_note(run, d, steps)
     if note:
         lines.append(f"  page cache: {note}")
     peer = _dlio_figures(run)

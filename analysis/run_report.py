@@ -36,7 +36,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from analysis import io_profile as iop
-from analysis.breakdown import LOADER_KEYS, dataset_reads, storage_demand
+from analysis.breakdown import LOADER_KEYS, dataset_reads, step_table, storage_demand
 from analysis.figures import shared_plotly_js
 from analysis.tables import interval_rows, is_value
 from core.atomic import atomic_write_text
@@ -310,7 +310,8 @@ def training_facts(run: Run) -> list[tuple[str, str]]:
         )
     )
     try:
-        demand = storage_demand(run)
+        table = step_table(run)
+        demand = storage_demand(run, table)
     except UserError:
         return facts
     if demand["steps"]:
@@ -328,7 +329,7 @@ def training_facts(run: Run) -> list[tuple[str, str]]:
         ]
         from analysis.sustain import page_cache_note
 
-        note = page_cache_note(run, demand)
+        note = page_cache_note(run, demand, table)
         if note:
             facts.append(("page cache", note))
     return facts

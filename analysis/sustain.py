@@ -112,17 +112,26 @@ def cached(figures: Mapping[str, Any]) -> bool:
     return share is not None and not math.isnan(share) and share < CACHED_SHARE
 
 
-def page_cache_note(run: Run, demand: Mapping[str, Any] | None = None) -> str | None:
+#: What measures the storage instead of the page cache, in the words of every warning.
+REMEDIES = (
+    "drop the caches before each run (`sync; echo 3 > /proc/sys/vm/drop_caches` as root; "
+    "`./cli.py sustain --cache drop`), give the containers a --memory-limit, or use a dataset "
+    "larger than memory"
+)
+
+
+def page_cache_note(
+    run: Run, demand: Mapping[str, Any] | None = None, steps: pd.DataFrame | None = None
+) -> str | None:
     """The warning a run whose dataset reads mostly never reached the storage gets (``show``,
-    the report, the sustain result), with the remedies; None for a run that read its storage."""
-    figures = run_figures(run, demand=demand)
+    the report), with the remedies; None for a run that read its storage. ``demand`` and
+    ``steps`` as for :func:`run_figures`."""
+    figures = run_figures(run, steps, demand)
     if not cached(figures):
         return None
     return (
         f"{1 - figures['storage_share']:.0%} of the dataset's bytes read came from the page "
-        "cache, not the storage: this run measured memory; for storage, drop the caches before "
-        "it (`sync; echo 3 > /proc/sys/vm/drop_caches` as root; `./cli.py sustain --cache "
-        "drop`), give its containers a --memory-limit, or use a dataset larger than memory"
+        f"cache, not the storage: this run measured memory; for storage, {REMEDIES}"
     )
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.sustain import (
+    REMEDIES,
     cached,
     limiter,
     percent,
@@ -211,6 +212,7 @@ def find_sustained(s: SustainSettings, out: Path, log: Log = print) -> Path:
     threshold = s.threshold
     passes: dict[int, bool] = {}
     rows: dict[int, dict[str, Any]] = {}
+    host: dict[str, Any] = {}  # the first run's, as every study's results record it
     while True:
         count, _, done = search_counts(passes, s.max_accelerators)
         if done or count is None:
@@ -220,6 +222,7 @@ def find_sustained(s: SustainSettings, out: Path, log: Log = print) -> Path:
         run = study_state.kept_or_traced(
             key, state, state_path, lambda n=count: _trace(s, n, runs_root, log), log
         )
+        host = host or dict(run.manifest.get("host") or {})
         figures = run_figures(run)
         au = figures.get("au")
         passes[count] = au is not None and not math.isnan(au) and au >= threshold
@@ -262,12 +265,9 @@ def find_sustained(s: SustainSettings, out: Path, log: Log = print) -> Path:
     if answer["cached_runs"]:
         log(
             f"warning: the runs of {', '.join(map(str, answer['cached_runs']))} accelerator(s) "
-            "read mostly from the page cache: they measured memory, not storage; drop the "
-            "caches before each run (--cache drop), give the containers a --memory-limit, or "
-            "a larger dataset"
+            f"read mostly from the page cache: they measured memory, not storage; {REMEDIES}"
         )
     runs = [rows[n] for n in sorted(rows)]
-    host = dict(load_run(Path(runs[0]["run_dir"])).manifest.get("host") or {}) if runs else {}
     return study_state.finish(
         RESULTS,
         out,

@@ -1191,10 +1191,10 @@ def _process(
         )
         rundir.write_table(run_dir / "samples.parquet", samples, rundir.SAMPLES_COLUMNS)
         rundir.write_table(run_dir / "phases.parquet", phases, rundir.PHASES_COLUMNS)
-        said = [_pids_refused(samples, manifest)]
-        if manifest.get("cluster"):
-            said.append(_traced_memory_kills(run_dir / "events.parquet", manifest))
-        if status == "failed":
+        if status == "failed":  # what the samples and the trace add to why
+            said = [_pids_refused(samples, manifest)]
+            if manifest.get("cluster"):
+                said.append(_traced_memory_kills(run_dir / "events.parquet", manifest))
             error = "; ".join(filter(None, [error, *said])) or None
         manifest["lost_events"] = stats.lost_events
         manifest["tracer_behind"] = stats.behind
