@@ -296,10 +296,37 @@ def hfta(
 @click.option("--cpus", type=float, default=None, help="CPU limit of the container.")
 @click.option(
     "--cache",
-    type=click.Choice(["drop", "keep"]),
+    type=click.Choice(["drop", "epochs", "keep"]),
     default="drop",
     show_default=True,
-    help="drop: the page cache dropped before each run (root), so each starts cold.",
+    help="drop: the page cache dropped before each run (root), so each starts cold; epochs: "
+    "also between a run's epochs, every rank waiting meanwhile (our variants); keep: never.",
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Spread each count's accelerators (a container each) over K nodes of a swarm, an "
+    "agent tracing each (docs/cluster.md): the virtual cluster (./cli.py cluster up), or the "
+    "one --engine names.",
+)
+@click.option(
+    "--cluster",
+    default="twintrace",
+    show_default=True,
+    help="With --nodes: the virtual cluster's name.",
+)
+@click.option(
+    "--engine",
+    metavar="URL",
+    default=None,
+    help="With --nodes: a real swarm, by its manager's engine (then --cache keep).",
+)
+@click.option(
+    "--registry",
+    metavar="HOST:PORT",
+    default=None,
+    help="With --engine: the registry the swarm's nodes pull the run's images from.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Training seed.")
 @click.option("--timeout", type=float, default=None, help="Fail a run still going after this (s).")
@@ -329,6 +356,7 @@ def sustain(
     Examples:
       ./cli.py sustain --workload unet3d --data data/unet3d --accelerator a100
       ./cli.py sustain --workload unet3d --data data/unet3d --read-rate 100MB --max-steps 20
+      ./cli.py sustain --workload unet3d --data /shared/unet3d --nodes 3 --cache epochs --epochs 2
     """
     import dataclasses
 
@@ -343,6 +371,8 @@ def sustain(
         memory_limit=parse_size(memory_limit) if memory_limit else None,
         timeout_s=timeout,
     )
+    if both:  # every setting DLIO's search will run with, checked before the first run
+        dataclasses.replace(search, variant="dlio")
     if out_dir is None:
         out_dir = Path("runs/sustain") / f"{time.strftime('%Y%m%d-%H%M%S')}-{search.workload}"
 

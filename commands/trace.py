@@ -56,6 +56,12 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Synthetic data: one batch loaded at start-up feeds every step (no reads, no decode).",
 )
+@click.option(
+    "--drop-caches-between-epochs",
+    is_flag=True,
+    help="Drop the host's page cache between epochs, every rank waiting meanwhile (root): "
+    "every epoch reads the storage, not memory.",
+)
 @click.option("--eval-every", type=int, default=None, help="Evaluate every N epochs (0: never).")
 @click.option(
     "--checkpoint-every", type=int, default=None, help="Checkpoint every N epochs (0: never)."

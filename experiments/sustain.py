@@ -59,6 +59,9 @@ RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, S
 #: workload here); any other workload: :data:`DEFAULT_AU`, twintrace's.
 AU_RULES: Mapping[str, float] = {"unet3d": 0.9, "resnet50": 0.9}
 DEFAULT_AU = 0.9
+#: The page cache: ``drop`` before each run, ``epochs`` before each run and between its
+#: epochs (every rank waits meanwhile), ``keep`` never dropped.
+CACHE_CHOICES = ("drop", "epochs", "keep")
 #: MLPerf Storage's sizing rules: the dataset at least this many times the clients' memory,
 SIZING_FACTOR = 5
 #: and at least this many steps in a run.
@@ -84,6 +87,10 @@ class SustainSettings:
     memory_limit: int | None = None
     cpus: float | None = None
     cache: str = "drop"
+    nodes: int | None = None
+    cluster: str = "twintrace"
+    engine: str | None = None
+    registry: str | None = None
     seed: int = 0
     timeout_s: float | None = None
     options: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -101,8 +108,25 @@ class SustainSettings:
             raise UserError(f"--au must be above 0 and at most 1, got {self.au}")
         if self.max_accelerators < 1:
             raise UserError(f"--max-accelerators must be 1 or more, got {self.max_accelerators}")
-        if self.cache not in ("drop", "keep"):
-            raise UserError(f"--cache must be drop or keep, got {self.cache!r}")
+        if self.cache not in CACHE_CHOICES:
+            raise UserError(
+                f"--cache must be one of {', '.join(CACHE_CHOICES)}, got {self.cache!r}"
+            )
+        if self.cache == "epochs" and self.variant == "dlio":
+            raise UserError(
+                "--cache epochs pauses our ranks between epochs, and DLIO's epochs cannot be "
+                "paused: use --cache drop with --epochs 1, or a --memory-limit"
+            )
+        if self.cache != "keep" and self.engine is not None:
+            raise UserError(
+                f"--cache {self.cache} drops this host's page cache, not the nodes' of the swarm "
+                "--engine names: use --cache keep with a --memory-limit on the containers (or "
+                "a dataset 5x their memory)"
+            )
+        if self.nodes is not None and self.nodes < 1:
+            raise UserError(f"--nodes must be 1 or more, got {self.nodes}")
+        if self.nodes is None and (self.engine or self.registry):
+            raise UserError("--engine and --registry are for a search across --nodes")
         if self.epochs < 1:
             raise UserError(f"--epochs must be 1 or more, got {self.epochs}")
 
@@ -147,7 +171,13 @@ def check_sizing(s: SustainSettings, log: Log) -> dict[str, Any]:
         steps = min(steps, s.max_steps)
     warnings = []
     need = SIZING_FACTOR * memory
-    if summary.bytes < need:
+    if s.engine is not None and not s.memory_limit:
+        warnings.append(
+            "the memory of the swarm's nodes is not known here, so the dataset cannot be "
+            f"checked against it: give the containers a --memory-limit (the dataset "
+            f"{format_size(summary.bytes)} is 5x of {summary.bytes // SIZING_FACTOR})"
+        )
+    elif summary.bytes < need:
         warnings.append(
             f"the dataset ({format_size(summary.bytes)}) is {summary.bytes / memory:.2f}x "
             f"{whose} ({format_size(memory)}); MLPerf Storage asks for at least "
@@ -168,8 +198,8 @@ def check_sizing(s: SustainSettings, log: Log) -> dict[str, Any]:
         "bytes": summary.bytes,
         "items": summary.items,
         "files": summary.files,
-        "memory_bytes": memory,
-        "memory_of": whose,
+        "memory_bytes": None if s.engine and not s.memory_limit else memory,
+        "memory_of": "the swarm's nodes (not known)" if s.engine and not s.memory_limit else whose,
         "steps_one_accelerator": steps * s.epochs,
         "warnings": warnings,
     }
@@ -197,8 +227,20 @@ def _trace(s: SustainSettings, count: int, runs_root: Path, log: Log) -> Run:
         cpus=s.cpus,
         read_limit=s.read_bps,
         options=dict(s.options),
+        drop_caches_between_epochs=s.cache == "epochs",
+        **(
+            {
+                "nodes": s.nodes,
+                "rank_containers": True,
+                "cluster": s.cluster,
+                "engine": s.engine,
+                "registry": s.registry,
+            }
+            if s.nodes
+            else {}
+        ),
     )
-    if s.cache == "drop":  # after the request: DLIO's copy of the dataset is made with it
+    if s.cache != "keep":  # after the request: DLIO's copy of the dataset is made with it
         drop_caches()
     return load_run(trace(request).check())
 

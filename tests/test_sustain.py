@@ -212,3 +212,46 @@ def test_a_run_served_by_the_page_cache_is_flagged_and_a_cold_one_is_not(
     (line,) = said["warm"]
     assert "of the dataset's bytes read came from the page cache, not the storage: this run " \
         "measured memory" in line, line  # fmt: skip
+
+
+@pytest.mark.docker
+@pytest.mark.bpftrace
+@pytest.mark.integration
+def test_dropping_the_cache_between_epochs_makes_every_epoch_read_the_storage(
+    images: object, tmp_path: Path
+) -> None:
+    """Two epochs, the page cache dropped between them (``--drop-caches-between-epochs``): the
+    container's block reads in each epoch are the dataset's bytes, not only the first's; the
+    drop is in the manifest, between the two epochs."""
+    from datagen.common import load_manifest
+    from store.rundir import load_run
+    from tracing.host import drop_caches
+
+    require_tracing()
+    # Four cases of about 16 MB: the dataset's bytes well above the code the loader worker
+    # pages in after the drop.
+    dataset = unet3d_cases(tmp_path / "data", 64_000_000, 5, (145, 150), (145, 150))
+    data = sum(f["bytes"] for f in load_manifest(dataset)["files"])
+    drop_caches()
+    done = run_cli(
+        "trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(dataset),
+        "--epochs", "2", "--batch-size", "1", "--workers", "1", "--set", "patch_size=32",
+        "--drop-caches-between-epochs", "--out", str(tmp_path / "runs"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "epoch 1 ended on every rank: the page cache dropped" in done.stderr
+    run = load_run(Path(done.stdout.strip().splitlines()[-1]))
+    (drop,) = run.manifest["cache_drops"]
+    assert drop["epoch"] == 1
+    phases = run.phases
+    epochs = phases[phases["key"].astype(str) == "epoch"].set_index("epoch")
+    assert epochs.loc[1, "end_ns"] <= drop["at_ns"] <= epochs.loc[2, "ts_ns"]
+    events = run.events
+    block = events[(events["kind"].astype(str) == "block_read") & events["container"].notna()]
+    read = {}
+    for epoch in (1, 2):
+        inside = block["ts_ns"].between(epochs.loc[epoch, "ts_ns"], epochs.loc[epoch, "end_ns"])
+        read[epoch] = block.loc[inside, "bytes"].sum()
+    # The dataset from the device in each epoch; beside it, the code the loader worker pages in
+    # (its modules: the cache dropped, again in the second epoch; about 22 MB here).
+    assert all(0.9 * data <= n <= data + 32e6 for n in read.values()), (read, data)

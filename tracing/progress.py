@@ -34,6 +34,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -299,3 +300,69 @@ def _names(keys: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
     if len(set(roles)) == len(keys):
         return {key: key[0] for key in keys}
     return {key: f"{key[0]} rank {key[1]}" for key in keys}
+
+
+class EpochBarrier:
+    """The coordinator's half of the epoch barrier (``WorkloadConfig.epoch_barrier``;
+    :data:`workloads.config.EPOCH_BARRIER_DIR`): in a thread of its own, once the run's ``ranks``
+    ranks have all ended epoch E (their ``ended-E-R`` files, in any of ``folders``: one per
+    container), calls ``between(E)`` (the page cache dropped), records it in :attr:`drops`, then
+    writes ``go-E`` into every folder, for E = 1 .. ``epochs`` - 1. An error in ``between`` is
+    kept (:attr:`error`: the run fails saying it) and the ranks let go all the same, so the run
+    ends instead of waiting. Use it as a context manager: the thread is stopped and joined on
+    every way out."""
+
+    def __init__(
+        self,
+        folders: list[Path],
+        ranks: int,
+        epochs: int,
+        between: Callable[[int], None],
+        poll_s: float = 0.01,
+    ) -> None:
+        self.folders = folders
+        self.ranks = ranks
+        self.epochs = epochs
+        self.between = between
+        self.poll_s = poll_s
+        self.drops: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _ended(self, epoch: int) -> int:
+        from workloads.config import epoch_ended_name
+
+        return sum(
+            (folder / epoch_ended_name(epoch, rank)).exists()
+            for rank in range(self.ranks)
+            for folder in self.folders
+        )
+
+    def _run(self) -> None:
+        from workloads.config import epoch_go_name
+
+        for epoch in range(1, self.epochs):
+            while self._ended(epoch) < self.ranks:
+                if self._stopping.wait(self.poll_s):
+                    return
+            began = time.monotonic_ns()
+            try:
+                self.between(epoch)
+            except Exception as exc:  # noqa: BLE001 - said as the run's error
+                self.error = self.error or f"after epoch {epoch}: {exc}"
+            ended = time.monotonic_ns()
+            self.drops.append({"epoch": epoch, "at_ns": began, "took_s": (ended - began) / 1e9})
+            for folder in self.folders:
+                (folder / epoch_go_name(epoch)).touch()
+
+    def __enter__(self) -> EpochBarrier:
+        self._thread = threading.Thread(target=self._run, name="epoch-barrier", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(JOIN_S)
+            self._thread = None

@@ -48,11 +48,11 @@ from tracing import barrier, bpftrace, container, dlio, host, ingest, placement,
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.clock import host_clock
 from tracing.placement import Host
-from tracing.progress import Report, TrainingWatch
+from tracing.progress import EpochBarrier, Report, TrainingWatch
 from tracing.request import ContainerSpec, RunRequest
 from tracing.shaper import Shaper, require_tc
 from tracing.tracer_container import LocalAgent, start_agent
-from workloads.config import TRACER_IMAGE
+from workloads.config import EPOCH_BARRIER_DIR, TRACER_IMAGE
 
 Progress = Callable[[str], None]
 
@@ -348,10 +348,16 @@ def trace(
                     manifest["start_ns"] = time.monotonic_ns()
                 rundir.write_manifest(run_dir, manifest)  # still running, now with ids
                 progress(f"released {', '.join(m.spec.role for m in members)}")
-                with _watch_training(members, run_dir, training):
+                with (
+                    _watch_training(members, run_dir, training),
+                    _epoch_barrier(members, run_dir, manifest, progress) as between,
+                ):
                     status, error = _wait(
                         members, hosts, request.run.timeout_s, manifest, container_ended
                     )
+                if between is not None and between.error:
+                    said = f"the page cache could not be dropped {between.error}"
+                    status, error = "failed", f"{error}; {said}" if error else said
                 manifest["end_ns"] = time.monotonic_ns()
                 if len(members) > 1 and (gone := _network_gone(manager or cli, run_dir.name)):
                     status, error = "failed", f"{error}; {gone}" if error else gone
@@ -432,6 +438,34 @@ def _watch_training(members: list[_Member], run_dir: Path, report: Report | None
     }
     with TrainingWatch(logs, report, totals):
         yield
+
+
+@contextlib.contextmanager
+def _epoch_barrier(
+    members: list[_Member], run_dir: Path, manifest: dict, progress: Progress
+) -> Iterator[EpochBarrier | None]:
+    """Between the epochs of a run whose config asks for it (``epoch_barrier``), the page cache
+    dropped while every rank waits (:class:`tracing.progress.EpochBarrier`); each drop recorded
+    in the manifest (``cache_drops``). None for any other run."""
+    configs = [m.spec.config for m in members if m.spec.config is not None and m.spec.out]
+    if not configs or not configs[0].epoch_barrier or configs[0].epochs < 2:
+        yield None
+        return
+
+    def between(epoch: int) -> None:
+        host.drop_caches()
+        progress(f"epoch {epoch} ended on every rank: the page cache dropped")
+
+    folders = [
+        _event_log(run_dir, m.spec.role).parent / EPOCH_BARRIER_DIR
+        for m in members
+        if m.spec.config is not None and m.spec.out
+    ]
+    with EpochBarrier(folders, configs[0].accelerators, configs[0].epochs, between) as barrier:
+        try:
+            yield barrier
+        finally:
+            manifest["cache_drops"] = barrier.drops
 
 
 def _memory_kill(m: _Member) -> str:

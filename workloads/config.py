@@ -122,6 +122,23 @@ def _coerce(value: Any, kind: type, where: str) -> Any:
     return value
 
 
+#: With ``epoch_barrier``: after epoch E (not the last) rank R writes ``ended-E-R`` into this
+#: folder of its output directory, then waits for ``go-E`` there; the coordinator
+#: (tracing/runner.py) writes ``go-E`` into every container's folder once all the run's ranks
+#: have ended epoch E, after dropping the page cache.
+EPOCH_BARRIER_DIR = "epochs"
+#: How long a rank waits at the barrier before it fails the run.
+EPOCH_BARRIER_WAIT_S = 600.0
+
+
+def epoch_ended_name(epoch: int, rank: int) -> str:
+    return f"ended-{epoch}-{rank}"
+
+
+def epoch_go_name(epoch: int) -> str:
+    return f"go-{epoch}"
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkloadConfig:
     """Parameters common to every workload run.
@@ -158,6 +175,9 @@ class WorkloadConfig:
     # joins the others through torch.distributed at TWINTRACE_MASTER_ADDR:TWINTRACE_MASTER_PORT
     # (environment). None: this process runs every rank itself.
     rank: int | None = None
+    # Between two epochs every rank waits for the coordinator (:data:`EPOCH_BARRIER_DIR`), which
+    # drops the host's page cache meanwhile: every epoch reads its storage, not memory.
+    epoch_barrier: bool = False
 
     def __post_init__(self) -> None:
         if self.variant not in RUN_VARIANTS:

@@ -57,10 +57,14 @@ from torch.utils.data import DataLoader
 from core.errors import UserError
 from workloads.config import (
     DEFAULT_MASTER_PORT,
+    EPOCH_BARRIER_DIR,
+    EPOCH_BARRIER_WAIT_S,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
     PEERS_ENV,
     WorkloadConfig,
+    epoch_ended_name,
+    epoch_go_name,
 )
 from workloads.emulation import SleepCompute
 from workloads.events import ACCELERATOR_KEY, Emitter
@@ -547,6 +551,24 @@ class _Loop:
                 self._evaluate(epoch)
             if self.rank == 0 and config.checkpoint_every and epoch % config.checkpoint_every == 0:
                 self._checkpoint(epoch)
+            if config.epoch_barrier and epoch < config.epochs:
+                self._barrier(epoch)
+
+    def _barrier(self, epoch: int) -> None:
+        """Say this rank ended ``epoch`` and wait until the coordinator lets the next one start
+        (:data:`workloads.config.EPOCH_BARRIER_DIR`)."""
+        folder = self.plan.out_dir / EPOCH_BARRIER_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / epoch_ended_name(epoch, self.rank)).touch()
+        go = folder / epoch_go_name(epoch)
+        deadline = time.monotonic() + EPOCH_BARRIER_WAIT_S
+        while not go.exists():
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"rank {self.rank} waited {EPOCH_BARRIER_WAIT_S:.0f} s after epoch {epoch} "
+                    "for the coordinator to drop the page cache; it never said go"
+                )
+            time.sleep(0.01)
 
     def _train_epoch(self, epoch: int) -> tuple[int, int]:
         self.train.set_epoch(epoch)
