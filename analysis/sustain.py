@@ -114,9 +114,9 @@ def cached(figures: Mapping[str, Any]) -> bool:
 
 #: What measures the storage instead of the page cache, in the words of every warning.
 REMEDIES = (
-    "drop the caches before each run (`sync; echo 3 > /proc/sys/vm/drop_caches` as root; "
-    "`./cli.py sustain --cache drop`), give the containers a --memory-limit, or use a dataset "
-    "larger than memory"
+    "evict the dataset from the page cache before each run and between its epochs "
+    "(`./cli.py trace --cold-epochs`, `./cli.py sustain --cache epochs`), give the "
+    "containers a --memory-limit, or use a dataset larger than memory"
 )
 
 

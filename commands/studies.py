@@ -299,8 +299,9 @@ def hfta(
     type=click.Choice(["drop", "epochs", "keep"]),
     default="drop",
     show_default=True,
-    help="drop: the page cache dropped before each run (root), so each starts cold; epochs: "
-    "also between a run's epochs, every rank waiting meanwhile (our variants); keep: never.",
+    help="drop: the dataset evicted from the page cache before each run, so each reads it "
+    "cold; epochs: also between a run's epochs, every rank waiting meanwhile (our variants); "
+    "keep: left as it is.",
 )
 @click.option(
     "--nodes",

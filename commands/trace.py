@@ -57,10 +57,10 @@ if TYPE_CHECKING:
     help="Synthetic data: one batch loaded at start-up feeds every step (no reads, no decode).",
 )
 @click.option(
-    "--drop-caches-between-epochs",
+    "--cold-epochs",
     is_flag=True,
-    help="Drop the host's page cache between epochs, every rank waiting meanwhile (root): "
-    "every epoch reads the storage, not memory.",
+    help="Evict the dataset from the page cache between epochs, every rank waiting meanwhile: "
+    "every epoch reads it from the storage, not from memory.",
 )
 @click.option("--eval-every", type=int, default=None, help="Evaluate every N epochs (0: never).")
 @click.option(

@@ -13,7 +13,6 @@ the services of a compose file (:func:`tracing.topology.topology_request`). What
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -80,9 +79,9 @@ class TraceSettings:
     cluster: str = "twintrace"
     engine: str | None = None
     registry: str | None = None
-    #: Drop the host's page cache between epochs, every rank waiting meanwhile (the
+    #: Evict the dataset from the page cache between epochs, every rank waiting meanwhile (the
     #: workload config's ``epoch_barrier``): every epoch reads the storage, not memory.
-    drop_caches_between_epochs: bool = False
+    cold_epochs: bool = False
 
     @property
     def config(self) -> dict[str, Any]:
@@ -90,7 +89,7 @@ class TraceSettings:
         on)."""
         given = {name: getattr(self, name) for name in CONFIG_SETTINGS}
         given["synthetic"] = self.synthetic or None
-        given["epoch_barrier"] = self.drop_caches_between_epochs or None
+        given["epoch_barrier"] = self.cold_epochs or None
         return {k: v for k, v in given.items() if v is not None}
 
 
@@ -146,20 +145,16 @@ def check_settings(s: TraceSettings) -> None:
         )
     if s.compose is not None and (s.data is not None or s.mounts):
         raise SettingError("{data} and {mounts} are not for {compose} runs: mount in the file")
-    if s.drop_caches_between_epochs:
+    if s.cold_epochs:
         if s.workload is None or s.variant in PEER_VARIANTS:
             raise SettingError(
-                "{drop_caches_between_epochs} is for {workload} runs of our variants: DLIO's "
-                "epochs cannot be paused"
+                "{cold_epochs} is for {workload} runs of our variants: DLIO's epochs cannot be "
+                "paused"
             )
         if s.engine is not None:
             raise SettingError(
-                "{drop_caches_between_epochs} drops this host's page cache, not the nodes' of "
-                "the swarm {engine} names: give the containers a {memory_limit} instead"
-            )
-        if not os.access("/proc/sys/vm/drop_caches", os.W_OK):
-            raise SettingError(
-                "{drop_caches_between_epochs} writes /proc/sys/vm/drop_caches: run as root"
+                "{cold_epochs} evicts the dataset from this host's page cache, not from the "
+                "nodes' of the swarm {engine} names: give the containers a {memory_limit} instead"
             )
     if s.storage_host is not None and "storage_host" in s.options:
         raise SettingError("give the storage node once: {storage_host} or {options} storage_host")

@@ -7,8 +7,9 @@ from the same settings and profile, with 1, 2, 4, ... accelerators (ranks) until
 then bisects between the last count that passed and the first that failed
 (:func:`analysis.sustain.search_counts`): about 2 log2(N) runs for an answer N. The threshold is
 MLPerf Storage's rule for the workload (:data:`AU_RULES`: 90 % for UNet3D and ResNet-50), else
-90 %, or ``--au``. Each run is traced; the page cache is dropped before each (``--cache drop``,
-the default), so that every run starts cold.
+90 %, or ``--au``. Each run is traced; the dataset is evicted from the page cache before each
+(``--cache drop``, the default: :func:`tracing.host.evict_files`, the libraries the run maps
+stay cached), so that every run reads it cold; ``--cache epochs`` also between a run's epochs.
 
 Before the first run the dataset is checked against MLPerf Storage's sizing rules
 (:func:`check_sizing`): at least :data:`SIZING_FACTOR` times the clients' memory (the host's, or
@@ -59,8 +60,8 @@ RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, S
 #: workload here); any other workload: :data:`DEFAULT_AU`, twintrace's.
 AU_RULES: Mapping[str, float] = {"unet3d": 0.9, "resnet50": 0.9}
 DEFAULT_AU = 0.9
-#: The page cache: ``drop`` before each run, ``epochs`` before each run and between its
-#: epochs (every rank waits meanwhile), ``keep`` never dropped.
+#: The dataset's pages in the page cache: ``drop`` evicted before each run, ``epochs`` before
+#: each run and between its epochs (every rank waits meanwhile), ``keep`` left as they are.
 CACHE_CHOICES = ("drop", "epochs", "keep")
 #: MLPerf Storage's sizing rules: the dataset at least this many times the clients' memory,
 SIZING_FACTOR = 5
@@ -119,7 +120,8 @@ class SustainSettings:
             )
         if self.cache != "keep" and self.engine is not None:
             raise UserError(
-                f"--cache {self.cache} drops this host's page cache, not the nodes' of the swarm "
+                f"--cache {self.cache} evicts the dataset from this host's page cache, not from "
+                "the nodes' of the swarm "
                 "--engine names: use --cache keep with a --memory-limit on the containers (or "
                 "a dataset 5x their memory)"
             )
@@ -211,7 +213,8 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 def _trace(s: SustainSettings, count: int, runs_root: Path, log: Log) -> Run:
-    from tracing.host import drop_caches
+    from tracing.host import evict_files
+    from tracing.request import dataset_dirs
     from tracing.runner import trace
 
     request = study_state.study_request(
@@ -227,11 +230,11 @@ def _trace(s: SustainSettings, count: int, runs_root: Path, log: Log) -> Run:
         cpus=s.cpus,
         read_limit=s.read_bps,
         options=dict(s.options),
-        drop_caches_between_epochs=s.cache == "epochs",
+        cold_epochs=s.cache == "epochs",
         **(
             {
-                "nodes": s.nodes,
-                "rank_containers": True,
+                "nodes": min(s.nodes, count),
+                "rank_containers": count > 1,  # one accelerator: its one container
                 "cluster": s.cluster,
                 "engine": s.engine,
                 "registry": s.registry,
@@ -241,7 +244,7 @@ def _trace(s: SustainSettings, count: int, runs_root: Path, log: Log) -> Run:
         ),
     )
     if s.cache != "keep":  # after the request: DLIO's copy of the dataset is made with it
-        drop_caches()
+        evict_files(dataset_dirs(request))
     return load_run(trace(request).check())
 
 

@@ -1,4 +1,4 @@
-"""The epoch barrier (``trace --drop-caches-between-epochs``, ``sustain --cache epochs``): the
+"""The epoch barrier (``trace --cold-epochs``, ``sustain --cache epochs``): the
 ranks of a run wait after each epoch but the last until the coordinator has dropped the page
 cache. Here both halves without containers: ranks as threads running the workload's own wait
 (:meth:`workloads.training._Loop._barrier`), the coordinator's

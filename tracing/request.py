@@ -245,6 +245,16 @@ class RunRequest:
         return [c.role for c in self.containers]
 
 
+def dataset_dirs(request: RunRequest) -> list[Path]:
+    """The datasets a run's containers read: the sources of their dataset mounts (ours at
+    :data:`tracing.container.DATA_MOUNT`, DLIO's at its data directory)."""
+    from workloads import dlio
+
+    targets = (DATA_MOUNT, dlio.DATA_DIR)
+    found = {m.source for c in request.containers for m in c.mounts if m.target in targets}
+    return sorted(found)
+
+
 def workload_request(
     workload: str,
     variant: str,

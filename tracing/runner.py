@@ -49,7 +49,7 @@ from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.clock import host_clock
 from tracing.placement import Host
 from tracing.progress import EpochBarrier, Report, TrainingWatch
-from tracing.request import ContainerSpec, RunRequest
+from tracing.request import ContainerSpec, RunRequest, dataset_dirs
 from tracing.shaper import Shaper, require_tc
 from tracing.tracer_container import LocalAgent, start_agent
 from workloads.config import EPOCH_BARRIER_DIR, TRACER_IMAGE
@@ -350,13 +350,13 @@ def trace(
                 progress(f"released {', '.join(m.spec.role for m in members)}")
                 with (
                     _watch_training(members, run_dir, training),
-                    _epoch_barrier(members, run_dir, manifest, progress) as between,
+                    _epoch_barrier(members, run_dir, request, manifest, progress) as between,
                 ):
                     status, error = _wait(
                         members, hosts, request.run.timeout_s, manifest, container_ended
                     )
                 if between is not None and between.error:
-                    said = f"the page cache could not be dropped {between.error}"
+                    said = f"the dataset could not be evicted from the page cache {between.error}"
                     status, error = "failed", f"{error}; {said}" if error else said
                 manifest["end_ns"] = time.monotonic_ns()
                 if len(members) > 1 and (gone := _network_gone(manager or cli, run_dir.name)):
@@ -442,19 +442,28 @@ def _watch_training(members: list[_Member], run_dir: Path, report: Report | None
 
 @contextlib.contextmanager
 def _epoch_barrier(
-    members: list[_Member], run_dir: Path, manifest: dict, progress: Progress
+    members: list[_Member],
+    run_dir: Path,
+    request: RunRequest,
+    manifest: dict,
+    progress: Progress,
 ) -> Iterator[EpochBarrier | None]:
-    """Between the epochs of a run whose config asks for it (``epoch_barrier``), the page cache
-    dropped while every rank waits (:class:`tracing.progress.EpochBarrier`); each drop recorded
-    in the manifest (``cache_drops``). None for any other run."""
+    """Between the epochs of a run whose config asks for it (``epoch_barrier``: ``trace
+    --cold-epochs``), the run's dataset evicted from the page cache (:func:`host.evict_files`)
+    while every rank waits (:class:`tracing.progress.EpochBarrier`); each eviction recorded in
+    the manifest (``cache_drops``). None for any other run."""
     configs = [m.spec.config for m in members if m.spec.config is not None and m.spec.out]
     if not configs or not configs[0].epoch_barrier or configs[0].epochs < 2:
         yield None
         return
+    datasets = dataset_dirs(request)
 
     def between(epoch: int) -> None:
-        host.drop_caches()
-        progress(f"epoch {epoch} ended on every rank: the page cache dropped")
+        evicted = host.evict_files(datasets)
+        progress(
+            f"epoch {epoch} ended on every rank: the dataset ({format_size(evicted)}) evicted "
+            "from the page cache"
+        )
 
     folders = [
         _event_log(run_dir, m.spec.role).parent / EPOCH_BARRIER_DIR
