@@ -261,6 +261,25 @@ def list_workloads(as_json: bool) -> None:
     help="images: log standard deviation of the JPEG sizes (default 0.5; OpenImages-like: "
     "--mean-kb 317 --size-sigma 0.7).",
 )
+@click.option(
+    "--learnable",
+    is_flag=True,
+    help="images: pixels that depend on the class (a hue per class), so that a model can learn "
+    "the labels (accuracy studies); every file its own image.",
+)
+@click.option(
+    "--classes",
+    type=int,
+    default=None,
+    help="images: how many classes (default 10 with --learnable, else 1000).",
+)
+@click.option(
+    "--val-fraction",
+    type=float,
+    default=None,
+    help="images: the share of the images in the val split (default 0.2 with --learnable, "
+    "else 0.02).",
+)
 @user_errors
 def datagen(
     generator: str,
@@ -273,12 +292,17 @@ def datagen(
     group_size: int | None,
     mean_kb: float | None,
     size_sigma: float | None,
+    learnable: bool,
+    classes: int | None,
+    val_fraction: float | None,
 ) -> None:
     """Generate a synthetic dataset in a workload's real on-disk format.
 
     GENERATOR is unet3d, bert, dlrm or images (read by resnet18, resnet50 and alexnet).
 
-    Example: ./cli.py datagen images --out data/img --size 2GB --group-size 32
+    Examples:
+      ./cli.py datagen images --out data/img --size 2GB --group-size 32
+      ./cli.py datagen images --out data/learn --size 20MB --learnable --classes 10
     """
     from rich.progress import (
         BarColumn,
@@ -319,6 +343,9 @@ def datagen(
             group_size=group_size,
             mean_kb=mean_kb,
             size_sigma=size_sigma,
+            learnable=learnable,
+            classes=classes,
+            val_fraction=val_fraction,
         )
     click.echo(f"{len(manifest['files'])} files, {format_size(manifest['total_bytes'])} in {out}")
 

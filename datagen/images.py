@@ -52,6 +52,20 @@ is ready, while the workers encode the next chunks (:func:`datagen.common.run_fi
 scratch files), so the disk is busy from the first chunk on. Writing a folder-layout file costs
 ~0.2 ms of CPU (creating the file dominates: the file system's speed for small files).
 
+Learnable (``learnable``): the labels above are noise, since a pool image serves files of every
+class. A learnable dataset gives every file its own image (the pool is the files: encoding
+costs 5-10 ms of CPU per file, so it is made at encoding speed, not disk speed), drawn for the
+file's label: the colour field and the shapes take colours of the class's hue (``label /
+classes`` of the colour wheel, moved per image by a normal draw of :data:`HUE_SPREAD` of the
+distance between two classes; saturation and brightness drawn), the detail layer as above.
+A crop of any part of an image keeps its hue, so a small CNN learns the classes in a few
+epochs; neighbouring classes overlap a little, so accuracy climbs instead of jumping to 100 %.
+Labels are drawn at random per image (a block-wise stream: image i's label is the same whatever
+the dataset's size or layout), so the folder layout and every grouped layout of one seed and
+size hold the same images with the same labels wherever their splits agree, and a group mixes
+classes as the groups of a shuffled dataset do (gpufs groups a shuffled file list). File sizes
+are those of the other datasets; train and val images are distinct images.
+
 Determinism: the plan (sizes, splits, labels, which pool image each file uses) is drawn in the
 calling process from streams seeded by ``seed``; pool image ``j`` depends on (seed, j, its cap,
 quality) only; the random bytes of file ``i`` on (seed, i). The output is identical whatever the
@@ -60,6 +74,7 @@ number of workers.
 
 from __future__ import annotations
 
+import colorsys
 import csv
 import dataclasses
 import io
@@ -104,7 +119,11 @@ _BLOCK = 1 << 16
 _AIM = 0.9
 _MIN_CAP = 2_000
 # Seeds of the independent random streams (the second entry of the seed sequence).
-_SIZES, _PICKS, _POOL, _PADDING, _BANK = 1, 2, 3, 4, 5
+_SIZES, _PICKS, _POOL, _PADDING, _BANK, _LABELS = 1, 2, 3, 4, 5, 6
+#: Learnable images: the spread of an image's hue around its class's, as a share of the hue
+#: distance between two neighbouring classes (a normal's standard deviation): neighbouring
+#: classes overlap a little, so that accuracy climbs over epochs instead of at once.
+HUE_SPREAD = 0.3
 
 # Bytes per pixel of our content at quality 90 as a function of the strength of the detail
 # layer (measured with Pillow 13 / libjpeg-turbo 3 on 460x345 images): used to choose the
@@ -127,6 +146,8 @@ class ImageGenParams:
     pool images. ``group_size``: 0 for the folder layout, G > 0 for grouped files of G images.
     ``val_fraction``: share of the images in the val split (0 to 0.5). ``distinct_images``:
     how many distinct images are encoded (see the module docstring); at most one per file.
+    ``learnable``: every image its own, its colours drawn around its class's (module docstring,
+    "Learnable"): a model can learn the labels; ``distinct_images`` is then ignored.
     """
 
     classes: int = 1000
@@ -137,6 +158,7 @@ class ImageGenParams:
     group_size: int = 0
     val_fraction: float = 0.02
     distinct_images: int = 256
+    learnable: bool = False
 
     def __post_init__(self) -> None:
         whole = (
@@ -177,6 +199,9 @@ class ImagePlan:
 
     ``sizes[i]`` is the exact size of image ``i`` in bytes, ``pool[i]`` the pool image it uses;
     ``caps[j]`` the size cap of pool image ``j``. ``group_size`` is 0 (folder layout) or G.
+    ``labels``: each image's label (learnable datasets: drawn); None: round-robin over the
+    classes in each split. ``pool_labels``: the class each pool image is drawn for (learnable:
+    pool image ``i`` is image ``i``'s own), else None.
     """
 
     sizes: np.ndarray
@@ -185,6 +210,11 @@ class ImagePlan:
     n_train: int
     classes: int
     group_size: int
+    labels: np.ndarray | None = None
+
+    @property
+    def pool_labels(self) -> np.ndarray | None:
+        return self.labels
 
     @property
     def images(self) -> int:
@@ -203,12 +233,14 @@ class ImagePlan:
         return ("train", i) if i < self.n_train else ("val", i - self.n_train)
 
     def label(self, i: int) -> int:
+        if self.labels is not None:
+            return int(self.labels[i])
         return self.split_of(i)[1] % self.classes
 
     def relative_path(self, i: int) -> str:
         """The image's name in the folder layout, relative to the dataset directory."""
         split, k = self.split_of(i)
-        wnid = class_name(k % self.classes)
+        wnid = class_name(self.label(i))
         if split == "train":
             return f"train/{wnid}/{wnid}_{k}.JPEG"
         return f"val/{wnid}/ILSVRC2012_val_{k + 1:08d}.JPEG"
@@ -299,6 +331,23 @@ def plan_images(size_bytes: int, seed: int = 0, params: ImageGenParams | None = 
     n_train = (units - val_units) * unit
 
     count = len(sizes)
+    if params.learnable:
+        # Every image its own pool image, drawn for its label: labels at random (drawn in
+        # blocks, so image i's is the same whatever the dataset's size or layout), so that a
+        # group of consecutive images mixes classes as a shuffled dataset's groups do.
+        label_stream = np.random.default_rng([seed, _LABELS])
+        labels = _draw_blocks(
+            label_stream, count, lambda g, n: g.integers(0, params.classes, n, dtype=np.int64)
+        ).astype(np.int64)
+        return ImagePlan(
+            sizes=sizes,
+            pool=np.arange(count, dtype=np.int64),
+            caps=(sizes - OVERHEAD_BYTES).astype(np.int64),
+            n_train=n_train,
+            classes=params.classes,
+            group_size=params.group_size,
+            labels=labels,
+        )
     caps = pool_caps(params, min(params.distinct_images, count))
     largest_fitting = np.searchsorted(caps, sizes - OVERHEAD_BYTES, side="right") - 1
     pick_stream = np.random.default_rng([seed, _PICKS])
@@ -361,23 +410,49 @@ def _detail_window(seed: int, rng: np.random.Generator, width: int, height: int)
     return bank.crop((left, top, left + width, top + height))
 
 
-def pool_image(seed: int, j: int, width: int, height: int, detail: float) -> Image.Image:
+def _class_colour(rng: np.random.Generator, hue: float, value: tuple[float, float]) -> np.ndarray:
+    """An RGB colour (0-255) of ``hue`` (0-1), saturation and value drawn."""
+    rgb = colorsys.hsv_to_rgb(hue % 1.0, rng.uniform(0.55, 0.95), rng.uniform(*value))
+    return np.array(rgb) * 255
+
+
+def pool_image(
+    seed: int,
+    j: int,
+    width: int,
+    height: int,
+    detail: float,
+    label: int | None = None,
+    classes: int = 1,
+) -> Image.Image:
     """Pool image ``j``: a smooth colour field, shapes, and the detail layer times ``detail``.
 
     The field is a coarse random grid upscaled (bilinear); ``detail`` (0-1) scales the window
     of :func:`detail_bank` added to it, which sets how many bytes a pixel costs. Every step is
-    one pass of Pillow's C code: about as cheap as the JPEG encoding itself.
+    one pass of Pillow's C code: about as cheap as the JPEG encoding itself. With ``label``
+    (a learnable dataset of ``classes`` classes) the field and the shapes take colours of one
+    hue, the class's (``label / classes`` of the colour wheel) moved by a normal draw of
+    :data:`HUE_SPREAD` classes' distance; else every colour is drawn at random.
     """
     rng = np.random.default_rng([seed, _POOL, j])
     gh, gw = (int(v) for v in rng.integers(2, 7, 2))
-    grid = _random_bytes(rng, gh * gw * 3).reshape(gh, gw, 3)
+    hue = None if label is None else (label + rng.normal(0.0, HUE_SPREAD)) / classes
+    if hue is None:
+        grid = _random_bytes(rng, gh * gw * 3).reshape(gh, gw, 3)
+    else:
+        base = _class_colour(rng, hue, (0.45, 0.9))
+        jitter = rng.uniform(-30, 30, (gh, gw, 3))
+        grid = np.clip(np.rint(base + jitter), 0, 255).astype(np.uint8)
     img = Image.fromarray(grid, "RGB").resize((width, height), Image.Resampling.BILINEAR)
     draw = ImageDraw.Draw(img)
     for _ in range(int(rng.integers(3, 12))):
         xs = np.sort(rng.integers(-width // 4, width + width // 4, 2))
         ys = np.sort(rng.integers(-height // 4, height + height // 4, 2))
         box = (int(xs[0]), int(ys[0]), int(xs[1]), int(ys[1]))
-        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        if hue is None:
+            colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        else:
+            colour = tuple(int(c) for c in np.rint(_class_colour(rng, hue, (0.25, 1.0))))
         if rng.random() < 0.5:
             draw.ellipse(box, fill=colour)
         else:
@@ -394,7 +469,9 @@ def _encode(img: Image.Image, quality: int) -> bytes:
     return buf.getvalue()
 
 
-def encode_pool_image(seed: int, j: int, cap: int, quality: int) -> bytes:
+def encode_pool_image(
+    seed: int, j: int, cap: int, quality: int, label: int | None = None, classes: int = 1
+) -> bytes:
     """The JPEG bytes of pool image ``j``: about ``_AIM`` x ``cap`` bytes, never above ``cap``.
 
     The bytes per pixel and aspect ratio are drawn for ``j``; the resolution follows from the
@@ -414,7 +491,7 @@ def encode_pool_image(seed: int, j: int, cap: int, quality: int) -> bytes:
     for _ in range(6):
         width = max(8, round(math.sqrt(pixels * aspect)))
         height = max(8, round(width / aspect))
-        data = _encode(pool_image(seed, j, width, height, detail), quality)
+        data = _encode(pool_image(seed, j, width, height, detail, label, classes), quality)
         if len(data) <= cap and len(data) > len(best):
             best = data
         ratio = len(data) / cap
@@ -433,14 +510,26 @@ def encode_pool_image(seed: int, j: int, cap: int, quality: int) -> bytes:
 
 
 def write_pool_chunk(
-    sink: FileSink, seed: int, quality: int, first: int, caps: tuple[int, ...]
+    sink: FileSink,
+    seed: int,
+    quality: int,
+    first: int,
+    caps: tuple[int, ...],
+    labels: tuple[int, ...] | None = None,
+    classes: int = 1,
 ) -> dict[str, Any]:
-    """Write pool images ``first``, ``first + 1``, ... (one per cap): a chunk file.
+    """Write pool images ``first``, ``first + 1``, ... (one per cap; of a learnable dataset,
+    each drawn for its label of ``labels``): a chunk file.
 
     Layout: the image count and each image's size (little-endian uint32s), then the images back
     to back, so a reader finds image k from the file alone (see :func:`pool_chunk_images`).
     """
-    images = [encode_pool_image(seed, first + k, cap, quality) for k, cap in enumerate(caps)]
+    images = [
+        encode_pool_image(
+            seed, first + k, cap, quality, None if labels is None else labels[k], classes
+        )
+        for k, cap in enumerate(caps)
+    ]
     sink.write(np.array([len(images), *map(len, images)], dtype="<u4").tobytes())
     for data in images:
         sink.write(data)
@@ -562,12 +651,26 @@ def write_group_file(
     return {"images": len(members)}
 
 
-def _pool_tasks(caps: np.ndarray, seed: int, quality: int) -> list[FileTask]:
+def _pool_tasks(plan: ImagePlan, seed: int, quality: int) -> list[FileTask]:
+    caps, labels = plan.caps, plan.pool_labels
+
+    def chunk_labels(first: int) -> tuple[int, ...] | None:
+        if labels is None:
+            return None
+        return tuple(int(v) for v in labels[first : first + _POOL_CHUNK])
+
     return [
         FileTask(
             name=_pool_chunk_name(first),
             write=write_pool_chunk,
-            args=(seed, quality, first, tuple(int(c) for c in caps[first : first + _POOL_CHUNK])),
+            args=(
+                seed,
+                quality,
+                first,
+                tuple(int(c) for c in caps[first : first + _POOL_CHUNK]),
+                chunk_labels(first),
+                plan.classes,
+            ),
             size_hint=int(caps[first : first + _POOL_CHUNK].sum() * _AIM),
         )
         for first in range(0, len(caps), _POOL_CHUNK)
@@ -665,7 +768,7 @@ def generate_images(job: Job, params: ImageGenParams) -> dict[str, Any]:
         try:
             files = job.run(
                 image_tasks(plan, job.seed, pool_dir),
-                scratch=_pool_tasks(plan.caps, job.seed, params.quality),
+                scratch=_pool_tasks(plan, job.seed, params.quality),
                 scratch_dir=pool_dir,
             )
             pool_sizes = []
@@ -684,7 +787,9 @@ def generate_images(job: Job, params: ImageGenParams) -> dict[str, Any]:
             "images": plan.images,
             "train_images": plan.n_train,
             "val_images": plan.n_val,
-            "classes_used": min(plan.classes, plan.n_train) if plan.n_train else 0,
+            "classes_used": int(len(np.unique(plan.labels[: plan.n_train])))
+            if plan.labels is not None
+            else min(plan.classes, plan.n_train),
             "groups": plan.images // plan.group_size if plan.group_size else 0,
             "mean_image_bytes": round(plan.total_bytes / plan.images, 1),
             "distinct_images": len(plan.caps),

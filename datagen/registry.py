@@ -36,12 +36,17 @@ def generate(
     group_size: int | None = None,
     mean_kb: float | None = None,
     size_sigma: float | None = None,
+    learnable: bool = False,
+    classes: int | None = None,
+    val_fraction: float | None = None,
 ) -> dict[str, Any]:
     """Run generator ``name`` and return its manifest (see each generator's module).
     ``mean_kb`` (images): the mean file size in kB (ImageNet's is about 110); ``size_sigma``
     (images): the log standard deviation of the file sizes (0.5 by default; OpenImages-like
     sizes, mean 317 kB with a quarter of the files under a 224 x 224 crop's 150 kB, take
-    0.7)."""
+    0.7); ``learnable`` (images): pixels that depend on the class, of ``classes`` classes (10
+    by default when learnable, else ImageNet's 1000); ``val_fraction`` (images): the share of
+    the images in the val split (0.2 by default when learnable, else 0.02)."""
     if name not in GENERATORS:
         raise UserError(f"unknown generator {name!r}: choose one of {', '.join(GENERATORS)}")
     if scale is not None and name != "unet3d":
@@ -52,12 +57,19 @@ def generate(
         raise UserError(f"--mean-kb applies to images only, not {name}: leave it out")
     if size_sigma is not None and name != "images":
         raise UserError(f"--size-sigma applies to images only, not {name}: leave it out")
+    if (learnable or classes is not None or val_fraction is not None) and name != "images":
+        raise UserError(
+            f"--learnable, --classes and --val-fraction apply to images only, not {name}: "
+            "leave them out"
+        )
     params: Any = None
     if name == "unet3d" and scale is not None and scale != 1.0:
         from datagen.unet3d import UNet3DGenParams
 
         params = UNet3DGenParams.scaled(scale)
-    if name == "images" and (group_size, mean_kb, size_sigma) != (None, None, None):
+    if name == "images" and (
+        (group_size, mean_kb, size_sigma, classes, val_fraction) != (None,) * 5 or learnable
+    ):
         from datagen.images import ImageGenParams
 
         image: dict[str, Any] = {"group_size": group_size or 0}
@@ -65,6 +77,12 @@ def generate(
             image["mean_kb"] = float(mean_kb)
         if size_sigma is not None:
             image["size_sigma"] = float(size_sigma)
+        if learnable:
+            image.update(learnable=True, classes=10, val_fraction=0.2)
+        if val_fraction is not None:
+            image["val_fraction"] = float(val_fraction)
+        if classes is not None:
+            image["classes"] = classes
         params = ImageGenParams(**image)
     module, function, _ = GENERATORS[name]
     generator = getattr(importlib.import_module(module), function)

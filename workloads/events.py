@@ -45,6 +45,10 @@ from mlperf_logging.mllog.mllog import _encode_log
 #: The point event each rank logs once, before its first step, saying what computes its steps
 #: (value ``cpu``, ``cuda:N`` or ``emulated: CARD``; ``workloads.training.accelerator_label``).
 ACCELERATOR_KEY = "accelerator"
+#: The point event of each evaluation's accuracy (MLPerf's ``eval_accuracy``): value the top-1
+#: accuracy, metadata the evaluation's other figures (``loss``, ``top5``, ``samples``; an array's
+#: per-model lists).
+EVAL_ACCURACY_KEY = constants.EVAL_ACCURACY
 
 # Interval names and their (start key, stop key); mllog has constants for all but checkpoint.
 INTERVAL_KEYS: dict[str, tuple[str, str]] = {

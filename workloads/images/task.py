@@ -165,17 +165,29 @@ class ImageTask(SplitTask):
             return array_loss(outputs, batch[1])
         return nn.functional.cross_entropy(outputs, batch[1])
 
-    def eval_metrics(self, outputs: Any, batch: Any) -> dict[str, float]:
-        """Loss and top-1 accuracy; of an array, the means over its models."""
-        if self.array_size > 1:
-            hits = (outputs.argmax(2) == batch[1].unsqueeze(1)).float()
+    def eval_metrics(self, outputs: Any, batch: Any) -> dict[str, Any]:
+        """Loss, top-1 and top-5 accuracy (top-k: the label among the k highest scores; k at
+        most the classes); of an array, the means over its models and each model's
+        (``loss_models``, ``top1_models``, ``top5_models``: HFTA's convergence, model by
+        model)."""
+        labels = batch[1]
+        k = min(5, outputs.shape[-1])
+        if self.array_size > 1:  # outputs [N, B, classes]
+            top1 = (outputs.argmax(2) == labels.unsqueeze(1)).float().mean(0)
+            top5 = (outputs.topk(k, 2).indices == labels[:, None, None]).any(2).float().mean(0)
+            losses = per_model_losses(outputs, labels)
             return {
-                "loss": float(per_model_losses(outputs, batch[1]).mean().item()),
-                "top1": float(hits.mean().item()),
+                "loss": float(losses.mean().item()),
+                "top1": float(top1.mean().item()),
+                "top5": float(top5.mean().item()),
+                "loss_models": losses.tolist(),
+                "top1_models": top1.tolist(),
+                "top5_models": top5.tolist(),
             }
         return {
-            "loss": float(nn.functional.cross_entropy(outputs, batch[1]).item()),
-            "top1": float((outputs.argmax(1) == batch[1]).float().mean().item()),
+            "loss": float(nn.functional.cross_entropy(outputs, labels).item()),
+            "top1": float((outputs.argmax(1) == labels).float().mean().item()),
+            "top5": float((outputs.topk(k, 1).indices == labels[:, None]).any(1).float().mean()),
         }
 
     def batch_samples(self, batch: Any) -> int:
