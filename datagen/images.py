@@ -123,7 +123,7 @@ _SIZES, _PICKS, _POOL, _PADDING, _BANK, _LABELS = 1, 2, 3, 4, 5, 6
 #: Learnable images: the spread of an image's hue around its class's, as a share of the hue
 #: distance between two neighbouring classes (a normal's standard deviation): neighbouring
 #: classes overlap a little, so that accuracy climbs over epochs instead of at once.
-HUE_SPREAD = 0.3
+HUE_SPREAD = 0.15
 
 # Bytes per pixel of our content at quality 90 as a function of the strength of the detail
 # layer (measured with Pillow 13 / libjpeg-turbo 3 on 460x345 images): used to choose the

@@ -266,4 +266,9 @@ def test_a_fused_task_trains_batch_times_b_samples_with_per_model_rates(tmp_path
     loss = task.loss(out, batch)
     torch.testing.assert_close(loss, per_model_losses(out, batch[1]).sum())
     metrics = task.eval_metrics(out, batch)
-    assert set(metrics) == {"loss", "top1"} and 0 <= metrics["top1"] <= 1
+    assert set(metrics) == {"loss", "top1", "top5", "loss_models", "top1_models", "top5_models"}
+    assert 0 <= metrics["top1"] <= metrics["top5"] == 1  # 3 classes: top-5 holds every label
+    hits = (out.argmax(2) == batch[1].unsqueeze(1)).float().mean(0).tolist()
+    assert metrics["top1_models"] == hits and metrics["top1"] == pytest.approx(sum(hits) / 2)
+    losses = per_model_losses(out, batch[1]).tolist()
+    assert metrics["loss_models"] == pytest.approx(losses)
