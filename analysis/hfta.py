@@ -126,10 +126,70 @@ def mode_rows(
     return rows
 
 
-def table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def _evals(job: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
+    return {int(e["epoch"]): e for e in job.get("evals") or []}
+
+
+def convergence_rows(
+    runs: Mapping[str, Mapping[str, Any]],
+    array_sizes: Sequence[int],
+    learning_rates: Sequence[float],
+) -> list[dict[str, Any]]:
+    """A row per (B > 1, model k, evaluated epoch): model k's validation top-1 and loss when
+    trained alone (``serial``: job k's run), as one of B concurrent jobs (container ``job<k>``)
+    and as model k of the fused array of B (its ``top1_models[k]``, ``loss_models[k]``)."""
+    rows = []
+    for size in array_sizes:
+        if size < 2:
+            continue
+        fused = _evals(runs[f"fused-b{size}"]["jobs"][0])
+        concurrent = runs[f"concurrent-b{size}"]["jobs"]
+        for k in range(size):
+            alone = _evals(runs[f"serial-j{k}"]["jobs"][0])
+            beside = _evals(concurrent[k]) if k < len(concurrent) else {}
+            for epoch in sorted(alone):
+                row: dict[str, Any] = {
+                    "array_size": size,
+                    "model": k,
+                    "learning_rate": learning_rates[k],
+                    "epoch": epoch,
+                }
+                for metric in ("top1", "loss"):
+                    f = fused.get(epoch, {}).get(f"{metric}_models") or []
+                    row[f"serial_{metric}"] = alone[epoch].get(metric)
+                    row[f"concurrent_{metric}"] = beside.get(epoch, {}).get(metric)
+                    row[f"fused_{metric}"] = f[k] if k < len(f) else None
+                rows.append(row)
+    return rows
+
+
+def convergence_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The largest differences from the model trained alone: top-1 (a share of the val images)
+    and the loss relative to it, fused and concurrent."""
+
+    def largest(mode: str, metric: str, relative: bool = False) -> float | None:
+        diffs = [
+            abs(r[f"{mode}_{metric}"] - r[f"serial_{metric}"])
+            / (abs(r[f"serial_{metric}"]) if relative and r[f"serial_{metric}"] else 1.0)
+            for r in rows
+            if r.get(f"{mode}_{metric}") is not None and r.get(f"serial_{metric}") is not None
+        ]
+        return max(diffs) if diffs else None
+
+    return {
+        f"max_{mode}_{what}": largest(mode, metric, metric == "loss")
+        for mode in ("fused", "concurrent")
+        for metric, what in (("top1", "top1_diff"), ("loss", "loss_rel_diff"))
+    }
+
+
+def table_lines(
+    rows: Sequence[Mapping[str, Any]], convergence: Mapping[str, Any] | None = None
+) -> list[str]:
     """Two fixed-width tables (under 80 columns): throughput and speedup per mode and B, then
     what each model trained cost (MB read through the calls, from storage and from the page
-    cache, CPU seconds in all and in the loaders, files opened)."""
+    cache, CPU seconds in all and in the loaders, files opened); with ``convergence``, a third:
+    each model's validation top-1 and loss per epoch, alone, concurrent and fused."""
     lines = [
         f"{'B':>3} {'mode':<10} {'samples/s':>10} {'speedup':>7} {'wall s':>7} "
         f"{'jobs':>4} {'acc wait s':>10}"
@@ -152,6 +212,26 @@ def table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{fmt(r['cache_hit_bytes_per_model'], 1, 1e6):>8} "
             f"{fmt(r['cpu_s_per_model'], 1):>7} {fmt(r['loader_cpu_s_per_model'], 1):>8}"
         )
+    if convergence:
+        lines.append(
+            f"{'B':>3} {'model':>5} {'lr':>7} {'epoch':>5} {'top-1 alone/conc/fused':>22} "
+            f"{'loss alone/fused':>17}"
+        )
+        for r in convergence["rows"]:
+            top1 = "/".join(fmt(r[f"{m}_top1"], 3) for m in MODES)
+            loss = "/".join(fmt(r[f"{m}_loss"], 3) for m in ("serial", "fused"))
+            lines.append(
+                f"{r['array_size']:>3} {r['model']:>5} {r['learning_rate']:>7.4g} "
+                f"{r['epoch']:>5} {top1:>22} {loss:>17}"
+            )
+        lines.append(
+            "largest difference from the model alone: fused top-1 "
+            f"{fmt(convergence['max_fused_top1_diff'], 3)}, loss "
+            f"{fmt(convergence['max_fused_loss_rel_diff'], 4)} (relative); as a concurrent job "
+            f"(float32's noise: other threads) top-1 "
+            f"{fmt(convergence['max_concurrent_top1_diff'], 3)}, loss "
+            f"{fmt(convergence['max_concurrent_loss_rel_diff'], 4)}"
+        )
     return lines
 
 
@@ -163,17 +243,28 @@ def hfta_figure(result: Mapping[str, Any]) -> go.Figure:
     and per model trained: bytes through the read calls, from storage and from the page cache,
     and CPU seconds (all, and the loaders')."""
     rows = result["rows"]
+    convergence = result.get("convergence")
+    largest = max((r["array_size"] for r in convergence["rows"]), default=0) if convergence else 0
     fig = make_subplots(
-        rows=2,
+        rows=3 if largest else 2,
         cols=2,
         subplot_titles=(
             "throughput normalised to serial (HFTA's speedup curves)",
             "MB read per model trained: read calls (solid), storage (dash), page cache (dot)",
             "samples trained per second (all models)",
             "CPU seconds per model trained: all (solid), loader workers (dash)",
+            *(
+                (
+                    f"validation top-1 per epoch, B = {largest}: each model alone (solid), "
+                    "fused (markers)",
+                    "validation loss per epoch: alone (solid), fused (markers)",
+                )
+                if largest
+                else ()
+            ),
         ),
         horizontal_spacing=0.08,
-        vertical_spacing=0.14,
+        vertical_spacing=0.1 if largest else 0.14,
     )
     for mode in MODES:
         mine = [r for r in rows if r["mode"] == mode]
@@ -196,6 +287,24 @@ def hfta_figure(result: Mapping[str, Any]) -> go.Figure:
                     fig, (row, 2), x, series(mine, field, scale), f"{mode}: {field}",
                     line={"color": colour, "dash": dash}, showlegend=False,
                 )  # fmt: skip
+    if largest:
+        assert convergence is not None
+        mine = [r for r in convergence["rows"] if r["array_size"] == largest]
+        for k in sorted({r["model"] for r in mine}):
+            model = [r for r in mine if r["model"] == k]
+            x = [r["epoch"] for r in model]
+            name = f"model {k} (lr {model[0]['learning_rate']:g})"
+            for col, metric in ((1, "top1"), (2, "loss")):
+                add_line(
+                    fig, (3, col), x, series(model, f"serial_{metric}"), f"{name} alone",
+                    showlegend=col == 1, legendgroup=name,
+                )  # fmt: skip
+                add_line(
+                    fig, (3, col), x, series(model, f"fused_{metric}"), f"{name} fused",
+                    mode="markers", showlegend=False, legendgroup=name,
+                )  # fmt: skip
+            fig.update_xaxes(title_text="epoch", row=3, col=1)
+            fig.update_xaxes(title_text="epoch", row=3, col=2)
     sizes = sorted({r["array_size"] for r in rows})
     for row in (1, 2):
         for col in (1, 2):
@@ -209,7 +318,7 @@ def hfta_figure(result: Mapping[str, Any]) -> go.Figure:
             f"to {PUBLISHED['max_speedup']}x on accelerators"
         ),
         legend={"orientation": "h", "y": -0.12},
-        height=820,
+        height=1200 if largest else 820,
         width=1400,
     )
     return fig
@@ -219,6 +328,8 @@ __all__ = [
     "MODES",
     "PER_MODEL",
     "PUBLISHED",
+    "convergence_rows",
+    "convergence_summary",
     "hfta_figure",
     "mode_row",
     "mode_rows",

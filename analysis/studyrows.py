@@ -36,7 +36,10 @@ def add_line(
     **style: Any,
 ) -> None:
     """A line with markers through ``x``, ``y`` in subplot ``cell`` (row, column) of ``fig``;
-    ``style``: the line's other properties (``line``, ``showlegend``, ``error_y``)."""
+    ``style``: the line's other properties (``line``, ``showlegend``, ``error_y``; ``mode``
+    "markers" for markers alone)."""
     fig.add_trace(
-        go.Scatter(x=x, y=y, mode="lines+markers", name=name, **style), row=cell[0], col=cell[1]
+        go.Scatter(x=x, y=y, name=name, **{"mode": "lines+markers", **style}),
+        row=cell[0],
+        col=cell[1],
     )

@@ -166,6 +166,14 @@ def stalls(
     "--warm-cache", is_flag=True, help="Leave the page cache as it is (default: drop it first)."
 )
 @click.option(
+    "--eval-every",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Evaluate every N epochs on the dataset's val split: each model's accuracy per "
+    "epoch, alone, concurrent and fused (a --learnable dataset; 0: never).",
+)
+@click.option(
     "--no-share-cores",
     is_flag=True,
     help="Concurrent jobs compute with a thread per core each (default: their share).",
@@ -189,6 +197,7 @@ def hfta(
     timeout: float | None,
     profiles: Path | None,
     warm_cache: bool,
+    eval_every: int,
     no_share_cores: bool,
     out_dir: Path | None,
     as_json: bool,
@@ -202,6 +211,7 @@ def hfta(
     Examples:
       ./cli.py hfta --workload resnet18 --data data/img --array-sizes 1,2,4,8
       ./cli.py hfta --workload alexnet --data data/img --variant sleep --set image_size=64
+      ./cli.py hfta --data data/learn --array-sizes 1,2,4 --eval-every 1 --epochs 5
     """
     from experiments.hfta import RESULTS_NAME, load_results, parse_spec, run_hfta
     from experiments.study_state import sole_runner
@@ -220,6 +230,7 @@ def hfta(
         "cpus": cpus,
         "timeout_s": timeout,
         "options": parse_sets(sets),
+        "eval_every": eval_every,
     }
     if learning_rates is not None:
         spec["learning_rates"] = numbers(learning_rates, "--learning-rates", float)

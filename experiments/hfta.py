@@ -53,6 +53,8 @@ options)::
     options = {image_size = 64}   # the workload's --set options (not array_size, learning_*)
     profiles = "experiments/hfta-profiles"   # sleep only, optional: cpu-<workload>-x<B>.json
                                   # per B (default: this host's CPU, measured once, cached)
+    eval_every = 0                # N > 0: evaluate on the val split every N epochs (original:
+                                  # each model's accuracy per epoch, serial vs fused)
 
 A serial or fused job computes with a torch thread per core of the host, as a job alone does.
 B concurrent jobs that each did so would run B times as many threads as cores, and torch's
@@ -70,7 +72,10 @@ for each B > 1 the concurrent and the fused run. With ``cold_cache`` the page ca
 (:func:`tracing.host.drop_caches`) before the first serial job and before every concurrent and
 fused run, after the run's request is made; the dataset bytes still cached then are recorded
 (``cached_before_bytes``). The later serial jobs find what the earlier ones left in the cache,
-as jobs run back to back do. No evaluation, no checkpoints. ``hfta-state.json`` records each
+as jobs run back to back do. No checkpoints; with ``eval_every`` N > 0 every job evaluates
+its model(s) on the dataset's val split after every N-th epoch, and the results hold each
+model's accuracy and loss per epoch in each mode (``convergence``: HFTA's claim that a fused
+array's models train as the separate ones do). ``hfta-state.json`` records each
 finished run: an interrupted study resumes with the runs it lacks while its settings and
 dataset are unchanged.
 
@@ -99,6 +104,7 @@ and the state file.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -110,7 +116,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.extents import DiskExtents
-from analysis.hfta import PUBLISHED, hfta_figure, mode_rows, table_lines
+from analysis.hfta import (
+    PUBLISHED,
+    convergence_rows,
+    convergence_summary,
+    hfta_figure,
+    mode_rows,
+    table_lines,
+)
 from analysis.samples import other_cpu_cores, sampled_total
 from analysis.tables import is_value as _is
 from core.errors import UserError
@@ -120,11 +133,12 @@ from experiments.study_state import IMAGE_WORKLOAD, IMAGE_WORKLOADS, Log
 from store.rundir import READ_KINDS, Run
 
 #: Version of the layout of ``hfta.json``; bump on any change, with a migration from the
-#: old one in :data:`RESULTS`.
-SCHEMA_VERSION = 1
+#: old one in :data:`RESULTS`. 2: ``convergence`` (None for a study without evaluations).
+SCHEMA_VERSION = 2
 KIND = "hfta"
 #: ``hfta.json``: the study's results; its figure and state files.
 RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, SCHEMA_VERSION)
+RESULTS = dataclasses.replace(RESULTS, migrations={1: lambda body: {**body, "convergence": None}})
 #: Sleep profiles of a 2-thread AMD EPYC (experiments/hfta-profiles/README.md), for
 #: ``profiles = "experiments/hfta-profiles"``; by default the study measures this host.
 PROFILES_DIR = Path(__file__).resolve().parent / "hfta-profiles"
@@ -158,6 +172,7 @@ SETTINGS = (
     Setting("timeout_s", "limit"),
     Setting("options", "table", {}),
     Setting("profiles", "name"),
+    Setting("eval_every", "whole", 0, low=0, high=1000),
 )
 _NS = 1e-9
 
@@ -187,6 +202,7 @@ class HftaSpec:
     options: Mapping[str, Any]
     profiles: Path | None
     dataset: str | None = None
+    eval_every: int = 0
 
     @property
     def jobs(self) -> int:
@@ -211,6 +227,8 @@ class HftaSpec:
             "timeout_s": self.timeout_s,
             "options": dict(self.options),
             "profiles": str(self.profiles) if self.profiles else None,
+            # Only when on: the studies run before it existed keep their fingerprints.
+            **({"eval_every": self.eval_every} if self.eval_every else {}),
         }
 
 
@@ -396,6 +414,7 @@ def run_request(
         else None,
         memory_limit=spec.memory_limit,
         cpus=spec.cpus,
+        eval_every=spec.eval_every,
     )
     request = dataclasses.replace(request, label=f"{spec.workload}-{key}")
     if mode != "concurrent":
@@ -453,6 +472,7 @@ def job_figures(phases: pd.DataFrame, role: str) -> dict[str, Any]:
     ends = mine[_is(mine["kind"], "point") & _is(mine["key"], "step_end")]
     values = pd.to_numeric(ends["value"], errors="coerce").fillna(0)
     later = epochs[epochs["epoch"] >= 2]
+    evals = mine[_is(mine["kind"], "interval") & _is(mine["key"], "eval")].sort_values("epoch")
     return {
         "role": role,
         "epochs": [
@@ -464,6 +484,13 @@ def job_figures(phases: pd.DataFrame, role: str) -> dict[str, Any]:
         "samples_measured": int(values[ends["epoch"].to_numpy() >= 2].sum()),
         "measured_start_ns": int(later["ts_ns"].min()) if len(later) else None,
         "measured_end_ns": int(later["end_ns"].max()) if len(later) else None,
+        # Each evaluation (eval_every): the epoch, and top-1, top-5, loss (of an array, the
+        # means and each model's: top1_models, ...).
+        "evals": [
+            {"epoch": int(e), **json.loads(v)}
+            for e, v in zip(evals["epoch"], evals["value"], strict=True)
+            if isinstance(v, str) and v.startswith("{")
+        ],
     }
 
 
@@ -659,6 +686,7 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
             },
             "runs": runs,
             "rows": mode_rows(runs, spec.array_sizes),
+            "convergence": _convergence(runs, spec),
             "published": PUBLISHED,
             # The runs' own time (over every invocation, when resumed) and this invocation's.
             "runs_s": round(sum(state["runs"][k].get("duration_s") or 0.0 for k in keys), 1),
@@ -667,9 +695,19 @@ def run_hfta(spec: HftaSpec, data_dir: Path, out: Path, log: Log = print) -> Pat
         settings=spec.settings(),
         started=started,
         figure=hfta_figure,
-        table=lambda r: table_lines(r["rows"]),
+        table=lambda r: table_lines(r["rows"], r.get("convergence")),
         log=log,
     )
+
+
+def _convergence(runs: Mapping[str, Mapping[str, Any]], spec: HftaSpec) -> dict[str, Any] | None:
+    """Each model's validation accuracy and loss per evaluated epoch, serial, concurrent and
+    fused (:func:`analysis.hfta.convergence_rows`), and the largest differences; None without
+    evaluations."""
+    if not spec.eval_every:
+        return None
+    rows = convergence_rows(runs, spec.array_sizes, spec.learning_rates)
+    return {"rows": rows, **convergence_summary(rows)}
 
 
 def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:

@@ -49,11 +49,13 @@ TINY_OPTIONS = {"image_size": 32, "width": 8}
 
 @pytest.fixture(scope="module")
 def tiny_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """About 60 small JPEGs (59 training images), made once."""
+    """About 60 small JPEGs of a learnable dataset of 4 classes (a fifth of them for
+    validation), made once."""
     from datagen.images import ImageGenParams, generate_images
 
     out = tmp_path_factory.mktemp("hfta-images")
-    generate_images(out, 1_000_000, seed=0, params=ImageGenParams(mean_kb=16.0, classes=4))
+    params = ImageGenParams(mean_kb=16.0, classes=4, learnable=True, val_fraction=0.2)
+    generate_images(out, 1_000_000, seed=0, params=params)
     return out
 
 
@@ -420,7 +422,7 @@ def test_a_tiny_study_reads_the_dataset_once_per_fused_array_and_b_times_otherwi
     assert load_manifest(tiny_images)["params"]["train_images"] == n
     spec = parse_spec(
         {"array_sizes": [1, 2], "batch_size": 8, "epochs": 2, "timeout_s": 300,
-         "options": TINY_OPTIONS}
+         "options": TINY_OPTIONS, "eval_every": 1, "learning_rates": [0.01, 0.005]}
     )  # fmt: skip
     log: list[str] = []
     result = load_results(hfta.run_hfta(spec, tiny_images, tmp_path / "study", log.append))
@@ -458,6 +460,21 @@ def test_a_tiny_study_reads_the_dataset_once_per_fused_array_and_b_times_otherwi
     assert all(r["throughput"] > 0 for r in rows.values())
     assert (tmp_path / "study" / hfta.FIGURE_NAME).is_file()
     assert any(line.split()[:2] == ["2", "fused"] for line in log)
+    # Convergence: each model of the fused array evaluates as the same model trained alone.
+    # After one epoch (6 steps) the losses agree within float32's noise: the same fused array
+    # on 1 thread and on 2 differs by 0.37 % here, the model alone on 1 and on 2 by 0.005 %,
+    # the fused array and the model alone on 1 thread each by 0.003 % (docs/hfta.md). Training
+    # this small is chaotic: by the second epoch that rounding has grown to several per cent
+    # in every mode (the concurrent job's other thread count included): recorded, not asserted.
+    convergence = result["convergence"]
+    assert [(r["model"], r["epoch"]) for r in convergence["rows"]] == [
+        (0, 1), (0, 2), (1, 1), (1, 2)
+    ]  # fmt: skip
+    for r in convergence["rows"]:
+        assert None not in (r["serial_top1"], r["fused_top1"], r["concurrent_top1"]), r
+        if r["epoch"] == 1:
+            assert r["fused_loss"] == pytest.approx(r["serial_loss"], rel=1e-2), r
+    assert any("largest difference from the model alone: fused top-1" in line for line in log)
 
     # Emulated: the two concurrent jobs share one accelerator and never compute at once.
     sleep = parse_spec({**spec.settings(), "variant": "sleep", "profiles": str(tiny_profiles)})
