@@ -114,6 +114,38 @@ def set_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     )
 
 
+def swarm_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--cluster``, ``--engine`` and ``--registry``: which swarm a run across ``--nodes``
+    uses (docs/cluster.md)."""
+    for option in reversed(
+        (
+            click.option(
+                "--cluster",
+                default="twintrace",
+                show_default=True,
+                help="With --nodes: the virtual cluster's name.",
+            ),
+            click.option(
+                "--engine",
+                metavar="URL",
+                default=None,
+                help="With --nodes: a real swarm, by its manager's engine (unix:///..., "
+                "tcp://..., ssh://user@manager); ./cli.py cluster check --engine URL checks it "
+                "first.",
+            ),
+            click.option(
+                "--registry",
+                metavar="HOST:PORT",
+                default=None,
+                help="With --engine: the registry the swarm's nodes pull the run's images from "
+                "(pushed there through the manager); without it the nodes must have them.",
+            ),
+        )
+    ):
+        func = option(func)
+    return func
+
+
 def data_option(
     help: str, *, required: bool = True, dest: str = "data_dir"
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

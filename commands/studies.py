@@ -21,6 +21,7 @@ from commands.common import (
     parse_sets,
     set_option,
     styled,
+    swarm_options,
     user_errors,
 )
 from core.errors import UserError
@@ -320,26 +321,9 @@ def hfta(
     default=None,
     help="Spread each count's accelerators (a container each) over K nodes of a swarm, an "
     "agent tracing each (docs/cluster.md): the virtual cluster (./cli.py cluster up), or the "
-    "one --engine names.",
+    "one --engine names (then --cache keep).",
 )
-@click.option(
-    "--cluster",
-    default="twintrace",
-    show_default=True,
-    help="With --nodes: the virtual cluster's name.",
-)
-@click.option(
-    "--engine",
-    metavar="URL",
-    default=None,
-    help="With --nodes: a real swarm, by its manager's engine (then --cache keep).",
-)
-@click.option(
-    "--registry",
-    metavar="HOST:PORT",
-    default=None,
-    help="With --engine: the registry the swarm's nodes pull the run's images from.",
-)
+@swarm_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Training seed.")
 @click.option("--timeout", type=float, default=None, help="Fail a run still going after this (s).")
 @set_option("Workload option KEY=VALUE (repeatable).")

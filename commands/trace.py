@@ -22,6 +22,7 @@ from commands.common import (
     runs_root_option,
     set_option,
     styled,
+    swarm_options,
     user_errors,
 )
 from core.units import SIZE_HELP
@@ -189,26 +190,7 @@ if TYPE_CHECKING:
     "round-robin over them, an agent tracing each (docs/cluster.md). The swarm: the virtual "
     "cluster (./cli.py cluster up), or the one --engine names.",
 )
-@click.option(
-    "--cluster",
-    default="twintrace",
-    show_default=True,
-    help="With --nodes: the virtual cluster's name.",
-)
-@click.option(
-    "--engine",
-    metavar="URL",
-    default=None,
-    help="With --nodes: a real swarm, by its manager's engine (unix:///..., tcp://..., "
-    "ssh://user@manager); ./cli.py cluster check --engine URL checks it first.",
-)
-@click.option(
-    "--registry",
-    metavar="HOST:PORT",
-    default=None,
-    help="With --engine: the registry the swarm's nodes pull the run's images from (pushed "
-    "there through the manager); without it the nodes must have them.",
-)
+@swarm_options
 @runs_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @user_errors
