@@ -18,6 +18,7 @@ from analysis.extents import DiskExtents
 from analysis.samples import other_cpu_cores
 from analysis.stalls import union_s
 from analysis.studyrows import add_line, fmt, series
+from analysis.tables import evaluations
 from core.errors import UserError
 from store.rundir import READ_KINDS, Run
 
@@ -175,6 +176,58 @@ def run_evidence(
     return figures
 
 
+def accuracy_by_epoch(run: Run, files: Iterable[str]) -> list[dict[str, Any]]:
+    """Per epoch of an accuracy run (rank 0): its seconds, the validation top-1, top-5 and loss
+    after it (:func:`analysis.tables.evaluations`), and what it read of the training files
+    (``files``, container paths) in the system calls of every process: successful opens, read
+    calls and bytes."""
+    phases, events = run.phases, run.events
+    rank = phases[(phases["rank"] == 0).to_numpy(dtype=bool)]
+    epochs = rank[_is(rank["kind"], "interval") & _is(rank["key"], "epoch")].sort_values("epoch")
+    evals = {e["epoch"]: e for e in evaluations(phases)}
+    ours = events["path"].astype("string").isin(set(files)).fillna(False).to_numpy(dtype=bool)
+    kind = events["kind"].astype("string")
+    ts = events["ts_ns"].to_numpy(dtype=np.int64)
+    count = events["count"].to_numpy(dtype=np.int64)
+    nbytes = events["bytes"].to_numpy(dtype=np.int64)
+    opened = ours & _is(kind, "openat") & (events["ret"].to_numpy() >= 0)
+    read = ours & kind.isin(READ_KINDS).fillna(False).to_numpy(dtype=bool)
+    rows = []
+    for epoch, start, end in zip(epochs["epoch"], epochs["ts_ns"], epochs["end_ns"], strict=True):
+        inside = (ts >= start) & (ts <= end)
+        result = evals.get(int(epoch), {})
+        rows.append(
+            {
+                "epoch": int(epoch),
+                "epoch_s": (int(end) - int(start)) * _NS,
+                "top1": result.get("top1"),
+                "top5": result.get("top5"),
+                "loss": result.get("loss"),
+                "opens": int(count[opened & inside].sum()),
+                "reads": int(count[read & inside].sum()),
+                "read_bytes": int(nbytes[read & inside].sum()),
+            }
+        )
+    return rows
+
+
+def accuracy_lines(accuracy: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The accuracy runs as a table (under 80 columns): per layout and epoch the validation
+    top-1, top-5 and loss, the epoch's seconds and its opens and reads of the training files."""
+    lines = [
+        f"{'layout':>6} {'epoch':>5} {'top-1':>6} {'top-5':>6} {'loss':>7} {'epoch s':>8} "
+        f"{'opens':>6} {'reads':>6} {'read MB':>8}"
+    ]
+    for run in accuracy:
+        for e in run["epochs"]:
+            lines.append(
+                f"{run['layout']:>6} {e['epoch']:>5} {fmt(e['top1'], 3):>6} "
+                f"{fmt(e['top5'], 3):>6} {fmt(e['loss'], 3):>7} {e['epoch_s']:>8.2f} "
+                f"{e['opens']:>6} {e['reads']:>6} {e['read_bytes'] / 1e6:>8.1f}"
+            )
+    return lines
+
+
 # --------------------------------------------------------------------------------------------
 # Per layout, normalised, published
 
@@ -300,6 +353,8 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
             f"{fmt(row['sequential_fraction']):>5} "
             f"{fmt(row['mean_sequential_run_bytes'] / 1e3, 1):>7}"
         )
+    if result.get("accuracy"):
+        lines.extend(accuracy_lines(result["accuracy"]))
     return lines
 
 
@@ -307,8 +362,9 @@ def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
     """Normalised data stall against G (ours beside the published curves) and the evidence."""
     rows = result["layouts"]
     cats = [_category(r["group_size"]) for r in rows]
+    accuracy = result.get("accuracy")
     fig = make_subplots(
-        rows=2,
+        rows=3 if accuracy else 2,
         cols=3,
         subplot_titles=(
             "data stall per epoch, normalised to ungrouped",
@@ -317,9 +373,18 @@ def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
             "mean request size (kB)",
             "MB per epoch",
             "sequential block read requests (fraction)",
+            *(
+                (
+                    "validation top-1 after each epoch",
+                    "validation top-5 after each epoch",
+                    "training files opened per epoch",
+                )
+                if accuracy
+                else ()
+            ),
         ),
         horizontal_spacing=0.08,
-        vertical_spacing=0.14,
+        vertical_spacing=0.1 if accuracy else 0.14,
     )
     base = next((r["data_stall_s"] for r in rows if r["group_size"] == 0), math.nan)
     error = {
@@ -393,6 +458,15 @@ def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
         ("dataset_sequential_fraction", "the dataset's requests"),
     ):
         add_line(fig, (2, 3), cats, series(rows, field), f"sequential: {label}")
+    for run in accuracy or ():
+        x = [e["epoch"] for e in run["epochs"]]
+        name = _category(run["group_size"])
+        for col, field in ((1, "top1"), (2, "top5"), (3, "opens")):
+            add_line(
+                fig, (3, col), x, series(run["epochs"], field), f"{name}: {field}",
+                legendgroup=f"accuracy {name}", showlegend=col == 1,
+            )  # fmt: skip
+            fig.update_xaxes(title_text="epoch", row=3, col=col)
     fig.update_yaxes(type="log", row=1, col=3)
     fig.update_yaxes(type="log", row=2, col=1)
     fig.update_yaxes(range=[0, 1.05], row=2, col=3)
@@ -407,7 +481,7 @@ def grouping_figure(result: Mapping[str, Any]) -> go.Figure:
             f"{result['dataset']['images']} images ({result['dataset']['bytes'] / 1e6:.0f} MB)"
         ),
         barmode="group",
-        height=800,
+        height=1150 if accuracy else 800,
         width=1500,
     )
     return fig

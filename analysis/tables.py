@@ -16,7 +16,9 @@ Example::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -136,3 +138,19 @@ def step_intervals(phases: pd.DataFrame) -> pd.DataFrame:
         ).dropna(subset=["ts_ns"])
         return steps.astype({"ts_ns": "int64", "end_ns": "int64"})[cols]
     return steps[steps["rank"] == steps["rank"].min()][cols]
+
+
+def evaluations(phases: pd.DataFrame, role: str | None = None) -> list[dict[str, Any]]:
+    """Each evaluation of rank 0 (of container ``role``; None: any), in epoch order: the epoch
+    and what the workload logged (``top1``, ``top5``, ``loss``, ``samples``; of a fused array
+    also each model's: ``top1_models``, ...)."""
+    mine = phases[(phases["rank"] == 0).to_numpy(dtype=bool)]
+    if role is not None:
+        mine = mine[is_value(mine["container"], role)]
+    rows = mine[is_value(mine["kind"], "interval") & is_value(mine["key"], "eval")]
+    rows = rows.sort_values("epoch")
+    return [
+        {"epoch": int(e), **json.loads(v)}
+        for e, v in zip(rows["epoch"], rows["value"], strict=True)
+        if isinstance(v, str) and v.startswith("{")
+    ]

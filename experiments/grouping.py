@@ -25,11 +25,14 @@ An experiment file with ``kind = "grouping"``::
     seed = 0                      # the runs' seed (shuffling); round r uses seed + r
     timeout_s = 600               # optional: a run still going after this is stopped, failed
     options = {image_size = 112}  # the workload's --set options
+    accuracy_epochs = 0           # N > 0: also train each layout N epochs for real, evaluating
+                                  # after each (needs learnable and val_images below)
 
     [study.dataset]               # the images every layout holds (datagen.images' params)
     images = 2048                 # a multiple of batch_size and of the largest group size
+    val_images = 0                # a val split every layout shares (a multiple of every G)
     mean_kb = 110.0               # optional: mean_kb, size_sigma, min_kb, quality, classes,
-    seed = 0                      # distinct_images (ImageGenParams), seed (the generator's)
+    seed = 0                      # distinct_images, learnable (ImageGenParams), seed
 
 Every key but ``kind`` has the default shown (``timeout_s``: none, ``options``: none,
 ``profile_model``: the workload, ``[study.dataset]``: 2048 images, the generator's defaults
@@ -37,12 +40,13 @@ otherwise); unknown keys are refused when the file is loaded, and so is ``[[data
 study generates its own layouts.
 
 **The layouts hold exactly the same images.** :func:`plan_layouts` draws the image plan of
-``datagen.images`` for the folder layout, takes its first ``images`` sizes and asks every
-layout for exactly their total: the folder layout then writes those images (no shrunk last
-one) and a grouped one the same images in ``images / G`` whole groups (the generator writes only
-full groups, and the same seed with a rounded size would give each G a different set). There is
-no val split (``val_fraction`` 0: the grouped layouts would move whole groups into it, a
-different number of images per G). They are written under ``OUT/NAME/data/<layout>``
+``datagen.images`` for the folder layout, takes its first ``images + val_images`` sizes and asks
+every layout for exactly their total: the folder layout then writes those images (no shrunk
+last one) and a grouped one the same images in whole groups of G (the generator writes only
+full groups, and the same seed with a rounded size would give each G a different set). The val
+split is the last ``val_images`` images in every layout (none by default): its share,
+``val_images / (images + val_images)``, is whole groups of every G because ``val_images`` is a
+multiple of every group size. They are written under ``OUT/NAME/data/<layout>``
 (``folder``, ``g1``, ``g2``, ...) and reused while their manifest matches;
 :func:`check_same_images` then lists each layout as the workload does and refuses to go on
 unless every one holds the same image names, sizes and labels.
@@ -53,8 +57,21 @@ unless every one holds the same image names, sizes and labels.
 a drift of the host does not favour one end of the curve), round ``r`` with seed ``seed + r``.
 The cache is dropped after the run's request is made (making it checks the dataset, which
 reads the start of every group file), and the dataset's bytes still cached then are recorded
-(``cached_before_bytes``, ``tracing.host.resident_bytes``). No evaluation, no checkpoint. Runs
-go to ``OUT/NAME/runs``; ``OUT/NAME/grouping-state.json`` records each completed one, so an
+(``cached_before_bytes``, ``tracing.host.resident_bytes``). No evaluation, no checkpoint.
+
+**Accuracy** (``accuracy_epochs`` N > 0, a ``learnable`` dataset with ``val_images``): what
+grouping costs in what the model learns. After the stall runs, each layout gets one more traced
+run on a cold cache: the ``original`` variant (the real model; the study's ``options``, e.g.
+its learning rate) trains N epochs with the study's seed, shuffling as the layout's loader
+does (gpufs' way: the group files shuffled each epoch, a group's images together in one batch;
+the folder layout shuffles images), and evaluates on the val split after every epoch (MLPerf's
+``eval_accuracy``). Per epoch (:func:`analysis.grouping.accuracy_by_epoch`): top-1, top-5 and
+the loss on the val split, the epoch's seconds, and its opens, read calls and bytes of the
+training files. Shuffling the samples within a batch is not a variant of its own: a step's
+gradient is the mean over its batch, and the batch norms' statistics are over the batch too,
+whatever order its samples come in.
+
+Runs go to ``OUT/NAME/runs``; ``OUT/NAME/grouping-state.json`` records each completed one, so an
 interrupted study resumes with the runs it lacks (while the settings and dataset are
 unchanged).
 
@@ -95,7 +112,8 @@ ungrouped value.
 
 **Output** in ``OUT/NAME/``: ``grouping.json`` (:data:`RESULTS`, ``kind: "grouping"``, stamped
 by :mod:`core.versioned`: settings, dataset, every run with its directory and figures,
-per-layout figures, the published curves with their sources; :func:`load_results` checks it)
+per-layout figures, the published curves with their sources, the accuracy runs (``accuracy``,
+None without them); :func:`load_results` checks it)
 and ``grouping.html`` (:func:`analysis.grouping.grouping_figure`: normalised data stall against
 G beside both published curves, and the evidence: stall and compute seconds, opens and reads per
 epoch, mean request sizes, bytes from disk, sequentiality). ``docs/grouping.md`` has a
@@ -113,7 +131,13 @@ from typing import Any
 
 import numpy as np
 
-from analysis.grouping import grouping_figure, layout_rows, run_evidence, table_lines
+from analysis.grouping import (
+    accuracy_by_epoch,
+    grouping_figure,
+    layout_rows,
+    run_evidence,
+    table_lines,
+)
 from core.errors import UserError
 from experiments import study_state
 from experiments.study import Setting, validate
@@ -122,10 +146,12 @@ from store.rundir import Run
 
 #: Version of the layout of ``grouping.json``; bump on any change, with a migration from the
 #: old one in :data:`RESULTS`.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KIND = "grouping"
-#: ``grouping.json``: the study's results; its figure and state files.
+#: ``grouping.json``: the study's results; its figure and state files. 2: ``accuracy`` (None
+#: for a study without accuracy runs).
 RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, SCHEMA_VERSION)
+RESULTS = dataclasses.replace(RESULTS, migrations={1: lambda body: {**body, "accuracy": None}})
 
 #: The ``[study]`` table's keys (``[study.dataset]``'s are :data:`DATASET_SETTINGS`).
 SETTINGS = (
@@ -147,15 +173,25 @@ SETTINGS = (
     Setting("timeout_s", "positive", unit="seconds"),
     Setting("options", "table", {}),
     Setting("dataset", "table", {}),
+    Setting("accuracy_epochs", "whole", 0, low=0, high=1000),
 )
 DEFAULT_IMAGES = 2048
 #: ``[study.dataset]``: the image count and the generator's seed ...
 DATASET_SETTINGS = (
     Setting("images", "whole", DEFAULT_IMAGES, low=1, high=100_000_000),
     Setting("seed", "whole", 0, low=0, high=2**32 - 1),
+    Setting("val_images", "whole", 0, low=0, high=100_000_000),
 )
 #: ... and ImageGenParams fields, checked by the generator's own rules.
-IMAGE_PARAMS = ("mean_kb", "size_sigma", "min_kb", "quality", "classes", "distinct_images")
+IMAGE_PARAMS = (
+    "mean_kb",
+    "size_sigma",
+    "min_kb",
+    "quality",
+    "classes",
+    "distinct_images",
+    "learnable",
+)
 FOLDER = "folder"
 #: Variants whose training loop logs ``load_batch_mem`` and ``all_compute``.
 STALL_VARIANTS = ("sleep", "instrumented")
@@ -209,6 +245,8 @@ class GroupingSpec:
     images: int
     dataset_seed: int
     image_params: Mapping[str, Any]
+    accuracy_epochs: int = 0
+    val_images: int = 0
 
     @property
     def layouts(self) -> tuple[tuple[str, int], ...]:
@@ -232,8 +270,11 @@ class GroupingSpec:
             "dataset": {
                 "images": self.images,
                 "seed": self.dataset_seed,
+                **({"val_images": self.val_images} if self.val_images else {}),
                 **self.image_params,
             },
+            # Only when on: the studies run before it existed keep their fingerprints.
+            **({"accuracy_epochs": self.accuracy_epochs} if self.accuracy_epochs else {}),
         }
 
 
@@ -256,10 +297,21 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> GroupingSpec:
             "loader item is one group): use a batch size that every group size divides"
         )
     WORKLOADS[s["workload"]].parse_options(s["options"])
-    images, dataset_seed, params = _parse_dataset(
+    images, dataset_seed, val_images, params = _parse_dataset(
         s.pop("dataset"), where, s["batch_size"], s["group_sizes"]
     )
-    parsed = GroupingSpec(**s, images=images, dataset_seed=dataset_seed, image_params=params)
+    if s["accuracy_epochs"] and not (params.get("learnable") and val_images):
+        raise UserError(
+            f"{where}: accuracy_epochs needs labels a model can learn and images to evaluate "
+            "it on: set learnable = true and val_images in [study.dataset]"
+        )
+    parsed = GroupingSpec(
+        **s,
+        images=images,
+        dataset_seed=dataset_seed,
+        image_params=params,
+        val_images=val_images,
+    )
     if parsed.accelerator is not None or parsed.profile_model is not None:
         from tracing.request import accelerator_profile
 
@@ -276,7 +328,7 @@ def parse_spec(spec: Mapping[str, Any], where: str = "[study]") -> GroupingSpec:
 
 def _parse_dataset(
     table: Any, where: str, batch_size: int, group_sizes: Sequence[int]
-) -> tuple[int, int, dict[str, Any]]:
+) -> tuple[int, int, int, dict[str, Any]]:
     from datagen.images import ImageGenParams
 
     where = f"{where} dataset"
@@ -288,7 +340,7 @@ def _parse_dataset(
         known = ", ".join([*own, *IMAGE_PARAMS])
         raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {known}")
     checked = validate(DATASET_SETTINGS, {k: v for k, v in table.items() if k in own}, where)
-    images, seed = checked["images"], checked["seed"]
+    images, seed, val = checked["images"], checked["seed"], checked["val_images"]
     unit = math.lcm(batch_size, *group_sizes)
     if images % unit:
         low, high = images // unit * unit, (images // unit + 1) * unit
@@ -298,9 +350,16 @@ def _parse_dataset(
             f"group size must divide it, so that every layout holds the same images in whole "
             f"steps): use {nearest}"
         )
+    groups = math.lcm(*group_sizes)
+    if val % groups:
+        up = (val // groups + 1) * groups
+        raise UserError(
+            f"{where}: val_images {val} is not a multiple of {groups} (every group size must "
+            f"divide it, so that every layout holds the same val images): use {up}"
+        )
     params = {k: v for k, v in table.items() if k not in own}
     ImageGenParams(**params)  # the generator's own checks (ranges), as one-line UserErrors
-    return images, seed, params
+    return images, seed, val, params
 
 
 def check_study(study: Any) -> None:
@@ -318,10 +377,13 @@ def check_study(study: Any) -> None:
 
 
 def image_params(spec: GroupingSpec, group_size: int) -> Any:
-    """The generator's params of one layout: the study's, no val split, ``group_size``."""
+    """The generator's params of one layout: the study's, ``group_size``, and the val split
+    of ``val_images`` (none by default): a share that gives every layout the same last
+    ``val_images`` images, as whole groups."""
     from datagen.images import ImageGenParams
 
-    return ImageGenParams(**spec.image_params, group_size=group_size, val_fraction=0.0)
+    fraction = spec.val_images / (spec.images + spec.val_images)
+    return ImageGenParams(**spec.image_params, group_size=group_size, val_fraction=fraction)
 
 
 def plan_layouts(spec: GroupingSpec) -> tuple[int, np.ndarray]:
@@ -330,11 +392,12 @@ def plan_layouts(spec: GroupingSpec) -> tuple[int, np.ndarray]:
     from datagen.images import plan_images
 
     params = image_params(spec, 0)
-    guess = int(spec.images * params.mean_kb * 1000 * 2) + 10**6
+    count = spec.images + spec.val_images
+    guess = int(count * params.mean_kb * 1000 * 2) + 10**6
     while True:
         plan = plan_images(guess, spec.dataset_seed, params)
-        if plan.images > spec.images:
-            sizes = plan.sizes[: spec.images].copy()
+        if plan.images > count:
+            sizes = plan.sizes[:count].copy()
             return int(sizes.sum()), sizes
         guess *= 2
 
@@ -342,12 +405,15 @@ def plan_layouts(spec: GroupingSpec) -> tuple[int, np.ndarray]:
 def _matches(manifest: Mapping[str, Any], spec: GroupingSpec, size: int, group_size: int) -> bool:
     params = dataclasses.asdict(image_params(spec, group_size))
     # The manifest records the pool actually drawn: at most one distinct image per file.
-    params["distinct_images"] = min(params["distinct_images"], spec.images)
+    count = spec.images + spec.val_images
+    params["distinct_images"] = (
+        count if spec.image_params.get("learnable") else min(params["distinct_images"], count)
+    )
     have = manifest.get("params", {})
     return (
         manifest.get("seed") == spec.dataset_seed
         and manifest.get("requested_bytes") == size
-        and have.get("images") == spec.images
+        and have.get("images") == count
         and all(have.get(k) == v for k, v in params.items())
     )
 
@@ -366,7 +432,10 @@ def ensure_layouts(spec: GroupingSpec, data_root: Path, log: Log) -> dict[str, P
         if (path / "manifest.json").is_file():
             manifest = load_data_manifest(path)
         if manifest is None or not _matches(manifest, spec, size, group_size):
-            log(f"generating layout {name}: {spec.images} images, {size / 1e6:.1f} MB in {path}")
+            log(
+                f"generating layout {name}: {spec.images + spec.val_images} images, "
+                f"{size / 1e6:.1f} MB in {path}"
+            )
             generate_images(
                 path,
                 size,
@@ -378,20 +447,21 @@ def ensure_layouts(spec: GroupingSpec, data_root: Path, log: Log) -> dict[str, P
     return paths
 
 
-def layout_images(path: Path) -> list[tuple[str, int, int]]:
-    """(name in the folder layout, bytes, label) of every training image of the dataset at
-    ``path``, sorted, as the workload lists it (``workloads.images.files``)."""
+def layout_images(path: Path, split: str = "train") -> list[tuple[str, int, int]]:
+    """(name in the folder layout, bytes, label) of every image of ``split`` (train or val) of
+    the dataset at ``path``, sorted, as the workload lists it (``workloads.images.files``)."""
     from workloads.images.files import load_image_data
 
     data = load_image_data(path)
+    items = data.train if split == "train" else data.val
     if data.layout == "folder":
         return sorted(
             (s.path.relative_to(path).as_posix(), s.path.stat().st_size, s.label)
-            for s in data.train  # type: ignore[union-attr]
+            for s in items  # type: ignore[union-attr]
         )
     return sorted(
         (m.name, m.size, m.label)
-        for g in data.train  # type: ignore[union-attr]
+        for g in items  # type: ignore[union-attr]
         for m in g.members  # type: ignore[union-attr]
     )
 
@@ -405,10 +475,19 @@ def check_same_images(layouts: Mapping[str, Path]) -> dict[str, Any]:
     reference: list[tuple[str, int, int]] | None = None
     first = ""
     described: dict[str, Any] = {}
+    val_reference: list[tuple[str, int, int]] | None = None
     for name, path in layouts.items():
         images = layout_images(path)
-        files = dataset_files(path)
+        val = layout_images(path, "val")
+        files = train_files(path)
         total = sum(size for _, size, _ in images)
+        if val_reference is None:
+            val_reference = val
+        elif val != val_reference:
+            raise UserError(
+                f"layouts {first} and {name} do not hold the same val images ({len(val_reference)}"
+                f" and {len(val)}): delete {path} and run the study again"
+            )
         if reference is None:
             reference, first = images, name
         elif images != reference:
@@ -434,6 +513,7 @@ def check_same_images(layouts: Mapping[str, Path]) -> dict[str, Any]:
     assert reference is not None
     return {
         "images": len(reference),
+        "val_images": len(val_reference or []),
         "bytes": sum(size for _, size, _ in reference),
         "mean_image_bytes": sum(size for _, size, _ in reference) / len(reference),
         "layouts": described,
@@ -442,6 +522,12 @@ def check_same_images(layouts: Mapping[str, Path]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # Paths, published curves, results file
+
+
+def train_files(path: Path) -> list[tuple[str, int]]:
+    """(name, bytes) of the training split's image or group files (:func:`dataset_files`
+    without the val split's: an epoch reads these)."""
+    return [(n, b) for n, b in dataset_files(path) if n.startswith("train/")]
 
 
 def container_paths(files: Iterable[tuple[str, int]], mount: str = "/data") -> list[str]:
@@ -475,20 +561,30 @@ def load_results(path: Path) -> dict[str, Any]:
 # Running it
 
 
+#: The round of an accuracy run in :func:`run_order`.
+ACCURACY = -1
+#: What trains in the accuracy runs: the real model (the sleep variant has none to evaluate).
+ACCURACY_VARIANT = "original"
+
+
 def run_order(spec: GroupingSpec) -> list[tuple[int, str, int]]:
     """(round, layout, group size) of every run, in the order they run: every layout once per
-    round, reversed every other round."""
+    round, reversed every other round; then, with ``accuracy_epochs``, each layout's accuracy
+    run (round :data:`ACCURACY`)."""
     order = []
     for r in range(spec.epochs):
         layouts = spec.layouts if r % 2 == 0 else tuple(reversed(spec.layouts))
         order.extend((r, name, g) for name, g in layouts)
+    if spec.accuracy_epochs:
+        order.extend((ACCURACY, name, g) for name, g in spec.layouts)
     return order
 
 
 def run_key(run: tuple[int, str, int]) -> str:
-    """The state's name of a run of :func:`run_order`: ``<layout>-e<round>``."""
+    """The state's name of a run of :func:`run_order`: ``<layout>-e<round>``, or
+    ``<layout>-accuracy``."""
     r, name, _ = run
-    return f"{name}-e{r}"
+    return f"{name}-accuracy" if r == ACCURACY else f"{name}-e{r}"
 
 
 def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print) -> Path:
@@ -506,22 +602,32 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
         f"{dataset['images']} images ({dataset['bytes'] / 1e6:.1f} MB) in every layout: "
         + ", ".join(f"{n} {d['files']} files" for n, d in dataset["layouts"].items())
     )
-    files = {name: container_paths(dataset_files(path)) for name, path in layouts.items()}
+    files = {name: container_paths(train_files(path)) for name, path in layouts.items()}
     extents = {name: study_state.dataset_extents(path) for name, path in layouts.items()}
-    host_files = {
-        name: [path / n for n, _ in dataset_files(path)] for name, path in layouts.items()
-    }
+    host_files = {name: [path / n for n, _ in train_files(path)] for name, path in layouts.items()}
     if any(e is None for e in extents.values()):
         log("the dataset's place on the disk is unknown here: no block_dataset_* figures")
     state_path = out / STATE_NAME
     state = study_state.load_state(state_path, study_state.fingerprint(spec.settings()), log)
     order = run_order(spec)
     for step, key, (r, name, _) in study_state.pending_runs(order, run_key, state, log):
-        log(f"{step} {key}: cold cache, tracing one epoch")
         t0 = time.monotonic()
-        request = study_state.study_request(
-            spec, layouts[name], runs_root, log, epochs=1, seed=spec.seed + r, options=spec.options
-        )
+        if r == ACCURACY:
+            log(
+                f"{step} {key}: cold cache, training {spec.accuracy_epochs} epochs "
+                f"({ACCURACY_VARIANT}), evaluating after each"
+            )
+            request = study_state.study_request(
+                spec, layouts[name], runs_root, log, epochs=spec.accuracy_epochs,
+                seed=spec.seed, options=spec.options, variant=ACCURACY_VARIANT,
+                accelerator=None, profile_model=None, eval_every=1,
+            )  # fmt: skip
+        else:
+            log(f"{step} {key}: cold cache, tracing one epoch")
+            request = study_state.study_request(
+                spec, layouts[name], runs_root, log, epochs=1, seed=spec.seed + r,
+                options=spec.options,
+            )  # fmt: skip
         # After the request is made: making it checks the dataset, which reads the start of
         # every group file and would leave them in the page cache.
         drop_caches()
@@ -547,7 +653,25 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
             **run_evidence(run, files[name], extents[name]),
         }
 
-    runs, host = study_state.load_runs(order, run_key, state, row)
+    stalls = [item for item in order if item[0] != ACCURACY]
+    runs, host = study_state.load_runs(stalls, run_key, state, row)
+
+    def trained(item: tuple[int, str, int], entry: Mapping[str, Any], run: Run) -> dict[str, Any]:
+        _, name, g = item
+        return {
+            "layout": name,
+            "group_size": g,
+            "run_id": run.run_id,
+            "run_dir": str(run.path),
+            "status": run.status,
+            "duration_s": entry.get("duration_s"),
+            "epochs": accuracy_by_epoch(run, files[name]),
+        }
+
+    accuracy = None
+    if spec.accuracy_epochs:
+        learned = [item for item in order if item[0] == ACCURACY]
+        accuracy = study_state.load_runs(learned, run_key, state, trained)[0]
     study_state.warn_busy(
         {f"{r['layout']} epoch {r['round']}": r["other_cpu_cores"] for r in runs},
         log,
@@ -563,6 +687,7 @@ def run_study(study: Any, out: Path, data: Mapping[str, Path], log: Log = print)
             "runs": runs,
             "layouts": layout_rows(runs, spec.layouts),
             "published": published_curves(),
+            "accuracy": accuracy,
         },
         host=host,
         settings=spec.settings(),

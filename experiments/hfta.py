@@ -104,7 +104,6 @@ and the state file.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -125,6 +124,7 @@ from analysis.hfta import (
     table_lines,
 )
 from analysis.samples import other_cpu_cores, sampled_total
+from analysis.tables import evaluations
 from analysis.tables import is_value as _is
 from core.errors import UserError
 from experiments import study_state
@@ -472,7 +472,6 @@ def job_figures(phases: pd.DataFrame, role: str) -> dict[str, Any]:
     ends = mine[_is(mine["kind"], "point") & _is(mine["key"], "step_end")]
     values = pd.to_numeric(ends["value"], errors="coerce").fillna(0)
     later = epochs[epochs["epoch"] >= 2]
-    evals = mine[_is(mine["kind"], "interval") & _is(mine["key"], "eval")].sort_values("epoch")
     return {
         "role": role,
         "epochs": [
@@ -486,11 +485,7 @@ def job_figures(phases: pd.DataFrame, role: str) -> dict[str, Any]:
         "measured_end_ns": int(later["end_ns"].max()) if len(later) else None,
         # Each evaluation (eval_every): the epoch, and top-1, top-5, loss (of an array, the
         # means and each model's: top1_models, ...).
-        "evals": [
-            {"epoch": int(e), **json.loads(v)}
-            for e, v in zip(evals["epoch"], evals["value"], strict=True)
-            if isinstance(v, str) and v.startswith("{")
-        ],
+        "evals": evaluations(mine),
     }
 
 

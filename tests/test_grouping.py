@@ -62,6 +62,11 @@ def test_defaults_are_alexnet_sleep_on_an_emulated_v100() -> None:
         ({"accelerator": "abacus"}, "abacus"),
         ({"options": {"image_sise": 64}}, "image_sise"),
         ({"timeout_s": 0}, "timeout_s must be a positive"),
+        ({"accuracy_epochs": 2}, "accuracy_epochs needs .* set learnable = true and val_images"),
+        (
+            {"accuracy_epochs": 2, "dataset": {"learnable": True, "val_images": 48}},
+            "val_images 48 is not a multiple of 32 .*use 64",
+        ),
     ],
 )
 def test_bad_study_keys_are_refused_in_one_line(spec: dict[str, Any], message: str) -> None:
@@ -94,6 +99,28 @@ def test_the_shipped_study_file_loads() -> None:
     spec = parse_spec(study.spec)
     assert spec.workload == "alexnet" and spec.accelerator == "v100" and spec.workers == 2
     assert spec.group_sizes == (1, 2, 4, 8, 16, 32)
+    study = load_study(
+        Path(__file__).resolve().parent.parent / "experiments" / "grouping-accuracy.toml"
+    )
+    spec = parse_spec(study.spec)
+    assert spec.accuracy_epochs == 5 and spec.val_images == 512
+    assert spec.image_params["learnable"] is True
+
+
+def test_every_layout_shares_the_val_split() -> None:
+    """val_images is whole groups of every G: each layout's plan puts the same last images in
+    val."""
+    from datagen.images import plan_images
+
+    spec = parse_spec(
+        {"group_sizes": [2, 8, 32], "dataset": {"images": 256, "val_images": 64,
+                                                 "learnable": True, "mean_kb": 20.0}}
+    )  # fmt: skip
+    size, sizes = grouping.plan_layouts(spec)
+    assert len(sizes) == 320
+    for name, g in spec.layouts:
+        plan = plan_images(size, spec.dataset_seed, grouping.image_params(spec, g))
+        assert (plan.images, plan.n_train) == (320, 256), name
 
 
 # -- The arithmetic --------------------------------------------------------------------------
@@ -552,3 +579,46 @@ def test_a_tiny_study_traces_one_open_and_read_per_file_and_the_dataset_bytes(
     assert folder["normalised_stall"] == 1.0
     assert not math.isnan(result["layouts"][-1]["normalised_stall"])
     assert any(line.split()[:1] == ["g4"] for line in log)
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.bpftrace
+def test_accuracy_runs_train_each_layout_on_the_same_images_and_evaluate_every_epoch(
+    images, tmp_path: Path
+) -> None:
+    """``accuracy_epochs``: after the stall runs, each layout trains the real model for that
+    many epochs on a learnable dataset whose train and val images every layout shares,
+    evaluating after each: the validation top-1 per epoch, and each epoch's opens of the
+    training files (one per image, one per group)."""
+    spec = {
+        "group_sizes": [4],
+        "batch_size": 8,
+        "workers": 1,
+        "epochs": 1,
+        "timeout_s": 300,
+        "accuracy_epochs": 2,
+        "options": {"image_size": 32, "width": 8, "learning_rate": 0.05},
+        "dataset": {
+            "images": 64, "val_images": 16, "mean_kb": 20.0, "classes": 4, "learnable": True,
+        },
+    }  # fmt: skip
+    study = Study("tiny", "", "grouping", (), spec, tmp_path / "tiny.toml")
+    log: list[str] = []
+    result = grouping.load_results(grouping.run_study(study, tmp_path, {}, log.append))
+    assert result["dataset"]["images"] == 64 and result["dataset"]["val_images"] == 16
+    accuracy = result["accuracy"]
+    assert [(a["layout"], a["status"]) for a in accuracy] == [
+        ("folder", "completed"), ("g4", "completed")
+    ]  # fmt: skip
+    opens = {"folder": 64, "g4": 16}
+    for run in accuracy:
+        assert [e["epoch"] for e in run["epochs"]] == [1, 2]
+        for e in run["epochs"]:
+            assert 0 <= e["top1"] <= e["top5"] <= 1 and e["loss"] > 0, e
+            assert e["opens"] == opens[run["layout"]], (run["layout"], e)
+            assert e["read_bytes"] == result["dataset"]["bytes"], (run["layout"], e)
+        manifest = json.loads((Path(run["run_dir"]) / "manifest.json").read_text())
+        assert manifest["config"]["variant"] == "original"
+        assert manifest["config"]["eval_every"] == 1
+    assert any(line.split()[:2] == ["g4", "2"] for line in log)  # the accuracy table
