@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from store import rundir
-from tracing import bpftrace, runner
+from tracing import bpftrace, processing, runner
 
 RAW = Path(__file__).parent / "data" / "raw"
 
@@ -22,7 +22,7 @@ def processed(tmp_path: Path, lost: int) -> tuple[str, str | None, dict]:
         with (run_dir / "raw" / "syscalls.txt").open("a") as fh:
             fh.write(f"Lost {lost} events\n")
     manifest: dict = {"start_ns": 1, "end_ns": 2}
-    status, error = runner._process(run_dir, manifest, [], "completed", None)
+    status, error = processing.process(run_dir, manifest, [], "completed", None)
     return status, error, manifest | {"summary": rundir.load_summary(run_dir)}
 
 
@@ -45,7 +45,7 @@ def test_a_failed_run_stays_failed_whatever_it_lost(tmp_path: Path) -> None:
     shutil.copytree(RAW, run_dir / "raw")
     with (run_dir / "raw" / "syscalls.txt").open("a") as fh:
         fh.write("Lost 3 events\n")
-    status, error = runner._process(run_dir, {}, [], "failed", "container exited with code 1")
+    status, error = processing.process(run_dir, {}, [], "failed", "container exited with code 1")
     assert (status, error) == ("failed", "container exited with code 1")
 
 
@@ -66,7 +66,7 @@ def test_probe_hits_the_kernel_skipped(tmp_path: Path, missed: dict, expected: s
     run_dir = tmp_path / "run"
     shutil.copytree(RAW, run_dir / "raw")
     manifest: dict = {"start_ns": 1, "end_ns": 2, "missed_probes": missed}
-    status, error = runner._process(run_dir, manifest, [], "completed", None)
+    status, error = processing.process(run_dir, manifest, [], "completed", None)
     summary = rundir.load_summary(run_dir)
     assert summary["missed_probes"] == missed and summary["status"] == status == expected
     if expected == "lossy":
@@ -81,7 +81,7 @@ def test_a_tracer_that_fell_behind_makes_the_run_lossy(tmp_path: Path) -> None:
     with (run_dir / "raw" / "block.txt").open("a") as fh:
         fh.write("BEHIND 5\n")
     manifest: dict = {"start_ns": 1, "end_ns": 2}
-    status, error = runner._process(run_dir, manifest, [], "completed", None)
+    status, error = processing.process(run_dir, manifest, [], "completed", None)
     assert manifest["tracer_behind"] == rundir.load_summary(run_dir)["tracer_behind"] == 1
     assert status == "lossy"
     assert error is not None and "fell more than 300 ms behind" in error and "lower bounds" in error
@@ -110,7 +110,7 @@ def test_a_run_on_one_node_of_a_cluster_has_its_events_at_the_top(tmp_path: Path
     shutil.copytree(RAW, run_dir / "raw" / "node-1")
     manifest: dict = {"start_ns": 1, "end_ns": 2, "hosts": {"node-1": {}}}
     node = Host("node-1", None, host_dir="node-1", swarm=True)  # type: ignore[arg-type]
-    status, error = runner._process(run_dir, manifest, [], "completed", None, [node])
+    status, error = processing.process(run_dir, manifest, [], "completed", None, [node])
     assert (status, error) == ("completed", None)
     assert not (run_dir / "raw" / "node-1" / "events.parquet").exists()
     events = pd.read_parquet(run_dir / "events.parquet", columns=["host"])

@@ -132,7 +132,7 @@ def test_a_failed_processing_keeps_its_traceback_and_ingest_finishes_it(
     again; `ingest` then processes the same raw/ into a completed run."""
     import shutil
 
-    from tracing import ingest, runner
+    from tracing import ingest, processing
 
     run_dir = make_run(tmp_path, status="running", coordinator=_dead_process(), skip=rundir.TABLES)
     shutil.copytree(Path(__file__).parent / "data" / "raw", run_dir / "raw")
@@ -143,11 +143,11 @@ def test_a_failed_processing_keeps_its_traceback_and_ingest_finishes_it(
 
     with monkeypatch.context() as m:
         m.setattr(ingest, "write_events", broken)
-        status, error = runner._process(run_dir, manifest, [], "completed", None)
+        status, error = processing.process(run_dir, manifest, [], "completed", None)
     assert status == "failed" and error is not None
     assert error.startswith("processing the trace failed: RuntimeError('a planted fault')")
     assert "raw/processing-error.txt" in error and f"./cli.py ingest {run_dir}" in error
-    kept = (run_dir / "raw" / runner.PROCESSING_ERROR).read_text()
+    kept = (run_dir / "raw" / processing.PROCESSING_ERROR).read_text()
     assert "Traceback" in kept and "RuntimeError: a planted fault" in kept
     manifest.update(status=status, error=error, outcome={"status": "completed", "error": None})
     rundir.write_manifest(run_dir, manifest)

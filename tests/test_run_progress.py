@@ -21,8 +21,15 @@ from rich.console import Console
 
 from commands.trace import training_line
 from tests.conftest import REPO, traced_events
-from tracing import container, runner
-from tracing.progress import LogTail, RankProgress, TrainingStatus, TrainingWatch
+from tracing import container
+from tracing.progress import (
+    LogTail,
+    RankProgress,
+    TrainingStatus,
+    TrainingWatch,
+    event_log,
+    watch_training,
+)
 from tracing.request import ContainerSpec
 from workloads.config import WorkloadConfig
 from workloads.events import Emitter
@@ -203,22 +210,19 @@ def test_an_error_in_the_report_ends_the_watch_not_the_run(tmp_path: Path) -> No
 
 def test_the_runner_watches_the_containers_out_logs(tmp_path: Path) -> None:
     config = WorkloadConfig("unet3d", "sleep", epochs=4, max_steps=7)
-    members = [
-        runner._Member(ContainerSpec("rank0", "img", config=config), None, tmp_path, None),
-        runner._Member(ContainerSpec("own", "img", out=False), None, tmp_path, None),
-    ]
-    log = runner._event_log(tmp_path, "rank0")
+    specs = [ContainerSpec("rank0", "img", config=config), ContainerSpec("own", "img", out=False)]
+    log = event_log(tmp_path, "rank0")
     with Emitter(log) as em:
         _epoch(em, 1, 2, stop=False)
     reports: list[TrainingStatus | None] = []
-    with runner._watch_training(members, tmp_path, reports.append):
+    with watch_training(specs, tmp_path, reports.append):
         deadline = time.monotonic() + 10
         while not reports and time.monotonic() < deadline:
             time.sleep(0.05)
     assert reports[0].line().startswith("epoch 1/4 · step 2/7 · ")
     assert reports[-1] is None
     assert not any(t.name == "training-progress" for t in threading.enumerate())
-    with runner._watch_training(members, tmp_path, None):  # nothing to report to: no thread
+    with watch_training(specs, tmp_path, None):  # nothing to report to: no thread
         assert not any(t.name == "training-progress" for t in threading.enumerate())
 
 

@@ -35,11 +35,14 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workloads.events import INTERVAL_KEYS
+
+if TYPE_CHECKING:
+    from tracing.request import ContainerSpec
 
 #: Seconds between two reads of the files.
 POLL_S = 0.25
@@ -366,3 +369,65 @@ class EpochBarrier:
         if self._thread is not None:
             self._thread.join(JOIN_S)
             self._thread = None
+
+
+def event_log(run_dir: Path, role: str) -> Path:
+    """Where the container ``role`` writes its MLLOG events (at ``rundir.EVENT_LOG_PATH``
+    inside), on this host: in the run directory's ``out/``, a path every node shares."""
+    return run_dir / "out" / role / "mllog.log"
+
+
+@contextlib.contextmanager
+def watch_training(
+    specs: Sequence[ContainerSpec], run_dir: Path, report: Report | None
+) -> Iterator[None]:
+    """``report`` hears the training progress of the run's containers (``specs``) while the
+    body runs (nothing when None); the watch's thread is stopped and joined on every way out."""
+    logs = {spec.role: event_log(run_dir, spec.role) for spec in specs if spec.out}
+    if report is None or not logs:
+        yield
+        return
+    totals = {
+        spec.role: (spec.config.epochs, spec.config.max_steps)
+        for spec in specs
+        if spec.config is not None
+    }
+    with TrainingWatch(logs, report, totals):
+        yield
+
+
+@contextlib.contextmanager
+def cold_epochs(
+    specs: Sequence[ContainerSpec],
+    run_dir: Path,
+    datasets: Sequence[Path],
+    manifest: dict[str, Any],
+    progress: Callable[[str], None],
+) -> Iterator[EpochBarrier | None]:
+    """Between the epochs of a run whose config asks for it (``epoch_barrier``: ``trace
+    --cold-epochs``), the run's ``datasets`` evicted from the page cache
+    (:func:`tracing.host.evict_files`) while every rank waits (:class:`EpochBarrier`); each
+    eviction recorded in the manifest (``cache_drops``). None for any other run."""
+    from core.units import format_size
+    from tracing.host import evict_files
+    from workloads.config import EPOCH_BARRIER_DIR
+
+    trained = [spec for spec in specs if spec.config is not None and spec.out]
+    first = trained[0].config if trained else None
+    if first is None or not first.epoch_barrier or first.epochs < 2:
+        yield None
+        return
+
+    def between(epoch: int) -> None:
+        evicted = evict_files(datasets)
+        progress(
+            f"epoch {epoch} ended on every rank: the dataset ({format_size(evicted)}) evicted "
+            "from the page cache"
+        )
+
+    folders = [event_log(run_dir, spec.role).parent / EPOCH_BARRIER_DIR for spec in trained]
+    with EpochBarrier(folders, first.accelerators, first.epochs, between) as barrier:
+        try:
+            yield barrier
+        finally:
+            manifest["cache_drops"] = barrier.drops
