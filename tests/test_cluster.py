@@ -488,6 +488,38 @@ def test_original_ranks_across_two_nodes(
 
 
 @_on_the_cluster
+def test_sustain_spreads_each_count_over_the_nodes_and_drops_the_cache_between_epochs(
+    docker_cli: object, tiny_unet3d: Path, tmp_path: Path
+) -> None:
+    """`./cli.py sustain --nodes 2 --cache epochs`: each count's accelerators a container each,
+    dealt over two nodes, the page cache dropped before each run and between its two epochs
+    (every run's manifest says when), so no run measured memory; at a threshold every count
+    keeps, the answer is the largest count tried."""
+    from tests.conftest import run_cli
+
+    require_tracing()
+    out = tmp_path / "sustain"
+    done = run_cli(
+        "sustain", "--workload", "unet3d", "--data", str(tiny_unet3d), "--nodes", "2",
+        "--cluster", NAME, "--cache", "epochs", "--epochs", "2", "--batch-size", "1",
+        "--workers", "1", "--max-accelerators", "2", "--au", "0.5", "--set", "patch_size=32",
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "sustain.json").read_text())
+    assert result["answer"]["accelerators"] == 2 and result["answer"]["limit"] == "accelerators"
+    assert result["answer"]["cached_runs"] == [], result["answer"]
+    assert [r["accelerators"] for r in result["runs"]] == [1, 2]
+    for row in result["runs"]:
+        manifest = json.loads((Path(row["run_dir"]) / "manifest.json").read_text())
+        assert [d["epoch"] for d in manifest["cache_drops"]] == [1]
+        hosts = [c["host"] for c in manifest["containers"]]
+        assert len(hosts) == row["accelerators"] == len(set(hosts)), hosts
+        assert row["figures"]["storage_share"] > 0.5, row["figures"]
+        _nothing_of_the_run_left(docker_cli, Path(row["run_dir"]))
+
+
+@_on_the_cluster
 def test_dlio_ranks_across_nodes_of_a_swarm_named_by_its_engine(
     docker_cli: object, tiny_unet3d: Path, tmp_path: Path
 ) -> None:
@@ -831,35 +863,3 @@ def test_down_after_the_runs_leaves_nothing(docker_cli: object, three_nodes: Pat
     volume, cgroup, socket folder or process of the cluster is left."""
     assert vc.down(docker_cli, NAME)  # type: ignore[arg-type]
     assert _left(docker_cli) == []
-
-
-@_on_the_cluster
-def test_sustain_spreads_each_count_over_the_nodes_and_drops_the_cache_between_epochs(
-    docker_cli: object, tiny_unet3d: Path, tmp_path: Path
-) -> None:
-    """`./cli.py sustain --nodes 2 --cache epochs`: each count's accelerators a container each,
-    dealt over two nodes, the page cache dropped before each run and between its two epochs
-    (every run's manifest says when), so no run measured memory; at a threshold every count
-    keeps, the answer is the largest count tried."""
-    from tests.conftest import run_cli
-
-    require_tracing()
-    out = tmp_path / "sustain"
-    done = run_cli(
-        "sustain", "--workload", "unet3d", "--data", str(tiny_unet3d), "--nodes", "2",
-        "--cluster", NAME, "--cache", "epochs", "--epochs", "2", "--batch-size", "1",
-        "--workers", "1", "--max-accelerators", "2", "--au", "0.5", "--set", "patch_size=32",
-        "--out", str(out),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    result = json.loads((out / "sustain.json").read_text())
-    assert result["answer"]["accelerators"] == 2 and result["answer"]["limit"] == "accelerators"
-    assert result["answer"]["cached_runs"] == [], result["answer"]
-    assert [r["accelerators"] for r in result["runs"]] == [1, 2]
-    for row in result["runs"]:
-        manifest = json.loads((Path(row["run_dir"]) / "manifest.json").read_text())
-        assert [d["epoch"] for d in manifest["cache_drops"]] == [1]
-        hosts = [c["host"] for c in manifest["containers"]]
-        assert len(hosts) == row["accelerators"] == len(set(hosts)), hosts
-        assert row["figures"]["storage_share"] > 0.5, row["figures"]
-        _nothing_of_the_run_left(docker_cli, Path(row["run_dir"]))

@@ -592,6 +592,7 @@ def test_accuracy_runs_train_each_layout_on_the_same_images_and_evaluate_every_e
     evaluating after each: the validation top-1 per epoch, and each epoch's opens of the
     training files (one per image, one per group)."""
     spec = {
+        "workload": "resnet18",
         "group_sizes": [4],
         "batch_size": 8,
         "workers": 1,

@@ -322,8 +322,10 @@ def test_processes_exhausted_in_a_container_fail_the_run_saying_so_with_the_limi
     ), manifest["error"]
     assert "refused after 15 threads" in (run_dir / "raw" / "main" / "container.log").read_text()
     samples = pd.read_parquet(run_dir / "samples.parquet")
-    pids = samples[samples["metric"] == "container_pids"]["value"]
-    assert pids.max() == 16 and pids.min() >= 1
+    pids = samples[samples["metric"] == "container_pids"]["value"].tolist()
+    while pids and pids[-1] == 0:  # sampled after every process had ended (a CI run saw one)
+        pids.pop()
+    assert max(pids) == 16 and min(pids) >= 1, pids
     refused = samples[samples["metric"] == "container_pids_refused"]["value"]
     assert refused.iloc[0] == 0 and refused.iloc[-1] == 1
     assert not client().containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_dir.name}"})
