@@ -421,12 +421,12 @@ def test_aggregated_rows_are_joined_like_calls(tmp_path: Path) -> None:
 def test_progress_of_long_work_is_said_at_most_every_so_often(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tracing import runner
+    from tracing import processing
 
     clock = [100.0]
-    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(processing.time, "monotonic", lambda: clock[0])
     said: list[int] = []
-    report = runner._every(5.0, said.append)
+    report = processing._every(5.0, said.append)
     for second in range(12):  # a value a second for 12 s: said at 5 s and 10 s only
         clock[0] = 100.0 + second
         report(second)
