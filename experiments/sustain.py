@@ -10,6 +10,9 @@ MLPerf Storage's rule for the workload (:data:`AU_RULES`: 90 % for UNet3D and Re
 90 %, or ``--au``. Each run is traced; the dataset is evicted from the page cache before each
 (``--cache drop``, the default: :func:`tracing.host.evict_files`, the libraries the run maps
 stay cached), so that every run reads it cold; ``--cache epochs`` also between a run's epochs.
+With ``--nodes K`` a count of N is N containers of one rank each, dealt over K nodes of a swarm
+(the virtual cluster, or the one ``--engine`` names: then ``--cache keep``, since this host
+cannot reach the nodes' page caches).
 
 Before the first run the dataset is checked against MLPerf Storage's sizing rules
 (:func:`check_sizing`): at least :data:`SIZING_FACTOR` times the clients' memory (the host's, or
