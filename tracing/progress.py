@@ -309,7 +309,7 @@ class EpochBarrier:
     """The coordinator's half of the epoch barrier (``WorkloadConfig.epoch_barrier``;
     :data:`workloads.config.EPOCH_BARRIER_DIR`): in a thread of its own, once the run's ``ranks``
     ranks have all ended epoch E (their ``ended-E-R`` files, in any of ``folders``: one per
-    container), calls ``between(E)`` (the page cache dropped), records it in :attr:`drops`, then
+    container), calls ``between(E)`` (the dataset evicted from the page cache), records it in :attr:`drops`, then
     writes ``go-E`` into every folder, for E = 1 .. ``epochs`` - 1. An error in ``between`` is
     kept (:attr:`error`: the run fails saying it) and the ranks let go all the same, so the run
     ends instead of waiting. Use it as a context manager: the thread is stopped and joined on
@@ -334,12 +334,16 @@ class EpochBarrier:
         self._thread: threading.Thread | None = None
 
     def _ended(self, epoch: int) -> int:
-        from workloads.config import epoch_ended_name
+        """How many ranks have ended ``epoch``: one listing of each folder (a rank writes its
+        file into its own container's)."""
+        from workloads.config import epoch_ended_prefix
 
+        prefix = epoch_ended_prefix(epoch)
         return sum(
-            (folder / epoch_ended_name(epoch, rank)).exists()
-            for rank in range(self.ranks)
+            name.startswith(prefix)
             for folder in self.folders
+            if folder.is_dir()
+            for name in os.listdir(folder)
         )
 
     def _run(self) -> None:

@@ -125,14 +125,19 @@ def _coerce(value: Any, kind: type, where: str) -> Any:
 #: With ``epoch_barrier``: after epoch E (not the last) rank R writes ``ended-E-R`` into this
 #: folder of its output directory, then waits for ``go-E`` there; the coordinator
 #: (tracing/runner.py) writes ``go-E`` into every container's folder once all the run's ranks
-#: have ended epoch E, after dropping the page cache.
+#: have ended epoch E, after evicting the dataset from the page cache.
 EPOCH_BARRIER_DIR = "epochs"
 #: How long a rank waits at the barrier before it fails the run.
 EPOCH_BARRIER_WAIT_S = 600.0
 
 
+def epoch_ended_prefix(epoch: int) -> str:
+    """What the names of every rank's file for ``epoch`` start with."""
+    return f"ended-{epoch}-"
+
+
 def epoch_ended_name(epoch: int, rank: int) -> str:
-    return f"ended-{epoch}-{rank}"
+    return f"{epoch_ended_prefix(epoch)}{rank}"
 
 
 def epoch_go_name(epoch: int) -> str:
@@ -176,7 +181,7 @@ class WorkloadConfig:
     # (environment). None: this process runs every rank itself.
     rank: int | None = None
     # Between two epochs every rank waits for the coordinator (:data:`EPOCH_BARRIER_DIR`), which
-    # drops the host's page cache meanwhile: every epoch reads its storage, not memory.
+    # evicts the dataset from the page cache meanwhile: every epoch reads its storage.
     epoch_barrier: bool = False
 
     def __post_init__(self) -> None:
