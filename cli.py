@@ -281,21 +281,7 @@ def list_workloads(as_json: bool) -> None:
     "else 0.02).",
 )
 @user_errors
-def datagen(
-    generator: str,
-    out: Path,
-    size: str,
-    seed: int,
-    workers: int | None,
-    force: bool,
-    scale: float | None,
-    group_size: int | None,
-    mean_kb: float | None,
-    size_sigma: float | None,
-    learnable: bool,
-    classes: int | None,
-    val_fraction: float | None,
-) -> None:
+def datagen(generator: str, out: Path, size: str, **options: Any) -> None:
     """Generate a synthetic dataset in a workload's real on-disk format.
 
     GENERATOR is unet3d, bert, dlrm or images (read by resnet18, resnet50 and alexnet).
@@ -335,17 +321,8 @@ def datagen(
             generator,
             out,
             size_bytes,
-            seed=seed,
-            workers=workers,
-            force=force,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
-            scale=scale,
-            group_size=group_size,
-            mean_kb=mean_kb,
-            size_sigma=size_sigma,
-            learnable=learnable,
-            classes=classes,
-            val_fraction=val_fraction,
+            **options,
         )
     click.echo(f"{len(manifest['files'])} files, {format_size(manifest['total_bytes'])} in {out}")
 
