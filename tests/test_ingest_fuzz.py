@@ -10,8 +10,11 @@ script prints, and text that is no line of any script."""
 
 from __future__ import annotations
 
+import dataclasses
 import string
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -86,47 +89,90 @@ def _cut(line: str, data: st.DataObject) -> str:
     return cut
 
 
-def _write(tmp_path: Path, name: str, lines: list[str], end_newline: bool) -> Path:
-    path = tmp_path / name
-    path.write_text("\n".join(lines) + ("\n" if end_newline else ""))
-    return path
+@dataclasses.dataclass
+class _Drawn:
+    """A tracer's output drawn line by line: its lines, the rows a parser must give for them
+    and how many of them it must count as skipped."""
+
+    data: st.DataObject
+    lines: list[str] = dataclasses.field(default_factory=list)
+    want: list[tuple] = dataclasses.field(default_factory=list)
+    skipped: int = 0
+
+    def event(self, events: st.SearchStrategy[tuple], cut: bool = False) -> None:
+        """A well-formed line of ``events`` and its row; ``cut``: the line cut short instead
+        (skipped, no row)."""
+        line, row = self.data.draw(events)
+        if cut:
+            self.bad(_cut(line, self.data))
+        else:
+            self.lines.append(line)
+            self.want.append(row)
+
+    def noise(self) -> None:
+        """One of bpftrace's own lines: no row, not skipped."""
+        self.lines.append(self.data.draw(NOISE))
+
+    def junk(self) -> None:
+        self.bad(self.data.draw(JUNK))
+
+    def bad(self, line: str) -> None:
+        """A line the parser must skip."""
+        self.lines.append(line)
+        self.skipped += 1
+
+    def tail(self, events: st.SearchStrategy[tuple]) -> bool:
+        """Maybe a last line of ``events`` cut short (bpftrace stopped mid-line: the text after
+        the last newline); whether there is one."""
+        cut = self.data.draw(st.booleans())
+        if cut:
+            self.event(events, cut=True)
+        return cut
+
+    def write(self, path: Path, end_newline: bool) -> Path:
+        path.write_text("\n".join(self.lines) + ("\n" if end_newline else ""))
+        return path
+
+    def check(
+        self,
+        parse: Callable[[Path, ingest.ParseStats], Any],
+        path: Path,
+        columns: tuple[str, ...],
+    ) -> ingest.ParseStats:
+        """``parse`` of the lines written at ``path``: the lines skipped are those drawn so, and
+        its rows (their ``columns``) those wanted, in any order. Returns its stats."""
+        stats = ingest.ParseStats()
+        got = parse(path, stats)
+        assert stats.skipped_lines == self.skipped, (self.lines, stats)
+        rows = sorted(zip(*(got[c] for c in columns), strict=True))
+        assert rows == sorted(self.want), self.lines
+        return stats
 
 
 @SETTINGS
 @given(data=st.data(), end_newline=st.booleans())
 def test_syscall_lines(tmp_path: Path, data: st.DataObject, end_newline: bool) -> None:
-    lines: list[str] = []
-    want: list[tuple] = []
-    skipped = lost = 0
+    drawn = _Drawn(data)
+    lost = 0
     for _ in range(data.draw(st.integers(0, 40))):
         what = data.draw(st.sampled_from(["call", "open", "noise", "lost", "junk", "cut", "code"]))
         if what in ("call", "open", "cut"):
-            line, row = data.draw(CALLS if what == "call" or data.draw(st.booleans()) else OPENS)
-            if what == "cut":
-                line, row = _cut(line, data), None
-                skipped += 1
-            lines.append(line)
-            if row:
-                want.append(row)
+            events = CALLS if what == "call" or data.draw(st.booleans()) else OPENS
+            drawn.event(events, cut=what == "cut")
         elif what == "noise":
-            lines.append(data.draw(NOISE))
+            drawn.noise()
         elif what == "lost":
             n = data.draw(st.integers(1, 10**6))
-            lines.append(f"Lost {n} events")
+            drawn.lines.append(f"Lost {n} events")
             lost += n
         elif what == "junk":
-            lines.append(data.draw(JUNK))
-            skipped += 1
+            drawn.junk()
         else:  # an aggregated row of a kind code no script prints
             code = data.draw(st.integers(len(ingest.SYSCALL_KINDS) + 2, 10**6))
-            lines.append(f"@agg0[1, 2, 3, {code}, 0, 0, 0, 0]: (1, 1, 1, 1, 1, -1)")
-            skipped += 1
-    stats = ingest.ParseStats()
-    got = ingest.parse_syscalls(_write(tmp_path, "syscalls.txt", lines, end_newline), stats)
-    assert stats.skipped_lines == skipped, (lines, stats)
+            drawn.bad(f"@agg0[1, 2, 3, {code}, 0, 0, 0, 0]: (1, 1, 1, 1, 1, -1)")
+    path = drawn.write(tmp_path / "syscalls.txt", end_newline)
+    stats = drawn.check(ingest.parse_syscalls, path, ("ts_ns", "kind", "pid", "tid", "comm"))
     assert stats.lost_events == lost
-    rows = sorted(zip(got["ts_ns"], got["kind"], got["pid"], got["tid"], got["comm"], strict=True))
-    assert rows == sorted(want), lines
 
 
 def _request(
@@ -149,30 +195,18 @@ REQUESTS = st.builds(
 @SETTINGS
 @given(data=st.data(), end_newline=st.booleans())
 def test_block_lines(tmp_path: Path, data: st.DataObject, end_newline: bool) -> None:
-    lines: list[str] = []
-    want: list[tuple] = []
-    skipped = 0
+    drawn = _Drawn(data)
     for _ in range(data.draw(st.integers(0, 40))):
         what = data.draw(st.sampled_from(["request", "noise", "junk", "cut"]))
         if what in ("request", "cut"):
-            line, row = data.draw(REQUESTS)
-            if what == "cut":
-                line, row = _cut(line, data), None
-                skipped += 1
-            lines.append(line)
-            if row:
-                want.append(row)
+            drawn.event(REQUESTS, cut=what == "cut")
         elif what == "noise":
-            lines.append(data.draw(NOISE))
+            drawn.noise()
         else:
-            lines.append(data.draw(JUNK))
-            skipped += 1
-    stats = ingest.ParseStats()
-    got = ingest.parse_block(_write(tmp_path, "block.txt", lines, end_newline), stats)
-    assert stats.skipped_lines == skipped, (lines, stats)
+            drawn.junk()
+    path = drawn.write(tmp_path / "block.txt", end_newline)
     columns = ("ts_ns", "offset", "bytes", "pid", "in_container", "comm", "kind")
-    rows = sorted(zip(*(got[c] for c in columns), strict=True))
-    assert rows == sorted(want), lines
+    drawn.check(ingest.parse_block, path, columns)
 
 
 def _process_event(ts: int, kind: str, pid: int, child: int, comm: str, path: str) -> tuple:
@@ -189,29 +223,17 @@ PROCESS_EVENTS = st.builds(
 @SETTINGS
 @given(data=st.data())
 def test_process_lines(tmp_path: Path, data: st.DataObject) -> None:
-    lines: list[str] = []
-    want: list[tuple] = []
-    skipped = 0
+    drawn = _Drawn(data)
     for _ in range(data.draw(st.integers(0, 40))):
         what = data.draw(st.sampled_from(["event", "noise", "junk"]))
         if what == "event":
-            line, row = data.draw(PROCESS_EVENTS)
-            lines.append(line)
-            want.append(row)
+            drawn.event(PROCESS_EVENTS)
         elif what == "noise":
-            lines.append(data.draw(NOISE))
+            drawn.noise()
         else:
-            lines.append(data.draw(JUNK))
-            skipped += 1
-    tail_cut = data.draw(st.booleans())
-    if tail_cut:  # bpftrace stopped mid-line: the text after the last newline
-        lines.append(_cut(data.draw(PROCESS_EVENTS)[0], data))
-        skipped += 1
-    stats = ingest.ParseStats()
-    got = ingest.parse_proc(_write(tmp_path, "proc.txt", lines, not tail_cut), stats)
-    assert stats.skipped_lines == skipped, (lines, stats)
-    rows = sorted(zip(got["ts_ns"], got["kind"], got["pid"], got["comm"], strict=True))
-    assert rows == sorted(want), lines
+            drawn.junk()
+    path = drawn.write(tmp_path / "proc.txt", not drawn.tail(PROCESS_EVENTS))
+    drawn.check(ingest.parse_proc, path, ("ts_ns", "kind", "pid", "comm"))
 
 
 CACHE_KINDS = {
@@ -233,34 +255,22 @@ PAGES = st.builds(_pages, st.sampled_from(sorted(CACHE_KINDS)), ID, COMM, st.int
 @given(data=st.data())
 def test_page_cache_lines(tmp_path: Path, data: st.DataObject) -> None:
     ts = data.draw(TS)
-    lines: list[str] = [f"T {ts}"]
-    want: list[tuple] = []
-    skipped = 0
+    drawn = _Drawn(data, [f"T {ts}"])
     for _ in range(data.draw(st.integers(0, 40))):
         what = data.draw(st.sampled_from(["period", "pages", "noise", "junk", "cut"]))
         if what == "period":
             ts = data.draw(TS)
-            lines.append(f"T {ts}")
+            drawn.lines.append(f"T {ts}")
         elif what == "pages":
             line, (name, pid, comm, pages) = data.draw(PAGES)
-            lines.append(line)
-            want.append((ts, CACHE_KINDS[name], pid, comm, pages, pages * 4096))
+            drawn.lines.append(line)
+            drawn.want.append((ts, CACHE_KINDS[name], pid, comm, pages, pages * 4096))
         elif what == "cut":  # within the line, before its count: a cut count looks whole
             line = data.draw(PAGES)[0]
-            lines.append(line[: data.draw(st.integers(1, line.rindex("]: ") + 2))])
-            skipped += 1
+            drawn.bad(line[: data.draw(st.integers(1, line.rindex("]: ") + 2))])
         elif what == "noise":
-            lines.append(data.draw(NOISE))
+            drawn.noise()
         else:
-            lines.append(data.draw(JUNK))
-            skipped += 1
-    tail_cut = data.draw(st.booleans())
-    if tail_cut:  # bpftrace stopped mid-line: the text after the last newline
-        lines.append(_cut(data.draw(PAGES)[0], data))
-        skipped += 1
-    stats = ingest.ParseStats()
-    got = ingest.parse_cache(_write(tmp_path, "cache.txt", lines, not tail_cut), stats)
-    assert stats.skipped_lines == skipped, (lines, stats)
-    columns = ("ts_ns", "kind", "pid", "comm", "count", "bytes")
-    rows = sorted(zip(*(got[c] for c in columns), strict=True))
-    assert rows == sorted(want), lines
+            drawn.junk()
+    path = drawn.write(tmp_path / "cache.txt", not drawn.tail(PAGES))
+    drawn.check(ingest.parse_cache, path, ("ts_ns", "kind", "pid", "comm", "count", "bytes"))
