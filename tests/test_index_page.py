@@ -154,6 +154,15 @@ def parse(text: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[st
     return rows, parser.heads
 
 
+def texts(row: dict[str, dict[str, Any]], columns: tuple[str, ...]) -> list[str]:
+    """The text a row of the page shows in each of ``columns``."""
+    return [row[c]["text"] for c in columns]
+
+
+#: What a run was and how it went: the first columns of a run's row.
+RUN_HEAD = ("status", "workload", "variant", "duration")
+
+
 def cli_html(root: Path) -> tuple[Any, Path]:
     result = CliRunner().invoke(cli_module.cli, ["runs", "--out", str(root), "--html"])
     assert "Traceback" not in result.output, result.output
@@ -170,34 +179,19 @@ def test_every_run_is_listed_most_recent_first_with_its_figures(tmp_path: Path) 
     # The study's own run lives in its folder: not a run of this root.
     assert [r["run"]["text"] for r in rows["runs"]] == [HOSTILE, FAILED, LOSSY, COMPLETED]
     done, lossy, failed = runs[COMPLETED], runs[LOSSY], runs[FAILED]
-    assert [done[k]["text"] for k in ("status", "workload", "variant", "duration")] == [
-        "completed",
-        "unet3d",
-        "sleep",
-        "12.5 s",
-    ]
-    assert [done[k]["text"] for k in ("steps", "events", "bytes read", "lost events")] == [
+    assert texts(done, RUN_HEAD) == ["completed", "unet3d", "sleep", "12.5 s"]
+    assert texts(done, ("steps", "events", "bytes read", "lost events")) == [
         "40",
         str(80 + 4 + 3 + 12 + 10),  # syscalls and block requests
         "4.0 MiB",  # read and pread64, not write
         "",  # none lost: nothing shown
     ]
     assert done["started (UTC)"]["text"] == "2026-11-21 16:30:05"
-    assert [lossy[k]["text"] for k in ("status", "workload", "variant", "duration")] == [
-        "lossy",
-        "resnet18",
-        "original",
-        "61.2 s",
-    ]
+    assert texts(lossy, RUN_HEAD) == ["lossy", "resnet18", "original", "61.2 s"]
     assert lossy["bytes read"]["sort"] == str(65 * MIB) and lossy["lost events"]["text"] == "7"
     assert lossy["steps"]["text"] == "200"
     # No summary: the manifest's duration, no counts, its error.
-    assert [failed[k]["text"] for k in ("status", "workload", "variant", "duration")] == [
-        "failed",
-        "bert",
-        "instrumented",
-        "3.0 s",
-    ]
+    assert texts(failed, RUN_HEAD) == ["failed", "bert", "instrumented", "3.0 s"]
     assert failed["steps"]["text"] == failed["bytes read"]["text"] == ""
     assert failed["note"]["text"] == "container main exited with status 1"
 
@@ -232,7 +226,7 @@ def test_a_study_is_listed_with_its_figure_and_results(tmp_path: Path) -> None:
     rows, heads = parse(write_index(root, list_runs(root)).read_text())
     (row,) = rows["studies"]
     assert heads["studies"][0] == "study"
-    assert [row[k]["text"] for k in ("study", "folder", "workload", "runs")] == [
+    assert texts(row, ("study", "folder", "workload", "runs")) == [
         "hfta",
         STUDY_FOLDER,
         "resnet18",
