@@ -7,6 +7,7 @@ Ctrl-C at the terminal reaches only us, and we stop them in a known order.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -54,6 +55,7 @@ class ChildProcess:
         self.stdout_path = Path(stdout_path)
         self.stderr_path = Path(stderr_path)
         self.returncode: int | None = None
+        self._interrupted = False
         full_env = dict(os.environ)
         full_env.update(env or {})
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
@@ -84,13 +86,19 @@ class ChildProcess:
             self.returncode = code
         return code
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """Stop with SIGINT, wait up to ``timeout`` seconds, then SIGKILL. Returns the exit code."""
-        if self.poll() is None:
-            try:
+    def interrupt(self) -> None:
+        """Send SIGINT (once) to the child's process group, if it still runs: :meth:`stop`
+        then waits for it. Interrupting several children first lets them end together."""
+        if not self._interrupted and self.poll() is None:
+            self._interrupted = True
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._popen.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """Stop with SIGINT (unless :meth:`interrupt` sent it), wait up to ``timeout`` seconds,
+        then SIGKILL. Returns the exit code."""
+        if self.poll() is None:
+            self.interrupt()
             try:
                 self._popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
