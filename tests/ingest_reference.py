@@ -3,8 +3,10 @@ tests/test_ingest_equivalence.py: tracing.ingest must give the same rows. Two kn
 patched (marked "PATCH"): a copy of a copy of a copy (dups resolved in two passes only) or a
 dup2(fd, fd) of a copy (it copied itself, stale) could get a stale or no path, and a dup of a
 descriptor of unknown file onto one that named a file left the old name. Do not edit otherwise (but
-its schema constants and ParseStats, which now come from the package: what a parse counts is
-not what the check is about, and build_samples and build_phases, which no test used, removed).
+its schema constants, ParseStats, container_owners and _steps, which now come from the package:
+what a parse counts, which process is in which container (tests/test_ingest.py checks it) and
+the phases' steps are not what the check is about; and build_samples and build_phases, which no
+test used, removed).
 
 Turn a run's raw tracer output into events.parquet, samples.parquet and phases.parquet.
 
@@ -32,8 +34,10 @@ from store.rundir import (
     WRITE_KINDS,
     arrow_schema,
 )
+from tracing.ingest.parse import container_owners  # tested apart: tests/test_ingest.py
 from tracing.ingest.schema import _LOST_RE, _PROC_COLUMNS, PAGE_SIZE
 from tracing.ingest.stats import ParseStats  # what it counts is not what the check is about
+from tracing.ingest.tables import _steps  # the phases' steps: not the rows checked
 
 # Column order and Arrow types of events.parquet: the single definition lives in store.rundir.
 EVENTS_SCHEMA = arrow_schema(EVENTS_COLUMNS)
@@ -339,18 +343,6 @@ def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
     return sys
 
 
-def container_owners(proc: pd.DataFrame, roots: Mapping[int, str]) -> dict[int, str]:
-    """Which container each process belongs to: a container's first process (``roots``: host
-    pid -> role) and, following the traced forks in time order, everything it started."""
-    owner = {int(pid): role for pid, role in roots.items()}
-    forks = proc[(proc["kind"] == "fork").to_numpy()].sort_values("ts_ns", kind="stable")
-    for parent, child in zip(forks["pid"].to_numpy(), forks["ret"].to_numpy(), strict=True):
-        role = owner.get(int(parent))
-        if role is not None:
-            owner[int(child)] = role
-    return owner
-
-
 def attribute_containers(
     events: pd.DataFrame, proc: pd.DataFrame, roots: Mapping[int, str]
 ) -> pd.Series:
@@ -425,13 +417,6 @@ def summarize(events: pa.Table, phases: pd.DataFrame, stats: ParseStats) -> dict
             for role in roles
         }
     return result
-
-
-def _steps(phases: pd.DataFrame) -> int:
-    """Training steps: ``step_end`` events of rank 0 (or of a run without ranks)."""
-    if not len(phases):
-        return 0
-    return int(((phases["key"] == "step_end") & phases["rank"].isin([0, -1])).sum())
 
 
 def _kind_groups(df: pd.DataFrame) -> dict[str, dict]:
