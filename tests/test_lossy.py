@@ -87,6 +87,36 @@ def test_a_tracer_that_fell_behind_makes_the_run_lossy(tmp_path: Path) -> None:
     assert error is not None and "fell more than 300 ms behind" in error and "lower bounds" in error
 
 
+@pytest.mark.parametrize("node", [None, "node-1"])
+@pytest.mark.parametrize(("stopped_ns", "behind"), [(None, 3), (10, 2), (7, 1), (6, 0)])
+def test_marks_of_the_stop_are_no_loss(
+    tmp_path: Path, node: str | None, stopped_ns: int | None, behind: int
+) -> None:
+    """ "BEHIND" marks at or after the moment the agent interrupted the scripts
+    (``tracer_stopped_ns``, on one host or a node of a cluster) are not counted: the run's
+    containers had all ended. Earlier ones are; without the moment (a run traced before it
+    was recorded) every one is."""
+    from tracing.placement import Host
+
+    raw = tmp_path / "run" / "raw" / (node or "")
+    shutil.copytree(RAW, raw)
+    with (raw / "syscalls.txt").open("a") as fh:
+        fh.write("BEHIND 6\nBEHIND 12\n")
+    with (raw / "cache.txt").open("a") as fh:
+        fh.write("BEHIND 7\n")
+    record = {"tracer_stopped_ns": stopped_ns}
+    manifest: dict = {"start_ns": 1, "end_ns": 2}
+    hosts = []
+    if node:
+        manifest["hosts"] = {node: record}
+        hosts = [Host(node, None, host_dir=node, swarm=True)]  # type: ignore[arg-type]
+    else:
+        manifest |= record
+    status, error = processing.process(tmp_path / "run", manifest, [], "completed", None, hosts)
+    assert manifest["tracer_behind"] == behind
+    assert (status == "lossy") == (behind > 0), error
+
+
 def test_program_misses_read_from_fdinfo(tmp_path: Path) -> None:
     """``recursion_misses`` of every BPF program a process holds, summed; other descriptors
     and a process that has gone give nothing."""

@@ -331,9 +331,11 @@ class RunSide:
                 shaper_error = str(exc)
         codes: dict[str, int] = {}
         missed: dict[str, int] = {}
+        stopped_ns = None
         if self.tracer is not None:
             time.sleep(0.2)  # lets block completions of the last requests reach the tracer
             missed = self.tracer.missed_probes()
+            stopped_ns = time.monotonic_ns()
             codes = self.tracer.stop()
         if self.sampler is not None:
             self.sampler.stop()
@@ -352,6 +354,7 @@ class RunSide:
         ]
         self.stopped = {
             "exit_codes": codes,
+            "stopped_ns": stopped_ns,
             "missed_probes": missed,
             "sampler_error": repr(self.sampler.error)
             if self.sampler and self.sampler.error

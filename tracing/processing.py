@@ -73,6 +73,10 @@ def process(
                     ),
                 ),
             )
+            record = manifest["hosts"][h.name] if h.host_dir else manifest
+            stopped_ns = record.get("tracer_stopped_ns")
+            if parsed.behind and stopped_ns is not None:  # marks of the stop are no loss
+                parsed.behind = ingest.behind_before(raw / h.host_dir, stopped_ns)
             events.merge(totals)
             stats.merge(parsed)
             parts.append(part)

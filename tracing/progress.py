@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -379,6 +380,35 @@ def event_log(run_dir: Path, role: str) -> Path:
     """Where the container ``role`` writes its MLLOG events (at ``rundir.EVENT_LOG_PATH``
     inside), on this host: in the run directory's ``out/``, a path every node shares."""
     return run_dir / "out" / role / "mllog.log"
+
+
+def keep_outputs(specs: Sequence[ContainerSpec], run_dir: Path, started_ns: int | None) -> None:
+    """Each container's MLLOG (and a DLIO run's own outputs) moved from the run directory's
+    ``out/`` into ``raw/ROLE/``, once its containers are gone. A container that mounts its own
+    /twintrace/out (a compose service) writes its MLLOG there: copied (never moved: it is the
+    user's) when it was written during this run (since ``started_ns``)."""
+    from tracing.container import OUT_MOUNT
+
+    for spec in specs:
+        raw = run_dir / "raw" / spec.role
+        peer_out = run_dir / "out" / spec.role / "dlio"
+        if peer_out.is_dir():
+            shutil.move(peer_out, raw / "dlio")
+        mllog = event_log(run_dir, spec.role)
+        if mllog.exists():
+            shutil.move(mllog, raw / "mllog.log")
+            continue
+        if spec.out or started_ns is None:
+            continue
+        for mount in spec.mounts:
+            if mount.target != OUT_MOUNT:
+                continue
+            try:
+                written = (mount.source / "mllog.log").stat().st_mtime_ns
+            except OSError:
+                break
+            if time.monotonic_ns() - (time.time_ns() - written) >= started_ns:
+                shutil.copyfile(mount.source / "mllog.log", raw / "mllog.log")
 
 
 @contextlib.contextmanager

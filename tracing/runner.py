@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import shutil
 import signal
 import threading
 import time
@@ -44,7 +43,7 @@ from tracing import barrier, bpftrace, container, host, placement, processing, s
 from tracing.cgroups import ProcessCgroups, cgroups_of
 from tracing.clock import host_clock
 from tracing.placement import Host
-from tracing.progress import Report, cold_epochs, event_log, watch_training
+from tracing.progress import Report, cold_epochs, keep_outputs, watch_training
 from tracing.request import ContainerSpec, RunRequest, dataset_dirs
 from tracing.shaper import Shaper, require_tc
 from tracing.tracer_container import LocalAgent, start_agent
@@ -561,9 +560,16 @@ def _attach(
     try:
         reply = _attach_call(h, mine, run_dir, request, networked, rate)
     except UserError:
-        for m in mine:  # one removed meanwhile (by something else): that is the cause
-            _exit_code(m)
-        raise
+        # One removed meanwhile (by something else) is the cause, and says so; `docker rm -f`
+        # kills the processes first, so the agent may find none while the engine still has
+        # the container: asked again for a while.
+        deadline = time.monotonic() + REMOVAL_S
+        while True:
+            for m in mine:
+                _exit_code(m)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     h.agent.attached = True
     record = manifest["trace"] if not h.host_dir else manifest["hosts"][h.name]
     record["memory_file_systems"] = reply["memory_file_systems"]
@@ -724,6 +730,9 @@ def _wait(
             quick_until = time.monotonic() + 1.0
 
 
+#: How long an agent's refused Attach waits for the engine to finish removing a container that
+#: something else removed (its cause), before the refusal is the run's error.
+REMOVAL_S = 2.0
 #: How long the coordinator retries removing a run's overlay network while the swarm still
 #: holds the attachments of the containers just removed.
 NETWORK_RELEASE_S = 15.0
@@ -835,6 +844,7 @@ def _shutdown(
         record = manifest if not h.host_dir else manifest["hosts"][h.name]
         record["missed_probes"] = reply["missed_probes"]
         record["bpftrace_exit_codes"] = reply["exit_codes"]
+        record["tracer_stopped_ns"] = reply["stopped_ns"]
         for problem in ("sampler_error", "shaper_error"):
             if reply.get(problem):
                 record[problem] = reply[problem]
@@ -915,16 +925,7 @@ def _shutdown(
             for h in hosts
             for script, n in (manifest["hosts"][h.name].get("missed_probes") or {}).items()
         }
-    started = manifest.get("start_ns")
-    for m in members:
-        peer_out = run_dir / "out" / m.spec.role / "dlio"  # a DLIO run's own outputs
-        if peer_out.is_dir():
-            shutil.move(peer_out, run_dir / "raw" / m.spec.role / "dlio")
-        mllog = event_log(run_dir, m.spec.role)
-        if mllog.exists():
-            shutil.move(mllog, run_dir / "raw" / m.spec.role / "mllog.log")
-        elif not m.spec.out and started is not None:
-            _copy_own_mllog(m.spec, run_dir / "raw" / m.spec.role / "mllog.log", started)
+    keep_outputs([m.spec for m in members], run_dir, manifest.get("start_ns"))
     if first_error is not None:
         if isinstance(first_error, requests.exceptions.ConnectionError):
             raise UserError(
@@ -932,22 +933,6 @@ def _shutdown(
                 f"({first_error}): once it is back, the next run removes what is left"
             ) from None
         raise first_error
-
-
-def _copy_own_mllog(spec: ContainerSpec, target: Path, start_ns: int) -> None:
-    """A container that mounts its own /twintrace/out (a compose service) writes its MLLOG
-    there: copy it (never move: it is the user's) when it was written during this run."""
-    for mount in spec.mounts:
-        if mount.target != container.OUT_MOUNT:
-            continue
-        source = mount.source / "mllog.log"
-        try:
-            written = source.stat().st_mtime_ns
-        except OSError:
-            return
-        age_ns = time.time_ns() - written
-        if time.monotonic_ns() - age_ns >= start_ns:
-            shutil.copyfile(source, target)
 
 
 def reingest(run_dir: Path, progress: Callable[[str], None] = lambda msg: None) -> RunOutcome:

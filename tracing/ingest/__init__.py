@@ -58,6 +58,7 @@ from __future__ import annotations
 from tracing.ingest.events import build_events, merge_events, write_events
 from tracing.ingest.parse import (
     attribute_containers,
+    behind_before,
     container_owners,
     parse_block,
     parse_cache,
@@ -96,6 +97,7 @@ __all__ = [
     "build_events",
     "build_phases",
     "build_samples",
+    "behind_before",
     "container_owners",
     "merge_events",
     "parse_block",

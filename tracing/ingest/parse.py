@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import mmap
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -577,6 +578,25 @@ def parse_proc(path: Path, stats: ParseStats) -> pd.DataFrame:
         path=df["path"].where(df["path"] != "", None),
         ret=df["child"].astype(np.int64),
     )
+
+
+_BEHIND = re.compile(rb"^BEHIND (\d+)$", re.MULTILINE)
+
+
+def behind_before(raw_dir: Path, before_ns: int) -> int:
+    """The "BEHIND <ns>" marks of ``raw_dir``'s scripts (:attr:`ParseStats.behind`) earlier
+    than ``before_ns`` (on the same clock: the host's CLOCK_MONOTONIC, as the agent reads it).
+    Once the agent has interrupted its scripts, a script's user space detaches its probes
+    while its interval probe still fires, and may mark itself behind: no event of the run can
+    be missing from that moment on (its containers have all ended), so such a mark is not a
+    loss (what the ingest counted but for those marks)."""
+    count = 0
+    for path in sorted(raw_dir.glob("*.txt")):
+        if path.stat().st_size == 0:
+            continue
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as text:
+            count += sum(int(m.group(1)) < before_ns for m in _BEHIND.finditer(text))
+    return count
 
 
 def container_owners(proc: pd.DataFrame, roots: Mapping[int, str]) -> dict[int, str]:
