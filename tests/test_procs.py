@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 from tracing.bpftrace import Tracer
@@ -25,8 +26,6 @@ SLOW_TO_STOP = (
 
 
 def _slow_child(tmp_path: Path, name: str) -> ChildProcess:
-    import sys
-
     child = ChildProcess(
         [sys.executable, "-c", SLOW_TO_STOP, *(tmp_path / f"{name}.{e}" for e in ("got", "done"))]
         + [tmp_path / f"{name}.ready"],

@@ -72,6 +72,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import grpc  # noqa: E402
 
 from core.errors import UserError
+from core.rpc import RECONNECT_OPTIONS
 from tracing import bpftrace
 from tracing.barrier import release
 from tracing.cgroups import cgroups_of
@@ -582,16 +583,6 @@ def run_agent(listen: str, lease_s: float, root: Path, clock_offset_ns: int = 0)
     server.stop(grace=1.0).wait()
     log.info("exited")
     return 0
-
-
-#: gRPC's channel waits 1 s (then longer) before dialling again after a refused connection: the
-#: first Hello, sent while the agent's container is still starting, is refused, and its
-#: answer then came about 0.7 s after the agent was up. Dialled again every 0.1 s instead.
-RECONNECT_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-)
 
 
 class AgentClient:

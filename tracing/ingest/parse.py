@@ -93,7 +93,7 @@ def _blocks(path: Path, size: int | None = None) -> Iterator[tuple[np.ndarray, i
 def _padded(buf: np.ndarray, start: int, end: int) -> tuple[np.ndarray, int, int]:
     """``buf``, ``start``, ``end`` as :func:`_blocks` gives them (a copy when not), the buffer
     read-only: a file's mapped pieces are, and a kernel is compiled for each type of array it
-    is given (a writable copy of the last piece cost a second compile of every parser, ~30 s
+    is given (a writable copy of the last piece cost a second compile of every parser, 55 s
     on a fresh checkout)."""
     if len(buf) % 8 or len(buf) < end + 16:
         padded = np.zeros((end - start + 16 + 7) // 8 * 8, dtype=np.uint8)

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import Dataset
 
 from core.errors import UserError
+from core.rpc import RECONNECT_OPTIONS
 from workloads.events import Emitter
 from workloads.loaders import EpochDraws
 from workloads.sophon import rpc
@@ -59,11 +60,7 @@ def channel(address: str) -> Any:
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            # Dialled again every 0.1-1 s while the storage node starts, not after gRPC's
-            # default 1 s growing to 2 min between refused connections.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
+            *RECONNECT_OPTIONS,  # the storage node may still be starting
         ],
     )
 
