@@ -142,6 +142,25 @@ def run_cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     )
 
 
+def error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The error of a command that failed in one line (exit status 1, no traceback): the last
+    line of its stderr."""
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    return done.stderr.strip().splitlines()[-1]
+
+
+def refused_unet3d_trace(data: Path, runs: Path) -> str:
+    """``./cli.py trace`` of unet3d (sleep) over ``data`` into ``runs``, refused in one line
+    (:func:`error_line`) before it made a run directory: its error."""
+    done = run_cli(
+        "trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(data),
+        "--out", str(runs),
+    )  # fmt: skip
+    line = error_line(done)
+    assert not runs.exists()
+    return line
+
+
 #: A job that starts threads, each busy for a second, until the kernel refuses one (at a
 #: processes limit: Python's "can't start new thread"), says after how many, and fails; it
 #: ends once the threads it started have (the interpreter joins them).

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import UserError
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, error_line, refused_unet3d_trace, run_cli
 from tests.synthetic import make_run
 from workloads.data import MANIFEST_NAME, MARKER_NAME, check_manifest
 from workloads.profile import default_profile, load_profile
@@ -64,8 +64,7 @@ def test_a_profile_or_experiment_file_cut_short_is_one_line(tmp_path: Path) -> N
     spec.write_text(Path(REPO / "experiments" / "timelines.toml").read_text())
     _cut(spec)
     done = run_cli("experiment", "run", str(spec), "--dry-run")
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith(f"Error: experiment file {spec} ")
+    assert error_line(done).startswith(f"Error: experiment file {spec} ")
 
 
 def _edit_manifest(data: Path, change: Callable[[dict], None]) -> None:
@@ -120,13 +119,6 @@ def test_trace_refuses_a_dataset_whose_manifest_was_edited(
     data = tmp_path / "data"
     shutil.copytree(tiny_unet3d, data)
     _edit_manifest(data, lambda m: m.update(total_bytes=m["total_bytes"] + 1))
-    runs = tmp_path / "runs"
-    done = run_cli(
-        "trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(data),
-        "--out", str(runs),
-    )  # fmt: skip
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    last = done.stderr.strip().splitlines()[-1]
+    last = refused_unet3d_trace(data, tmp_path / "runs")
     assert last.startswith(f"Error: {data / MANIFEST_NAME} says its dataset holds "), last
     assert last.endswith(f"generate it again with ./cli.py datagen unet3d --out {data} --force")
-    assert not runs.exists()

@@ -21,6 +21,8 @@ from tests.conftest import (
     THREADS_TILL_REFUSED,
     assert_failed_run,
     bpftrace_running,
+    error_line,
+    refused_unet3d_trace,
     run_cli,
     start_cli,
     traced_events,
@@ -373,16 +375,8 @@ def test_a_container_removed_by_someone_else_fails_the_run_saying_so(
 
 def test_a_missing_image_is_one_line_and_no_run_directory(images, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "cli.py"), "trace", "--image", "twintrace/none:missing"]
-        + ["--out", str(runs), "--", "true"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    )
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1] == (
+    done = run_cli("trace", "--image", "twintrace/none:missing", "--out", str(runs), "--", "true")
+    assert error_line(done) == (
         "Error: image twintrace/none:missing is not built: run `./cli.py build`"
     )
     assert not runs.exists()
@@ -403,19 +397,12 @@ def test_a_stale_workload_image_is_refused_in_one_line_and_no_run_directory(
     dockerfile = f"FROM {current.id}\nLABEL {HASH_LABEL}=0123456789abcdef\n"
     stale, _ = cli.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
     try:
-        runs = tmp_path / "runs"
-        done = run_cli(
-            "trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(tiny_unet3d),
-            "--out", str(runs),
-        )  # fmt: skip
-        assert done.returncode == 1 and "Traceback" not in done.stderr
-        last = done.stderr.strip().splitlines()[-1]
+        last = refused_unet3d_trace(tiny_unet3d, tmp_path / "runs")
         assert last.startswith(
             f"Error: image {tag} is stale: it was built from other sources or another "
             "twintrace/base:latest than this checkout's (its inputs 0123456789abcdef, the checkout's "
         ), last
         assert last.endswith("): run `./cli.py build`")
-        assert not runs.exists()
     finally:
         current.tag(tag)
         cli.images.remove(stale.id)
