@@ -352,13 +352,9 @@ def dlio_request(
     ``rank_containers``: one container per rank."""
     run = run or RunOptions()
     from workloads.profile import default_profile, load_profile
-    from workloads.registry import WORKLOADS
+    from workloads.registry import get_workload
 
-    if workload not in WORKLOADS:
-        raise UserError(
-            f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}"
-        )
-    spec = WORKLOADS[workload]
+    spec = get_workload(workload)
     if data_dir is None:
         raise SettingError(
             "{data} is required: generate a dataset with "

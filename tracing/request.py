@@ -292,13 +292,9 @@ def workload_request(
     """
     from tracing.remote import StorageNode, check_served_dataset, storage_container
     from workloads.profile import load_profile
-    from workloads.registry import WORKLOADS
+    from workloads.registry import get_workload
 
-    if workload not in WORKLOADS:
-        raise UserError(
-            f"unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}"
-        )
-    spec = WORKLOADS[workload]
+    spec = get_workload(workload)
     settings = dict(settings or {})
     emulated = None
     if accelerator is not None or profile_model is not None:
