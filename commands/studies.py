@@ -28,6 +28,16 @@ from core.errors import UserError
 from core.units import parse_size
 
 
+def _study_dir(out_dir: Path | None, kind: str, name: str, results: str | None = None) -> Path:
+    """A study's ``--out``, by default ``runs/<kind>/<time>-<name>``; with ``results`` (its
+    results file's name), refused when it already holds a result."""
+    if out_dir is None:
+        out_dir = Path("runs") / kind / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    if results is not None and (out_dir / results).exists():
+        raise UserError(f"{out_dir} already holds a result: give another --out")
+    return out_dir
+
+
 @click.command()
 @click.option("--workload", required=True, help="Workload to measure (see ./cli.py workloads).")
 @data_option("Dataset directory.", dest="data")
@@ -102,13 +112,8 @@ def stalls(
     stall_settings = StallSettings(
         **settings, read_bps=parse_size(read_rate) if read_rate else None
     )
-    if out_dir is None:
-        out_dir = (
-            Path("runs/stalls")
-            / f"{time.strftime('%Y%m%d-%H%M%S')}-{settings['profile_model'] or settings['workload']}"
-        )
-    if (out_dir / "stalls.json").exists():
-        raise UserError(f"{out_dir} already holds a result: give another --out")
+    name = settings["profile_model"] or settings["workload"]
+    out_dir = _study_dir(out_dir, "stalls", name, "stalls.json")
     with sole_runner(out_dir):
         result = measure_stalls(
             stall_settings,
@@ -238,10 +243,7 @@ def hfta(
     if profiles is not None:
         spec["profiles"] = profiles
     settings = parse_spec(spec, "hfta")
-    if out_dir is None:
-        out_dir = Path("runs/hfta") / f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}"
-    if (out_dir / RESULTS_NAME).exists():
-        raise UserError(f"{out_dir} already holds a result: give another --out")
+    out_dir = _study_dir(out_dir, "hfta", workload, RESULTS_NAME)
     with sole_runner(out_dir):
         path = run_hfta(
             settings, data_dir, out_dir, log=lambda line: err_console.print(line, highlight=False)
@@ -369,8 +371,7 @@ def sustain(
     )
     if both:  # every setting DLIO's search will run with, checked before the first run
         dataclasses.replace(search, variant="dlio")
-    if out_dir is None:
-        out_dir = Path("runs/sustain") / f"{time.strftime('%Y%m%d-%H%M%S')}-{search.workload}"
+    out_dir = _study_dir(out_dir, "sustain", search.workload)
 
     def log(line: str) -> None:
         err_console.print(styled(line), highlight=False)
