@@ -31,7 +31,11 @@ build: setup
 demo: build
 	PY=$(PY) DEMO_DATA=$(DEMO_DATA) DEMO_RUNS=$(DEMO_RUNS) bash experiments/demo.sh
 
-test: build
+# While the images build, tests/prepare.py compiles the ingest's kernels and builds the cluster's
+# node image (the builds leave about half of the CPU idle); stopped if the build fails.
+test: setup
+	@setsid $(PY) -m tests.prepare & prepare=$$!; trap 'kill -TERM -- -$$prepare 2>/dev/null; wait' EXIT; \
+	$(PY) cli.py build && wait $$prepare
 	CI=$${CI:-} $(PY) -m pytest -q
 
 lint: venv

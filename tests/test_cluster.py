@@ -158,6 +158,9 @@ def test_cluster_up_status_task_down(docker_cli: object, shared: Path) -> None:
     ref = pushed.stdout.strip()
     assert ref == "registry:5000/twintrace/node:latest"
     assert "already in the registry" in _cli("push", "twintrace/node:latest").stderr
+    pushed_from = cli.images.get("twintrace/node:latest")  # type: ignore[attr-defined]
+    assert pushed_from.tags == ["twintrace/node:latest"]  # the loopback name it went by: gone
+    assert not pushed_from.attrs["RepoDigests"]
 
     lead = vc.manager(cli, NAME)  # type: ignore[arg-type]
     engine = vc.node_client(lead)

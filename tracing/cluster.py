@@ -26,8 +26,12 @@ their own, ``internal`` (no route out): every address a node can reach is one of
 
 Images reach the nodes as on a real cluster, from a registry (Debian's ``docker-registry``
 2.8, a container of the cluster at ``registry:5000`` on its network, the nodes' engines told
-it is plain HTTP): ``push`` loads an image into the manager's engine and pushes it there once;
-a node pulls it when a task placed on it needs it.
+it is plain HTTP); a node pulls an image when a task placed on it needs it. ``push`` has this
+host's engine push the image to the registry's port, published on this host's loopback only
+(an engine takes a registry on 127.0.0.0/8 as plain HTTP unasked): only the layers the registry
+lacks go, so a second image on the same base costs its own layers alone. Loading each image
+into the manager's engine and pushing it from there (what a real swarm's ``--registry`` does,
+:func:`tracing.swarm.push_images`) cost a 1.5 GB save and load per image (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -388,17 +392,18 @@ def _make(
     net = cli.networks.create(
         network_name(name), driver="bridge", internal=True, labels=_labels(name, "network")
     )
+    # On the engine's default bridge, its port published on this host's loopback (a port is
+    # published from a network with a route out, which the cluster's is not), for ``push``;
+    # on the cluster's network as ``registry``, the name the nodes' engines pull by.
     cli.containers.run(
         NODE_IMAGE,
         ["docker-registry", "serve", REGISTRY_CONFIG],
         name=registry_container(name),
         detach=True,
         labels=_labels(name, "registry"),
-        network=net.name,
+        ports={f"{REGISTRY_PORT}/tcp": ("127.0.0.1", None)},
         restart_policy={"Name": "no"},
     )
-    # The alias the nodes' engines pull by: reconnect with it (run's network= takes none).
-    net.disconnect(registry_container(name))
     net.connect(registry_container(name), aliases=[REGISTRY_ALIAS])
     for index in range(1, count + 1):
         hostname, container = node_hostname(index), node_container(name, index)
@@ -555,18 +560,73 @@ def registry_images(cli: docker.DockerClient, name: str = DEFAULT_NAME) -> list[
     return sorted(images)
 
 
+def _registry_port(cli: docker.DockerClient, name: str) -> int:
+    """The port on this host's loopback of the running registry of cluster ``name``."""
+    try:
+        reg = cli.containers.get(registry_container(name))
+    except docker.errors.NotFound:
+        reg = None
+    ports = (reg.attrs["NetworkSettings"]["Ports"] or {}) if reg is not None else {}
+    published = ports.get(f"{REGISTRY_PORT}/tcp") or []
+    if reg is None or reg.status != "running" or not published:
+        raise UserError(
+            f"cluster {name!r} has no running registry on this host's loopback: run "
+            f"`./cli.py cluster down --name {name}` then `./cli.py cluster up --name {name}`"
+        )
+    return int(published[0]["HostPort"])
+
+
+def _held_id(port: int, repository: str, tag: str) -> str | None:
+    """The image id (its config's digest) the registry at ``port`` holds as
+    ``repository:tag``; None where it holds none."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/{repository}/manifests/{tag}",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return json.loads(reply.read())["config"]["digest"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return None
+
+
 def push(
     cli: docker.DockerClient,
     tags: Sequence[str],
     name: str = DEFAULT_NAME,
     log: Log = lambda line: None,
 ) -> list[str]:
-    """Put local images ``tags`` in the cluster's registry: each is loaded into the manager's
-    engine and pushed once (an image the registry holds at the same id is skipped). Returns the
-    references the nodes pull them by."""
-    lead = manager(cli, name)
-    with closing(node_client(lead, timeout=600)) as engine:
-        return swarm.push_images(cli, engine, tags, REGISTRY, log, lead.hostname)
+    """Put local images ``tags`` in the cluster's registry: this host's engine pushes each to
+    the registry's loopback port (module doc), the layers the registry lacks only; an image the
+    registry holds at the same id is skipped. Returns the references the nodes pull them by."""
+    manager(cli, name)  # the cluster is up
+    port = _registry_port(cli, name)
+    refs = []
+    for tag in tags:
+        try:
+            image = cli.images.get(tag)
+        except docker.errors.ImageNotFound:
+            raise UserError(f"image {tag} is not on this host: build it first") from None
+        ref = registry_ref(tag)
+        refs.append(ref)
+        repository, _, version = ref.removeprefix(f"{REGISTRY}/").rpartition(":")
+        if _held_id(port, repository, version) == image.id:
+            log(f"{tag}: already in the registry")
+            continue
+        started = time.monotonic()
+        local = f"127.0.0.1:{port}/{repository}:{version}"
+        image.tag(local)
+        try:
+            for line in cli.api.push(local, stream=True, decode=True):
+                if "error" in line:
+                    raise UserError(f"pushing {tag} to {REGISTRY} failed: {line['error']}")
+        finally:
+            cli.api.remove_image(local, noprune=True)  # the tag only: the image stays
+        log(f"{tag}: pushed as {ref} ({time.monotonic() - started:.1f} s)")
+    return refs
 
 
 def status(cli: docker.DockerClient, name: str = DEFAULT_NAME) -> dict[str, Any]:

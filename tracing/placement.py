@@ -108,10 +108,10 @@ def cluster_hosts(
                     f"({', '.join(lead.shares)}): `./cli.py cluster up --share DIR` with a "
                     "folder that holds it"
                 )
-        engine, registry, where = lead.engine, cluster.REGISTRY, f"cluster {run.cluster!r}"
+        engine, where = lead.engine, f"cluster {run.cluster!r}"
         fix = f"run `./cli.py cluster down` then `./cli.py cluster up --nodes {count}`"
     else:
-        engine, registry, where = run.engine, run.registry, f"the swarm of {run.engine}"
+        engine, where = run.engine, f"the swarm of {run.engine}"
         fix = f"`./cli.py cluster check --engine {run.engine}` says what is missing"
     manager = _manager(engine, where, fix)
     try:
@@ -128,9 +128,12 @@ def cluster_hosts(
         chosen = [by_name[name] for name in names]
         progress(f"placing the run on {', '.join(names)} of {where}")
         refs: dict[str, str] = {}  # without a registry the nodes know the images by their tags
-        if registry is not None:
+        if run.engine is None:
+            pushed = cluster.push(cli, list(tags), run.cluster, progress)
+            refs = dict(zip(tags, pushed, strict=True))
+        elif run.registry is not None:
             lead_name = str(manager.info().get("Name") or "the manager")
-            pushed = swarm.push_images(cli, manager, list(tags), registry, progress, lead_name)
+            pushed = swarm.push_images(cli, manager, list(tags), run.registry, progress, lead_name)
             refs = dict(zip(tags, pushed, strict=True))
         for run_id in swarm.remove_orphans(manager):
             progress(f"removed the services of run {run_id}, left behind by a killed tracer")
