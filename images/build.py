@@ -666,9 +666,10 @@ def build_base(
             "TORCH_VERSION": torch.version,
         },
     )
-    # The install stage's image (the wheelhouse and the venv, Dockerfile.base) is no part of
-    # the base: left, it would hold 1.4 GB of the engine's disk for each build.
-    cli.images.prune(filters={"dangling": True, "label": BASE_STAGE_LABEL})
+    if built.built:
+        # The install stage's image (the wheelhouse and the venv, Dockerfile.base) is no part
+        # of the base: left, it would hold 1.4 GB of the engine's disk for each build.
+        cli.images.prune(filters={"dangling": True, "label": BASE_STAGE_LABEL})
     return built
 
 

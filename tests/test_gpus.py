@@ -256,6 +256,10 @@ def test_switching_the_torch_build_swaps_the_base_context_without_mixing(cache: 
 class _FakeImages:
     def __init__(self, labels: dict[str, str]) -> None:
         self.labels = labels
+        self.pruned: list[dict[str, Any]] = []
+
+    def prune(self, filters: dict[str, Any]) -> None:
+        self.pruned.append(filters)
 
     def get(self, tag: str) -> Any:
         from types import SimpleNamespace
@@ -279,6 +283,8 @@ def test_switching_the_torch_build_rebuilds_the_base_with_its_labels(
     fake = SimpleNamespace(images=_FakeImages({}))
     assert images_build.build_base(fake, print, torch_build="cpu").built  # type: ignore[arg-type]
     cpu = calls[-1]
+    # The install stage's image goes with the build (Dockerfile.base's first stage).
+    assert fake.images.pruned == [{"dangling": True, "label": images_build.BASE_STAGE_LABEL}]
     assert cpu["buildargs"]["TORCH_BUILD"] == "cpu"
     assert cpu["buildargs"]["TORCH_VERSION"] == "2.13.0+cpu"
     # An image with the CPU build's inputs hash is up to date for cpu, out of date for cuda.
