@@ -448,7 +448,10 @@ def test_a_tiny_study_reads_the_dataset_once_per_fused_array_and_b_times_otherwi
         if key != "serial-j1":  # a cold cache: the dataset came from the storage, once
             assert run["cached_before_bytes"] == 0
             if extents is not None:
-                assert 0.9 * dataset <= run["storage_bytes"] <= extents.bytes, key
+                # Once, give or take a few pages the kernel reads again: in one CI run the
+                # second epoch's worker read 8 KiB of the dataset from the device that the
+                # first epoch's had read (no page-cache delete traced between): 16 KiB allowed.
+                assert 0.9 * dataset <= run["storage_bytes"] <= extents.bytes + 16384, key
     # The second serial job found the dataset in the page cache the first one left (nearly
     # all of it: the kernel may evict a few pages between the runs; a CI run saw 6 of 241 go).
     assert 0.95 * dataset <= runs["serial-j1"]["cached_before_bytes"] <= dataset
