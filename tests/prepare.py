@@ -4,7 +4,8 @@ leave about half of the CPU idle on a 2-vCPU VM), so that no test waits for it:
 - the ingest's kernels compiled into numba's on-disk cache (tracing/ingest/jit.py): the first
   test to ingest a trace paid for the compile, about 55-75 s. A child process ingests a small
   synthetic trace in the tracer's format (bench/trace_ingest.py, ``make_raw``), which calls
-  every kernel a run's ingest calls;
+  the kernels every run's ingest calls (the two of the path table's compaction, which only a
+  trace with very many distinct paths needs, compile when first called);
 - twintrace/node, the virtual cluster's node image (images/build.py, ``build_node``:
   debootstrap, about a minute), which tests/test_cluster.py needs.
 

@@ -606,10 +606,7 @@ def push(
     port = _registry_port(cli, name)
     refs = []
     for tag in tags:
-        try:
-            image = cli.images.get(tag)
-        except docker.errors.ImageNotFound:
-            raise UserError(f"image {tag} is not on this host: build it first") from None
+        image = swarm.local_image(cli, tag)
         ref = registry_ref(tag)
         refs.append(ref)
         repository, _, version = ref.removeprefix(f"{REGISTRY}/").rpartition(":")
@@ -620,9 +617,7 @@ def push(
         local = f"127.0.0.1:{port}/{repository}:{version}"
         image.tag(local)
         try:
-            for line in cli.api.push(local, stream=True, decode=True):
-                if "error" in line:
-                    raise UserError(f"pushing {tag} to {REGISTRY} failed: {line['error']}")
+            swarm.push_ref(cli, local, tag, REGISTRY)
         finally:
             cli.api.remove_image(local, noprune=True)  # the tag only: the image stays
         log(f"{tag}: pushed as {ref} ({time.monotonic() - started:.1f} s)")

@@ -82,6 +82,22 @@ def _in_registry(engine: docker.DockerClient, ref: str, held: Any) -> bool:
     return any(d.endswith("@" + digest) for d in held.attrs.get("RepoDigests") or [])
 
 
+def local_image(local: docker.DockerClient, tag: str) -> Any:
+    """Image ``tag`` of this host's engine ``local``; a UserError when it has none."""
+    try:
+        return local.images.get(tag)
+    except docker.errors.ImageNotFound:
+        raise UserError(f"image {tag} is not on this host: build it first") from None
+
+
+def push_ref(engine: docker.DockerClient, ref: str, shown: str, registry: str) -> None:
+    """Push ``ref`` through ``engine``; a failure is a UserError naming ``shown`` and
+    ``registry``."""
+    for line in engine.api.push(ref, stream=True, decode=True):
+        if "error" in line:
+            raise UserError(f"pushing {shown} to {registry} failed: {line['error']}")
+
+
 def push_images(
     local: docker.DockerClient,
     engine: docker.DockerClient,
@@ -96,10 +112,7 @@ def push_images(
     references the nodes pull them by."""
     refs = []
     for tag in tags:
-        try:
-            image = local.images.get(tag)
-        except docker.errors.ImageNotFound:
-            raise UserError(f"image {tag} is not on this host: build it first") from None
+        image = local_image(local, tag)
         ref = registry_ref(tag, registry)
         refs.append(ref)
         try:
@@ -113,9 +126,7 @@ def push_images(
         log(f"{tag}: loading into {where}'s engine")
         engine.api.load_image(image.save(named=True))
         engine.images.get(tag).tag(ref)
-        for line in engine.api.push(ref, stream=True, decode=True):
-            if "error" in line:
-                raise UserError(f"pushing {ref} to {registry} failed: {line['error']}")
+        push_ref(engine, ref, ref, registry)
         log(f"{tag}: pushed as {ref} ({time.monotonic() - started:.1f} s)")
     return refs
 
