@@ -20,6 +20,11 @@ from core.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+#: The environment variable holding this session's temporary folder (each xdist worker has its
+#: own): every run a test makes is under it. Set by :func:`host_profiles`, which every test uses
+#: (an environment variable, not a global: the tests import this file as ``tests.conftest``, a
+#: module apart from the ``conftest`` that pytest loads).
+BASETEMP_ENV = "TWINTRACE_TESTS_BASETEMP"
 
 #: The phases an instrumented training step logs (workloads/training.py).
 STEP_KEYS = frozenset(
@@ -64,6 +69,7 @@ def host_profiles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     session: a test never finds, nor leaves, measurements in the user's cache."""
     from store.hostprofiles import ENV
 
+    os.environ[BASETEMP_ENV] = str(tmp_path_factory.getbasetemp().resolve())
     folder = tmp_path_factory.mktemp("host-profiles")
     before = os.environ.get(ENV)
     os.environ[ENV] = str(folder)
@@ -190,6 +196,21 @@ def start_cli(*args: str) -> subprocess.Popen[str]:
     )
 
 
+def run_label(runs_root: Path, proc: subprocess.Popen[str], deadline: float) -> str:
+    """The label of the Docker objects of the one run that ``proc`` (a ``./cli.py trace``)
+    started under ``runs_root``, once its run directory exists (before any of its containers):
+    a test acts on its own run's containers, never on another's running beside it."""
+    import time
+
+    from tracing.container import RUN_LABEL
+
+    while not (runs_root.is_dir() and (found := list(runs_root.iterdir()))):
+        assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
+        time.sleep(0.05)
+    (run_dir,) = found
+    return f"{RUN_LABEL}={run_dir.name}"
+
+
 def left_behind(run_id: str) -> list[str]:
     """The containers and networks of run ``run_id`` still on this host's engine."""
     from tracing.container import RUN_LABEL, client
@@ -223,7 +244,10 @@ def traced_events(run_dir: Path) -> pd.DataFrame:
 
 
 def bpftrace_running() -> list[int]:
-    """Pids of bpftrace processes running one of our scripts (rendered into a run's raw/)."""
+    """Pids of bpftrace processes running one of our scripts (rendered into a run's raw/) for a
+    run of this test session: the tracers of the other lane's runs (``make test`` runs two at
+    once), of a cluster node's agent or of a user's run on this host are not this session's."""
+    under = os.environ[BASETEMP_ENV].encode() + b"/"
     pids = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -234,10 +258,107 @@ def bpftrace_running() -> list[int]:
             if (
                 cmdline
                 and Path(cmdline[0].decode(errors="replace")).name == "bpftrace"
-                and any(part.endswith(b".bt") for part in cmdline)
+                and any(part.endswith(b".bt") and part.startswith(under) for part in cmdline)
             ):
                 pids.append(int(proc.name))
     return pids
+
+
+#: How `make test` runs the suite in two workers (``-n 2``, :func:`pytest_xdist_make_scheduler`):
+#: the integration modules in two lanes, each lane one worker running its modules one after
+#: another, the two lanes side by side (a traced run leaves a third to half of the CPU idle), the
+#: other tests filling in; then the ``serial`` modules alone (a second session). The "cache" lane
+#: holds every module that drops the whole page cache (the studies' cold runs: fidelity, grouping,
+#: hfta, stalls, the experiment files) or whose figures depend on what it holds or on whose I/O
+#: reaches the disk (the block lane is host-wide); the "apart" lane only modules that do none of
+#: this (their datasets are evicted file by file, ``tracing.host.evict_files``). ``serial``:
+#: timed to the millisecond (the emulator's sleeps, a report opened within 2 s, BERT's real steps
+#: against emulated ones) or stopping the Docker engine itself. Every module with integration
+#: tests is in one of the three (a new one is refused at collection until it is placed).
+CACHE_LANE = frozenset(
+    {
+        "test_analysis_integration",
+        "test_dlio",
+        "test_epoch_barrier",
+        "test_experiment",
+        "test_grouping",
+        "test_hfta",
+        "test_long_run",
+        "test_run_progress",
+        "test_stalls",
+        "test_sustain",
+        "test_trace_integration",
+    }
+)
+APART_LANE = frozenset(
+    {
+        "test_agent",
+        "test_cluster",
+        "test_compose",
+        "test_damaged_files",
+        "test_disk_full",
+        "test_gpus",
+        "test_hostprofile",
+        "test_limits",
+        "test_multicontainer",
+        "test_reingest",
+        "test_sophon_trace",
+        "test_tfrecord_reference",
+        "test_trace_zoo",
+        "test_workloads_unet3d",
+    }
+)
+SERIAL = frozenset({"test_emulation", "test_engine_restart", "test_fidelity", "test_run_report"})
+
+
+def lane_of(nodeid: str) -> str | None:
+    """The lane of a test's module (its node id's file), None for a module in neither."""
+    module = Path(nodeid.split("::", 1)[0]).stem
+    return "cache" if module in CACHE_LANE else "apart" if module in APART_LANE else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unplaced = set()
+    for item in items:
+        if item.get_closest_marker("integration") is None:
+            continue
+        module = item.path.stem
+        if module in SERIAL:
+            item.add_marker(pytest.mark.serial)
+        elif lane_of(item.nodeid) is None:
+            unplaced.add(module)
+    if unplaced:
+        raise pytest.UsageError(
+            f"integration tests in {', '.join(sorted(unplaced))}: name the module in "
+            "CACHE_LANE, APART_LANE or SERIAL (tests/conftest.py)"
+        )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") and any(
+        item.get_closest_marker("serial") for item in session.items
+    ):
+        raise pytest.UsageError(
+            "the serial tests run alone: with -n, add -m 'not serial' and run -m serial after "
+            "(as `make test` does)"
+        )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each lane one unit of work, the rest a unit per test. xdist hands the largest units out
+    first, one to each worker, and a worker more only when it has two tests left: the two lanes
+    start at once on different workers, and the others fill in after the shorter one. (The
+    ``xdist_group`` mark does this job, but xdist 3.8 names a group by rewriting a test's node
+    id, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid) or nodeid
+
+    return Lanes(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:

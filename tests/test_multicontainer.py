@@ -22,10 +22,11 @@ from tests.conftest import (
     assert_failed_run,
     bpftrace_running,
     left_behind,
+    run_label,
     start_cli,
     traced_events,
 )
-from tracing.container import RUN_LABEL, BindMount, client
+from tracing.container import BindMount, client
 from tracing.request import ContainerSpec, RunRequest, workload_request
 from tracing.runner import trace
 
@@ -269,9 +270,10 @@ def test_a_network_removed_by_someone_else_fails_the_run_saying_so(
     cli = client()
     try:
         deadline = time.monotonic() + 120
+        label = run_label(runs_root, proc, deadline)
         while True:
             assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
-            nets = cli.networks.list(filters={"label": RUN_LABEL})
+            nets = cli.networks.list(filters={"label": label})
             if len(nets) == 1 and len(cli.networks.get(nets[0].id).containers) == 2:
                 break
             time.sleep(0.2)

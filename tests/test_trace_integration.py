@@ -24,6 +24,7 @@ from tests.conftest import (
     error_line,
     refused_unet3d_trace,
     run_cli,
+    run_label,
     start_cli,
     traced_events,
 )
@@ -350,9 +351,10 @@ def test_a_container_removed_by_someone_else_fails_the_run_saying_so(
     cli = client()
     try:
         deadline = time.monotonic() + 120
+        label = run_label(runs_root, proc, deadline)
         while not (
             ctrs := cli.containers.list(
-                filters={"label": [RUN_LABEL, f"{ROLE_LABEL}=main"], "status": "running"}
+                filters={"label": [label, f"{ROLE_LABEL}=main"], "status": "running"}
             )
         ):
             assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
