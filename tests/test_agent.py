@@ -1,10 +1,11 @@
 """The tracer's container (tracing/tracer_container.py): bpftrace 0.23 from twintrace/tracer, with
-``--pid host``, SYS_ADMIN alone and read-only kernel mounts, counts another container's system
+``--pid host``, SYS_ADMIN and SYS_NICE alone and read-only kernel mounts, counts another container's system
 calls exactly, by its cgroup, on tracepoints and on raw tracepoints."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -272,6 +273,7 @@ def test_an_agent_whose_coordinator_is_gone_stops_its_tracer_and_exits(
     the samplers, keeps what they wrote, and its container goes."""
     from tests.conftest import bpftrace_running
     from tracing import container as ctr
+    from tracing.bpftrace import TRACER_NICE
     from tracing.tracer_container import start_agent
     from workloads.config import BASE_TAG
 
@@ -297,6 +299,12 @@ def test_an_agent_whose_coordinator_is_gone_stops_its_tracer_and_exits(
         assert reply["containers"]["main"]["main_pid"] == ctr.main_pid(target)
         assert sorted(reply["tracer_pids"]) == ["block", "cache", "proc", "syscalls"]
         assert set(reply["tracer_pids"].values()) <= set(bpftrace_running())
+        # Every thread of every script at the tracer's priority, above the workload's.
+        for pid in reply["tracer_pids"].values():
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+            assert tasks and {os.getpriority(os.PRIO_PROCESS, int(t.name)) for t in tasks} == {
+                TRACER_NICE
+            }, pid
         agent.client.close()  # the coordinator is gone: no call from here on
         deadline = time.monotonic() + 60
         while _agent_containers(run.name) or bpftrace_running():

@@ -78,9 +78,19 @@ def render(
     return text.replace(CGROUP_FILTER, predicate)
 
 
+#: bpftrace's scheduling priority (its nice value): above the traced containers' (0), so that on
+#: a busy host the workload waits for a CPU, not the tracer. A tracer 300 ms behind its probes
+#: may lose events (a "BEHIND" mark: the run is lossy): with two traced test suites and a
+#: cluster's image pulls sharing 2 CPUs, DLIO's DLRM run fell behind 34 times at priority 0.
+#: Raising it needs CAP_SYS_NICE (the tracer's container has it, tracing/launcher.py); without
+#: it ``nice`` says so on bpftrace's stderr and bpftrace runs at 0.
+TRACER_NICE = -10
+
+
 def command(out: Path, script: Path, ready_file: Path) -> list[str]:
-    """The bpftrace argument list for one rendered script, run in the tracer's image (whose
-    bpftrace is on its PATH) with ``ready_file``'s directory as its working directory."""
+    """The argument list for one rendered script: bpftrace, at :data:`TRACER_NICE`, run in the
+    tracer's image (whose bpftrace is on its PATH) with ``ready_file``'s directory as its
+    working directory."""
     # --unsafe: only for BEGIN's system("touch READY_FILE"), the readiness signal. The file is
     # named relative to bpftrace's working directory: a long literal path would not fit, with
     # the 200-byte strings, in BEGIN's 512-byte BPF stack.
@@ -89,6 +99,9 @@ def command(out: Path, script: Path, ready_file: Path) -> list[str]:
     # scripts look up and delete only keys they know exist (has_key), so no other warning
     # comes from them.
     return [
+        "nice",  # execs bpftrace: its pid and its command line are bpftrace's
+        "-n",
+        str(TRACER_NICE),
         "bpftrace",
         "--unsafe",
         "-k",

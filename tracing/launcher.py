@@ -35,7 +35,7 @@ from core.errors import UserError
 from tracing.agent import LEASE_S, PORT
 from tracing.container import AGENT_LABEL, OWNER_LABEL, RUN_LABEL, gpu_request
 
-CAPABILITIES: tuple[str, ...] = ("SYS_ADMIN",)
+CAPABILITIES: tuple[str, ...] = ("SYS_ADMIN", "SYS_NICE")
 #: Added for a run across hosts whose network is capped: the agent puts the caps in its
 #: containers' network namespaces (tracing/shaper.py: EgressShaper).
 NET_CAPABILITY = "NET_ADMIN"

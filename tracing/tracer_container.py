@@ -11,11 +11,13 @@ What the container is allowed, and why (each checked on these machines, ``tests/
   their cgroups in ``/proc``;
 - ``--cgroupns host``: ``/proc/PID/cgroup`` names the host's cgroup paths, which the samplers
   read under ``/sys/fs/cgroup``;
-- capability ``SYS_ADMIN`` only: ``bpf()`` and ``perf_event_open()`` for tracepoints and raw
-  tracepoints (Docker 20.10 rejects the narrower names ``CAP_BPF`` and ``CAP_PERFMON``;
-  ``--privileged`` asks for every capability and fails where the host's bounding set lacks
-  one, as ``CAP_SYS_RESOURCE`` here). Docker's default seccomp profile allows ``bpf()`` and
-  ``perf_event_open()`` to a container with ``SYS_ADMIN``;
+- capabilities ``SYS_ADMIN`` and ``SYS_NICE`` only: ``bpf()`` and ``perf_event_open()`` for
+  tracepoints and raw tracepoints (Docker 20.10 rejects the narrower names ``CAP_BPF`` and
+  ``CAP_PERFMON``; ``--privileged`` asks for every capability and fails where the host's
+  bounding set lacks one, as ``CAP_SYS_RESOURCE`` here). Docker's default seccomp profile
+  allows ``bpf()`` and ``perf_event_open()`` to a container with ``SYS_ADMIN``. ``SYS_NICE``:
+  bpftrace runs above the traced containers' priority (``tracing.bpftrace.TRACER_NICE``), so
+  that a busy host does not leave it behind its probes;
 - read-only: ``/sys/kernel/tracing`` (tracepoint formats and ids), ``/sys/kernel/btf`` (the
   kernel's types, for typed arguments), ``/sys/fs/cgroup`` (``cgroupid()`` and the samplers'
   counters);
