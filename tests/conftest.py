@@ -245,7 +245,7 @@ def traced_events(run_dir: Path) -> pd.DataFrame:
 
 def bpftrace_running() -> list[int]:
     """Pids of bpftrace processes running one of our scripts (rendered into a run's raw/) for a
-    run of this test session: the tracers of the other lane's runs (``make test`` runs two at
+    run of this test session: the tracers of the other lane's runs (``pytest -n 2`` runs two at
     once), of a cluster node's agent or of a user's run on this host are not this session's."""
     under = os.environ[BASETEMP_ENV].encode() + b"/"
     pids = []
@@ -264,7 +264,8 @@ def bpftrace_running() -> list[int]:
     return pids
 
 
-#: How `make test` runs the suite in two workers (``-n 2``, :func:`pytest_xdist_make_scheduler`):
+#: How ``pytest -n 2`` runs the suite in two workers (:func:`pytest_xdist_make_scheduler`; not yet
+#: what `make test` does, CONTRIBUTING.md says why):
 #: the integration modules in two lanes, each lane one worker running its modules one after
 #: another, the two lanes side by side (a traced run leaves a third to half of the CPU idle), the
 #: other tests filling in; then the ``serial`` modules alone (a second session). The "cache" lane
@@ -311,9 +312,8 @@ APART_LANE = frozenset(
 SERIAL = frozenset({"test_emulation", "test_engine_restart", "test_fidelity", "test_run_report"})
 
 
-def lane_of(nodeid: str) -> str | None:
-    """The lane of a test's module (its node id's file), None for a module in neither."""
-    module = Path(nodeid.split("::", 1)[0]).stem
+def lane_of(module: str) -> str | None:
+    """The lane of a test module (its file's stem), None for a module in neither."""
     return "cache" if module in CACHE_LANE else "apart" if module in APART_LANE else None
 
 
@@ -326,22 +326,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.path.stem
         if module in SERIAL:
             item.add_marker(pytest.mark.serial)
-        elif lane_of(item.nodeid) is None:
+        elif lane_of(module) is None:
             unplaced.add(module)
     if unplaced:
         raise pytest.UsageError(
             f"integration tests in {', '.join(sorted(unplaced))}: name the module in "
             "CACHE_LANE, APART_LANE or SERIAL (tests/conftest.py)"
-        )
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER") and any(
-        item.get_closest_marker("serial") for item in session.items
-    ):
-        raise pytest.UsageError(
-            "the serial tests run alone: with -n, add -m 'not serial' and run -m serial after "
-            "(as `make test` does)"
         )
 
 
@@ -356,12 +346,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return lane_of(nodeid) or nodeid
+            return lane_of(Path(nodeid.split("::", 1)[0]).stem) or nodeid
 
     return Lanes(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        from _pytest.mark.expression import Expression
+
+        # Would `-m` select a serial test (marked integration and serial, perhaps docker, bpftrace)?
+        expr = config.option.markexpr
+        selects = Expression.compile(expr).evaluate if expr else (lambda matcher: True)
+        marks = ({"integration", "serial", *more} for more in ((), ("docker", "bpftrace")))
+        if any(selects(lambda m, marks=ms: m in marks) for ms in marks):
+            raise pytest.UsageError(
+                "the serial tests run alone: with -n, add -m 'not serial' and run -m serial "
+                "after (CONTRIBUTING.md)"
+            )
     # The dataset writers' fork server starts once per test session, preloading the modules of
     # the first generator that runs: list them all, so that the BERT writers do not each load
     # numba (~1 s) when another generator ran first.
