@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from experiments.measure import MeasureSettings, measure
 from store.hostprofiles import (
     current_host,
     find_host_profile,
@@ -50,6 +49,8 @@ def ensure_host_profile(
     cached = find_host_profile(workload, batch_size, options, host)
     if cached is not None:
         return cached
+    from experiments.measure import MeasureSettings, measure  # torch: only when measuring
+
     sizes = measure_batches(batch_size)
     log(
         f"measuring this host's CPU for {workload} at batch {', '.join(map(str, sizes))} "

@@ -48,11 +48,11 @@ from core import __version__ as TWINTRACE_VERSION
 from core.errors import UserError
 from store.profiledb import default_database
 from workloads.events import Emitter
-from workloads.hostrecord import cpu_model, this_host
+from workloads.hostrecord import available_cpus, cpu_model, this_host
 from workloads.loaders import batches_of
 from workloads.profile import Linear, Memory, Normal, SleepProfile, Split
 from workloads.registry import get_workload
-from workloads.training import ModelCompute, available_cpus, resolve_device
+from workloads.training import ModelCompute, resolve_device
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from core.atomic import atomic_write_text
 from core.errors import UserError
-from workloads.hostrecord import HostRecord, this_host
+from workloads.hostrecord import HostRecord, available_cpus, this_host
 from workloads.profile import SleepProfile, load_profile
 
 #: The accelerator key of this host's CPU in the profile database.
@@ -47,8 +47,6 @@ def host_profiles_dir() -> Path:
 def rank_threads(accelerators: int, threads: int | None = None) -> int:
     """The torch threads a rank computes with on this host (the workloads' rule: the config's
     ``threads``, else the CPUs it may use shared among the ranks)."""
-    from workloads.training import available_cpus
-
     return int(threads or max(1, available_cpus() // max(1, accelerators)))
 
 

@@ -25,7 +25,7 @@ from tests.test_workloads_unet3d import (
     sleep_profile,
 )
 from workloads.emulation import PinnedStaging, StagedBatches, locked_bytes
-from workloads.training import available_cpus
+from workloads.hostrecord import available_cpus
 
 pytestmark = pytest.mark.integration
 

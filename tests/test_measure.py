@@ -11,8 +11,7 @@ from datagen.registry import generate
 from experiments.measure import MeasureSettings, database_name, measure
 from store.profiledb import add_measured, load_database
 from tests.test_profiledb import MEASURED_DB
-from workloads.hostrecord import cpu_model
-from workloads.training import available_cpus
+from workloads.hostrecord import available_cpus, cpu_model
 
 
 @pytest.fixture(scope="module")

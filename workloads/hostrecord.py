@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import platform
 import time
 from collections.abc import Mapping
@@ -185,14 +186,44 @@ def reference_seconds(repetitions: int = 7) -> float:
     return min(once() for _ in range(max(1, repetitions)))
 
 
+def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this process may use: its affinity mask, capped by its cgroup's CPU quota (v2
+    ``cpu.max``, or v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` on a host whose cpu
+    controller is still on cgroup v1).
+
+    Inside a container started with ``--cpus`` the affinity mask still lists every host core;
+    only the quota tells how much CPU time there is.
+    """
+    cpus = len(os.sched_getaffinity(0))
+    quota = _cpu_quota(cgroup_root)
+    if quota is not None:
+        cpus = min(cpus, max(1, int(quota)))
+    return cpus
+
+
+def _cpu_quota(root: Path) -> float | None:
+    """The CPU quota of the cgroup mounted at ``root`` in cores, None when there is none."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    for controller in ("cpu", "cpu,cpuacct"):
+        try:
+            quota_us = int((root / controller / "cpu.cfs_quota_us").read_text())
+            period_us = int((root / controller / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    return None
+
+
 def this_host(
     accelerator: str = "cpu", threads: int | None = None, reference: bool = True
 ) -> HostRecord:
     """This host's record. ``threads``: the job's torch threads (default: the CPUs it may
     use, as the zoo's workloads set them); ``reference``: take the reference measurement (at
     those threads) too."""
-    from workloads.training import available_cpus
-
     cpus = available_cpus()
     threads = threads or cpus
     seconds = None

@@ -69,6 +69,7 @@ from workloads.config import (
 )
 from workloads.emulation import SleepCompute
 from workloads.events import ACCELERATOR_KEY, EVAL_ACCURACY_KEY, Emitter
+from workloads.hostrecord import available_cpus
 from workloads.loaders import Loader, batches_of, synthetic_batches
 from workloads.profile import SleepProfile, default_profile, load_profile
 
@@ -273,38 +274,6 @@ def resolve_device(config: WorkloadConfig, rank: int) -> torch.device:
             f"GPUs, {available} visible: start the container with --gpus or set device to cpu"
         )
     return torch.device("cuda", rank)
-
-
-def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
-    """CPUs this process may use: its affinity mask, capped by its cgroup's CPU quota (v2
-    ``cpu.max``, or v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` on a host whose cpu
-    controller is still on cgroup v1).
-
-    Inside a container started with ``--cpus`` the affinity mask still lists every host core;
-    only the quota tells how much CPU time there is.
-    """
-    cpus = len(os.sched_getaffinity(0))
-    quota = _cpu_quota(cgroup_root)
-    if quota is not None:
-        cpus = min(cpus, max(1, int(quota)))
-    return cpus
-
-
-def _cpu_quota(root: Path) -> float | None:
-    """The CPU quota of the cgroup mounted at ``root`` in cores, None when there is none."""
-    try:
-        quota, period = (root / "cpu.max").read_text().split()
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    for controller in ("cpu", "cpu,cpuacct"):
-        try:
-            quota_us = int((root / controller / "cpu.cfs_quota_us").read_text())
-            period_us = int((root / controller / "cpu.cfs_period_us").read_text())
-        except (OSError, ValueError):
-            continue
-        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
-    return None
 
 
 def _rank_main(rank: int, plan: Plan, emitter: Emitter) -> None:
