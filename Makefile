@@ -32,12 +32,24 @@ demo: build
 	PY=$(PY) DEMO_DATA=$(DEMO_DATA) DEMO_RUNS=$(DEMO_RUNS) bash experiments/demo.sh
 
 # While the images build, tests/prepare.py compiles the ingest's kernels and builds the cluster's
-# node image (the builds leave about half of the CPU idle); stopped if the build fails. The tests
-# run one at a time (CONTRIBUTING.md: why not yet in two lanes).
+# node image, and the tests that need no image (`-m "not integration"`, about 4 minutes of CPU)
+# run: the builds leave much of the CPU idle. Their report is shown when the images are built;
+# a failed build stops them both. Then the integration tests, one at a time (CONTRIBUTING.md: why
+# not in two lanes yet), whether or not a test of the first part failed; `make test` fails if
+# any did.
+UNIT_LOG := .cache/unit-tests.log
+
 test: setup
-	@setsid $(PY) -m tests.prepare & prepare=$$!; trap 'kill -TERM -- -$$prepare 2>/dev/null; wait' EXIT; \
-	$(PY) cli.py build && wait $$prepare
-	CI=$${CI:-} $(PY) -m pytest -q
+	@mkdir -p .cache; \
+	setsid $(PY) -m tests.prepare & prepare=$$!; \
+	setsid env CI=$${CI:-} $(PY) -m pytest -q -m "not integration" > $(UNIT_LOG) 2>&1 & units=$$!; \
+	trap 'kill -TERM -- -$$prepare -$$units 2>/dev/null; wait' EXIT; \
+	$(PY) cli.py build && wait $$prepare || exit 1; \
+	echo "the tests that need no image ($(UNIT_LOG)):"; \
+	wait $$units; unit_status=$$?; cat $(UNIT_LOG); \
+	CI=$${CI:-} $(PY) -m pytest -q -m integration; status=$$?; \
+	if [ $$unit_status -ne 0 ]; then echo "make test: the tests that need no image failed (above)"; exit $$unit_status; fi; \
+	exit $$status
 
 lint: venv
 	$(PY) -m ruff check .

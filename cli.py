@@ -36,6 +36,7 @@ from rich.table import Table  # noqa: E402
 from commands.cluster import cluster  # noqa: E402
 from commands.common import (  # noqa: E402
     err_console,
+    json_option,
     one_line_warning,
     print_checks,
     runs_option,
@@ -71,7 +72,7 @@ def cli() -> None:
 
 @cli.command()
 @runs_option
-@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@json_option("Print the checks as JSON.")
 @click.option(
     "--gpus", is_flag=True, help="Also check that containers can get GPUs (trace --gpus)."
 )
@@ -185,7 +186,7 @@ def build(
 
 
 @cli.command("workloads")
-@click.option("--json", "as_json", is_flag=True, help="Print the workloads as JSON.")
+@json_option("Print the workloads as JSON.")
 @user_errors
 def list_workloads(as_json: bool) -> None:
     """List the workloads: variants, data format, generator and default parameters.

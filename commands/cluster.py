@@ -13,6 +13,7 @@ from rich.text import Text
 
 from commands.common import (
     err_console,
+    json_option,
     print_checks,
     user_errors,
 )
@@ -77,7 +78,7 @@ def cluster_up(count: int, shares: tuple[Path, ...], name: str) -> None:
 
 
 @cluster.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@json_option("Print the status as JSON.")
 @name_option
 @user_errors
 def cluster_status(as_json: bool, name: str) -> None:
@@ -175,7 +176,7 @@ def cluster_down(name: str) -> None:
     multiple=True,
     help="With --image: a path every node must have (the shared data; repeatable).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@json_option("Print the checks as JSON.")
 @name_option
 @user_errors
 def cluster_check(

@@ -103,6 +103,11 @@ runs_root_option = _directory_option(
 )
 
 
+def json_option(help: str = "Print the result as JSON on stdout.") -> Callable[..., Any]:
+    """``--json`` (as ``as_json``): print what the command found as JSON instead of a table."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
 def set_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--set KEY=VALUE`` (repeatable): the workload's options, as ``options``, a dict."""
     return click.option(

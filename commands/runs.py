@@ -12,6 +12,7 @@ from rich.table import Table
 from commands.common import (
     err_console,
     fmt_s,
+    json_option,
     out_option,
     print_summary,
     runs_option,
@@ -24,7 +25,7 @@ from core.errors import UserError
 
 @click.command("runs")
 @runs_option
-@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON records.")
+@json_option("Print the runs as JSON records.")
 @click.option(
     "--html",
     "as_html",
@@ -84,9 +85,7 @@ def list_runs(runs_root: Path, as_json: bool, as_html: bool) -> None:
 @click.command()
 @click.argument("run")
 @runs_option
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print summary.json (with the manifest's status)."
-)
+@json_option("Print summary.json (with the manifest's status).")
 @user_errors
 def show(run: str, runs_root: Path, as_json: bool) -> None:
     """Print a run's summary.
@@ -186,7 +185,7 @@ def compare(real: str, emulated: str, as_json: bool, out_dir: Path | None, runs_
 @plot.command("breakdown")
 @click.argument("runs", nargs=-1, required=True)
 @out_option("out_path", "HTML file (default: breakdown.html in the first run directory).")
-@click.option("--json", "as_json", is_flag=True, help="Print the breakdown table as JSON records.")
+@json_option("Print the breakdown table as JSON records.")
 @runs_root_option
 @user_errors
 def plot_breakdown(

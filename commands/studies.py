@@ -16,6 +16,7 @@ from commands.common import (
     data_option,
     err_console,
     fmt_s,
+    json_option,
     numbers,
     out_option,
     parse_sets,
@@ -85,7 +86,7 @@ def _study_dir(out_dir: Path | None, kind: str, name: str, results: str | None =
     "Results directory (stalls.json, stalls.html, runs/). Default: runs/stalls/<time>-<workload>.",
     kind="dir",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@json_option()
 @user_errors
 def stalls(
     read_rate: str | None,
@@ -185,7 +186,7 @@ def stalls(
     help="Concurrent jobs compute with a thread per core each (default: their share).",
 )
 @out_option("out_dir", "Output directory (default: runs/hfta/<time>-<workload>).", kind="dir")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@json_option()
 @user_errors
 def hfta(
     workload: str,
@@ -335,7 +336,7 @@ def hfta(
     "the search keeps its runs. Default: runs/sustain/<time>-<workload>.",
     kind="dir",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@json_option()
 @user_errors
 def sustain(
     read_rate: str | None,

@@ -150,8 +150,9 @@ SCHEMA_VERSION = 2
 KIND = "grouping"
 #: ``grouping.json``: the study's results; its figure and state files. 2: ``accuracy`` (None
 #: for a study without accuracy runs).
-RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, SCHEMA_VERSION)
-RESULTS = dataclasses.replace(RESULTS, migrations={1: lambda body: {**body, "accuracy": None}})
+RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(
+    KIND, SCHEMA_VERSION, migrations={1: lambda body: {**body, "accuracy": None}}
+)
 
 #: The ``[study]`` table's keys (``[study.dataset]``'s are :data:`DATASET_SETTINGS`).
 SETTINGS = (

@@ -137,8 +137,9 @@ from store.rundir import READ_KINDS, Run
 SCHEMA_VERSION = 2
 KIND = "hfta"
 #: ``hfta.json``: the study's results; its figure and state files.
-RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(KIND, SCHEMA_VERSION)
-RESULTS = dataclasses.replace(RESULTS, migrations={1: lambda body: {**body, "convergence": None}})
+RESULTS, RESULTS_NAME, FIGURE_NAME, STATE_NAME = study_state.study_files(
+    KIND, SCHEMA_VERSION, migrations={1: lambda body: {**body, "convergence": None}}
+)
 #: Sleep profiles of a 2-thread AMD EPYC (experiments/hfta-profiles/README.md), for
 #: ``profiles = "experiments/hfta-profiles"``; by default the study measures this host.
 PROFILES_DIR = Path(__file__).resolve().parent / "hfta-profiles"

@@ -58,15 +58,26 @@ IMAGE_WORKLOADS = _image_workloads()
 IMAGE_WORKLOAD = f"an image workload ({', '.join(IMAGE_WORKLOADS)})"
 
 
-def study_files(kind: str, version: int) -> tuple[Layout, str, str, str]:
+def study_files(
+    kind: str, version: int, migrations: Mapping[int, Callable[[dict], dict]] | None = None
+) -> tuple[Layout, str, str, str]:
     """A study's results layout (:func:`results_layout`) and its results, figure and state
     file names (:func:`file_names`)."""
-    return (results_layout(kind, version), *file_names(kind))
+    return (results_layout(kind, version, migrations), *file_names(kind))
 
 
-def results_layout(kind: str, version: int) -> Layout:
-    """The layout of a study's results file (``<kind>.json``) at schema ``version``."""
-    return Layout(f"{kind} study's results", version, kind=kind, remedy="run the study again")
+def results_layout(
+    kind: str, version: int, migrations: Mapping[int, Callable[[dict], dict]] | None = None
+) -> Layout:
+    """The layout of a study's results file (``<kind>.json``) at schema ``version``;
+    ``migrations``: from each older version, its body brought one version up."""
+    return Layout(
+        f"{kind} study's results",
+        version,
+        kind=kind,
+        remedy="run the study again",
+        migrations=dict(migrations or {}),
+    )
 
 
 def file_names(kind: str) -> tuple[str, str, str]:
