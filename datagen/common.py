@@ -389,6 +389,7 @@ def run_file_tasks(
     waiting = list(range(len(batches)))
     scratch_left = list(scratch)
     scratch_done: set[str] = set()
+    interrupted = False
 
     def submit_ready() -> None:
         # Ready dataset batches first, then the next scratch file, up to two per worker.
@@ -452,9 +453,9 @@ def run_file_tasks(
                 executor.shutdown(wait=True, cancel_futures=True)
                 break
             except KeyboardInterrupt:
-                # A second Ctrl-C must not skip the clean-up; it is short, since every worker
-                # stops at its next write.
-                continue
+                # A Ctrl-C now must not skip the clean-up; it is short, since every worker stops
+                # at its next write. After the last file it is raised once the pool is down.
+                interrupted = True
         if not succeeded:
             # Workers remove their own temporary file when they stop; this catches the file of a
             # worker that died without cleaning up (killed, out of memory), and the shared files,
@@ -462,6 +463,8 @@ def run_file_tasks(
             remove_temp_files(out, names)
             if scratch_dir is not None:
                 remove_temp_files(scratch_dir, [t.name for t in scratch])
+    if interrupted:  # Ctrl-C as the last files were done: they stay, no manifest is written
+        raise KeyboardInterrupt
     # In batch order, so that the parts of a shared file merge in task order.
     records = _file_records(names, [r for i in sorted(results) for r in results[i]])
     if progress is not None:

@@ -309,6 +309,34 @@ def test_failing_task_cancels_the_rest_and_leaves_no_partial_file(tmp_path: Path
     assert not (out / MANIFEST_NAME).exists()
 
 
+def test_ctrl_c_as_the_pool_shuts_down_after_the_last_file_is_not_swallowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that lands while the pool shuts down, every file already written (a busy host
+    makes that moment longer), still stops the generation: the files stay whole, none is a
+    temporary one, and the KeyboardInterrupt reaches the caller, who writes no manifest."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    shutdown = ProcessPoolExecutor.shutdown
+    calls = []
+
+    def interrupted_once(self: ProcessPoolExecutor, *args: object, **kw: object) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            shutdown(self, *args, **kw)  # the pool goes down, then the signal arrives
+            raise KeyboardInterrupt
+        shutdown(self, *args, **kw)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "shutdown", interrupted_once)
+    out = prepare_output_dir(tmp_path / "ds", force=False)
+    tasks = [FileTask(f"f{i}.bin", _write_quickly, (10,), 10) for i in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        run_file_tasks(out, tasks, workers=2)
+    assert len(calls) == 2  # shut down again, as a Ctrl-C during the clean-up asks
+    assert temp_files(out) == []
+    assert sorted(p.name for p in out.glob("*.bin")) == ["f0.bin", "f1.bin", "f2.bin"]
+
+
 def test_interrupted_generation_leaves_only_whole_files_and_no_manifest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
