@@ -46,7 +46,7 @@ test: setup
 	trap 'kill -TERM -- -$$prepare -$$units 2>/dev/null; wait' EXIT; \
 	$(PY) cli.py build && wait $$prepare || exit 1; \
 	echo "the tests that need no image ($(UNIT_LOG)):"; \
-	wait $$units; unit_status=$$?; cat $(UNIT_LOG); \
+	wait $$units; unit_status=$$?; trap - EXIT; cat $(UNIT_LOG); \
 	CI=$${CI:-} $(PY) -m pytest -q -m integration; status=$$?; \
 	if [ $$unit_status -ne 0 ]; then echo "make test: the tests that need no image failed (above)"; exit $$unit_status; fi; \
 	exit $$status
