@@ -371,6 +371,11 @@ def pytest_configure(config: pytest.Config) -> None:
     from datagen.registry import GENERATORS
 
     set_worker_preload(module for module, _, _ in GENERATORS.values())
+    # A session started with Ctrl-C ignored (`pytest &` in a script without job control, or
+    # under nohup) hands that on to every process it starts, and the tests that press Ctrl-C at
+    # a run or a generator would see it ignored: a handler (not SIG_IGN) is reset on exec.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # SIGTERM (a CI runner's timeout, `kill`) ends the session as Ctrl-C does, through the
     # running test's `finally` and fixtures' teardown: by default it killed the interpreter
     # there, leaving the test's containers and networks (a compose project's network was).
