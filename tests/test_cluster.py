@@ -725,6 +725,21 @@ def test_an_agent_dying_mid_run_fails_the_run_keeps_its_trace_and_leaves_nothing
     _nothing_of_the_run_left(docker_cli, run_dir)
 
 
+def _failed_at_a_limit(docker_cli: object, limits: object, script: str, runs: Path) -> str:
+    """``python3 -c script`` in the base image on one node of the cluster, at ``limits``: the
+    run fails, nothing of it is left; its error."""
+    from tracing.request import RunOptions, image_request
+    from tracing.runner import trace
+    from workloads.config import BASE_TAG
+
+    require_tracing()
+    run = RunOptions(limits=limits, nodes=1, cluster=NAME)  # type: ignore[arg-type]
+    outcome = trace(image_request(BASE_TAG, ["python3", "-c", script], runs, run=run))
+    assert outcome.status == "failed" and outcome.error is not None
+    _nothing_of_the_run_left(docker_cli, outcome.run_dir)
+    return outcome.error
+
+
 @_on_the_cluster
 def test_a_task_killed_for_memory_says_so_from_its_trace(
     docker_cli: object, tmp_path: Path
@@ -732,42 +747,29 @@ def test_a_task_killed_for_memory_says_so_from_its_trace(
     """A container of a run across nodes needs more memory than its limit: the swarm says only
     that its task ended (exit 137, no OOMKilled); the trace has the kill (proc.bt's
     oom:mark_victim), and the run's error says so, with the limit. Nothing is left."""
-    from tracing.request import Limits, RunOptions, image_request
-    from tracing.runner import trace
-    from workloads.config import BASE_TAG
+    from tracing.request import Limits
 
-    require_tracing()
     grow = "x = bytearray(512 * 2**20); print(len(x))"  # 512 MiB against a 64 MiB limit
-    run = RunOptions(limits=Limits(memory_bytes=64 * 2**20), nodes=1, cluster=NAME)
-    outcome = trace(image_request(BASE_TAG, ["python3", "-c", grow], tmp_path / "runs", run=run))
-    assert outcome.status == "failed" and outcome.error is not None
-    assert outcome.error.startswith("container main exited with code 137"), outcome.error
-    assert outcome.error.endswith(
+    error = _failed_at_a_limit(docker_cli, Limits(memory_bytes=64 * 2**20), grow, tmp_path / "runs")
+    assert error.startswith("container main exited with code 137"), error
+    assert error.endswith(
         "; the kernel killed 1 process of container main for memory (traced), at its limit of "
         "64.0 MiB (--memory-limit: give it more)"
-    ), outcome.error
-    _nothing_of_the_run_left(docker_cli, outcome.run_dir)
+    ), error
 
 
 @_on_the_cluster
 def test_a_task_at_its_processes_limit_says_so(docker_cli: object, tmp_path: Path) -> None:
     """`--pids-limit` across nodes: the swarm's task gets it (its Resources.Limits.Pids), the
     job's threads stop at it, and the failed run names the limit from its node's samples."""
-    from tracing.request import Limits, RunOptions, image_request
-    from tracing.runner import trace
-    from workloads.config import BASE_TAG
+    from tracing.request import Limits
 
-    require_tracing()
-    run = RunOptions(limits=Limits(pids=16), nodes=1, cluster=NAME)
-    outcome = trace(
-        image_request(BASE_TAG, ["python3", "-c", THREADS_TILL_REFUSED], tmp_path / "runs", run=run)
-    )
-    assert outcome.status == "failed" and outcome.error is not None
-    assert outcome.error.endswith(
+    limit = Limits(pids=16)
+    error = _failed_at_a_limit(docker_cli, limit, THREADS_TILL_REFUSED, tmp_path / "runs")
+    assert error.endswith(
         "; container main reached its limit of 16 processes and threads (fork or clone refused "
         "1 time: --pids-limit: give it more)"
-    ), outcome.error
-    _nothing_of_the_run_left(docker_cli, outcome.run_dir)
+    ), error
 
 
 @_on_the_cluster

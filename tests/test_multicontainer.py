@@ -29,10 +29,10 @@ from tests.conftest import (
 from tracing.container import BindMount, client
 from tracing.request import ContainerSpec, RunRequest, workload_request
 from tracing.runner import trace
+from workloads.config import BASE_TAG as BASE
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
-BASE = "twintrace/base:latest"
 READ_KINDS = ["read", "pread64", "readv"]
 READER = (
     "import os, sys\n"

@@ -32,10 +32,10 @@ from tracing.container import RUN_LABEL, BindMount, client
 from tracing.host import drop_caches
 from tracing.request import image_request, workload_request
 from tracing.runner import trace
+from workloads.config import BASE_TAG as BASE
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.bpftrace]
 
-BASE = "twintrace/base:latest"
 SIZES = [1, 4096, 10_000, 123_457, 3 * 65_536 + 7, 1_000_003]
 
 
