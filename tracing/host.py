@@ -409,9 +409,8 @@ def resident_fraction(paths: Iterable[Path]) -> float:
 
 
 #: Rounds in which :func:`evict_files` asks again for the pages that stayed, and the pause
-#: before each: a page that another kernel thread holds a reference to at that instant is not
-#: dropped (DAMON samples pages' accesses on this project's VMs). Once, a cold epoch of the
-#: tests read 55.5 of its dataset's 63.9 MB from the device: the rest had stayed cached.
+#: before each: ``POSIX_FADV_DONTNEED`` is advice, and a page that is locked or that another
+#: kernel thread holds a reference to at that instant is not dropped.
 EVICT_TRIES, EVICT_PAUSE_S = 20, 0.01
 
 
