@@ -207,33 +207,6 @@ def test_resident_fraction_of_a_known_resident_set(tmp_path: Path) -> None:
     assert resident_fraction([empty]) == 0.0
 
 
-def test_evict_files_asks_again_for_the_pages_that_stayed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A file read whole (cached) and one in a subfolder: out of the page cache after
-    evict_files, its bytes returned; when the first request leaves a file's pages (as a page
-    another kernel thread holds at that instant stays), evict_files asks again."""
-    from tracing import host
-
-    files = [tmp_path / "a", tmp_path / "sub" / "b"]
-    files[1].parent.mkdir()
-    for path in files:
-        path.write_bytes(os.urandom(300_000))
-        path.read_bytes()
-    assert all(resident_bytes(path)[0] > 0 for path in files)
-    real, calls = os.posix_fadvise, []
-
-    def first_ignored(fd: int, offset: int, length: int, advice: int) -> None:
-        calls.append(fd)
-        if len(calls) > 1:  # the first request for the first file does nothing
-            real(fd, offset, length, advice)
-
-    monkeypatch.setattr(host.os, "posix_fadvise", first_ignored)
-    assert host.evict_files([tmp_path]) == 600_000
-    assert [resident_bytes(path)[0] for path in files] == [0, 0]
-    assert len(calls) == 3  # one for each file, then the one that stayed again
-
-
 def test_a_read_throttle_names_the_datasets_whole_disk(tmp_path: Path) -> None:
     from tracing.host import block_device
     from tracing.request import Limits, read_throttle

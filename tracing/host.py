@@ -13,7 +13,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -408,49 +407,24 @@ def resident_fraction(paths: Iterable[Path]) -> float:
     return resident / total if total else 0.0
 
 
-#: Rounds in which :func:`evict_files` asks again for the pages that stayed, and the pause
-#: before each: ``POSIX_FADV_DONTNEED`` is advice, and a page that is locked or that another
-#: kernel thread holds a reference to at that instant is not dropped.
-EVICT_TRIES, EVICT_PAUSE_S = 20, 0.01
-
-
 def evict_files(roots: Iterable[Path]) -> int:
     """Take every file under ``roots`` (a directory's files, recursively, symbolic links
     followed; or a file) out of the page cache: written back (``fdatasync``), then
     ``posix_fadvise(POSIX_FADV_DONTNEED)``, so that the next read of it comes from the device
-    and nothing else's pages go (the libraries a run maps stay cached). The files with pages
-    that stayed (:func:`resident_bytes`) are asked again, in up to :data:`EVICT_TRIES` rounds.
-    Pages a process has mapped stay. Needs read access only; returns the bytes of the files."""
+    and nothing else's pages go (the libraries a run maps stay cached). Pages a process has
+    mapped stay. Needs read access only; returns the bytes of the files."""
     done = 0
-    paths = [
-        path
-        for root in roots
-        for path in ([root] if not root.is_dir() else (p for p in root.rglob("*") if p.is_file()))
-    ]
-    for path in paths:
-        done += _drop_pages(path, sync=True)
-    left = [path for path in paths if resident_bytes(path)[0]]
-    for _ in range(EVICT_TRIES):
-        if not left:
-            break
-        time.sleep(EVICT_PAUSE_S)
-        for path in left:
-            _drop_pages(path)
-        left = [path for path in left if resident_bytes(path)[0]]
+    for root in roots:
+        files = [root] if not root.is_dir() else (p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                done += os.fstat(fd).st_size
+            finally:
+                os.close(fd)
     return done
-
-
-def _drop_pages(path: Path, sync: bool = False) -> int:
-    """``posix_fadvise(POSIX_FADV_DONTNEED)`` over ``path`` (written back first if ``sync``);
-    its size."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if sync:
-            os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return os.fstat(fd).st_size
-    finally:
-        os.close(fd)
 
 
 def warm_files(paths: Iterable[Path], chunk: int = 8 << 20) -> int:
