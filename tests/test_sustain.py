@@ -12,8 +12,11 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from analysis.extents import DiskExtents
 from analysis.sustain import CACHED_SHARE, cached, limiter, search_counts
 from core.errors import UserError
 from tests.conftest import require_tracing, run_cli, unet3d_cases
@@ -223,6 +226,7 @@ def test_cold_epochs_read_the_whole_dataset_from_the_storage_in_every_epoch(
     """Two epochs, the dataset evicted from the page cache between them (``--cold-epochs``):
     the container's block reads in each epoch are the dataset's bytes, not only the first's;
     the eviction is in the manifest, between the two epochs."""
+    from analysis.extents import disk_extents
     from datagen.common import load_manifest
     from store.rundir import load_run
     from tracing.host import evict_files
@@ -255,7 +259,50 @@ def test_cold_epochs_read_the_whole_dataset_from_the_storage_in_every_epoch(
         read[epoch] = block.loc[inside, "bytes"].sum()
     # The dataset from the device in each epoch, and only it: the code the processes map stayed
     # in the page cache.
-    assert all(0.98 * data <= n <= 1.02 * data for n in read.values()), (read, data)
+    assert all(0.98 * data <= n <= 1.02 * data for n in read.values()), (
+        read,
+        data,
+        _cold_epoch_evidence(events, epochs, disk_extents(dataset, dataset.glob("*.npy"))),
+    )
+
+
+def _cold_epoch_evidence(
+    events: pd.DataFrame, epochs: pd.DataFrame, extents: DiskExtents | None
+) -> dict:
+    """What a cold-epochs run read, for a failure's message: per stretch of the run (before
+    epoch 1, each epoch, between them), the block reads of the dataset's disk extents by anyone
+    and by the container (bytes, requests), the container's other block reads and the pages
+    it added to the page cache. Which of them falls short says where the dataset's bytes went:
+    read before the epoch, read by another process, or served from the page cache."""
+    kind = events["kind"].astype(str)
+    stretches = {
+        "before": (0, epochs.loc[1, "ts_ns"]),
+        "epoch 1": (epochs.loc[1, "ts_ns"], epochs.loc[1, "end_ns"]),
+        "between": (epochs.loc[1, "end_ns"], epochs.loc[2, "ts_ns"]),
+        "epoch 2": (epochs.loc[2, "ts_ns"], epochs.loc[2, "end_ns"]),
+    }
+    block = events[kind == "block_read"]
+    overlap = np.zeros(len(block), dtype=np.int64)
+    if extents is not None:
+        same_disk = (block["dev"].astype(str) == extents.dev).to_numpy()
+        overlap = np.where(
+            same_disk, extents.overlap(block["offset"].to_numpy(), block["bytes"].to_numpy()), 0
+        )
+    on_data = overlap > 0
+    mine = block["container"].notna().to_numpy()
+    added = events[(kind == "cache_add") & events["container"].notna()]
+    evidence = {}
+    for name, (start, end) in stretches.items():
+        inside = block["ts_ns"].between(start, end).to_numpy()
+        evidence[name] = {
+            "dataset extents": (int(overlap[inside].sum()), int((inside & on_data).sum())),
+            "of which the container's": int(overlap[inside & mine].sum()),
+            "container, elsewhere": int(block.loc[inside & ~on_data & mine, "bytes"].sum()),
+            "container cache_add": int(
+                added.loc[added["ts_ns"].between(start, end), "bytes"].sum()
+            ),
+        }
+    return evidence
 
 
 @pytest.mark.docker
