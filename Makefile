@@ -31,8 +31,8 @@ build: setup
 demo: build
 	PY=$(PY) DEMO_DATA=$(DEMO_DATA) DEMO_RUNS=$(DEMO_RUNS) bash experiments/demo.sh
 
-# While the images build, tests/prepare.py compiles the ingest's kernels, builds the cluster's
-# node image and installs .venv-tf, and the tests that need no image (`-m "not integration"`, about 4 minutes of CPU)
+# While the images build, tests/prepare.py compiles the ingest's kernels and builds the cluster's
+# node image, and the tests that need no image (`-m "not integration"`, about 4 minutes of CPU)
 # run: the builds leave much of the CPU idle. Their report is shown when the images are built;
 # a failed build stops them both. Then the integration tests, one at a time (CONTRIBUTING.md: why
 # not in two lanes yet), whether or not a test of the first part failed; `make test` fails if

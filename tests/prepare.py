@@ -7,12 +7,10 @@ leave about half of the CPU idle on a 2-vCPU VM), so that no test waits for it:
   the kernels every run's ingest calls (the two of the path table's compaction, which only a
   trace with very many distinct paths needs, compile when first called);
 - twintrace/node, the virtual cluster's node image (images/build.py, ``build_node``:
-  debootstrap, about a minute), which tests/test_cluster.py needs;
-- .venv-tf, TensorFlow's environment (tests/tfref/setup.sh: a pip install, about 40 s, that
-  tests/test_tfrecord_reference.py's fixture otherwise made while the integration tests waited).
+  debootstrap, about a minute), which tests/test_cluster.py needs.
 
 `make test` starts this in a process group of its own and ends the group with SIGTERM if the
-image build fails: the compile, debootstrap and pip end at once, and this process removes its
+image build fails: the compile and debootstrap end at once, and this process removes its
 temporary folders as it unwinds.
 
 Usage: python -m tests.prepare
@@ -48,12 +46,6 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="twintrace-prepare-") as work:
         child = subprocess.Popen([sys.executable, "-m", "tests.prepare", "--compile", work])
-        tf = subprocess.Popen(
-            ["bash", str(Path(__file__).parent / "tfref" / "setup.sh")],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
         try:
             failed = False
             try:
@@ -67,16 +59,9 @@ def main() -> int:
                 failed = True
             else:
                 print(f"prepare: the ingest's kernels ({time.monotonic() - started:.0f} s)")
-            _, said = tf.communicate()
-            if tf.returncode != 0:  # not this run's failure: the test's fixture tries again,
-                # and with CI=true fails with pip's words (without, it skips)
-                print(f"prepare: .venv-tf failed: {said.strip()}", file=sys.stderr)
-            else:
-                print(f"prepare: .venv-tf ({time.monotonic() - started:.0f} s)")
         finally:
-            for process in (child, tf):
-                process.kill()
-                process.wait()
+            child.kill()
+            child.wait()
     return 1 if failed else 0
 
 
