@@ -3,7 +3,7 @@ block trace names, so that block requests can be told to read those files or som
 
 :func:`disk_extents` places a set of files of one file system on its disk (:class:`DiskExtents`,
 sorted and disjoint ranges, and :meth:`DiskExtents.overlap`, the bytes of each request inside
-them); it returns None where that cannot be known: a file system on no disk or partition
+them; :meth:`DiskExtents.event_bytes`, the same for rows of a run's events); it returns None where that cannot be known: a file system on no disk or partition
 (device mapper, network, tmpfs) or without FIEMAP. The studies place their datasets with it
 (``experiments.study_state.dataset_extents``).
 """
@@ -16,8 +16,12 @@ import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # FIEMAP (linux/fiemap.h): the header (start, length, flags, mapped, count, reserved), then
 # extents (logical, physical, length, 2 reserved, flags, 3 reserved).
@@ -56,6 +60,17 @@ class DiskExtents:
             return np.where(i >= 0, below[np.maximum(i, 0)] + inside, 0)
 
         return covered(offset + size) - covered(offset)
+
+    def event_bytes(self, events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+        """Bytes in the extents of each of ``events``' rows: of the block requests of this
+        disk (``dev``, ``offset``, ``bytes``) among ``rows`` (a bool mask), 0 for any other."""
+        rows = rows & events["dev"].eq(self.dev).to_numpy(dtype=bool, na_value=False)
+        found = np.zeros(len(events), dtype=np.int64)
+        found[rows] = self.overlap(
+            events["offset"].to_numpy(dtype=np.int64)[rows],
+            events["bytes"].to_numpy(dtype=np.int64)[rows],
+        )
+        return found
 
 
 def file_extents(path: Path) -> list[tuple[int, int]]:

@@ -104,11 +104,7 @@ def epoch_evidence(
     block = candidates & events["in_container"].fillna(False).to_numpy(dtype=bool)
     in_extents = np.zeros(len(events), dtype=np.int64)
     if extents is not None:
-        rows = candidates & _is(events["dev"], extents.dev)
-        in_extents[rows] = extents.overlap(
-            events["offset"].to_numpy(dtype=np.int64)[rows],
-            events["bytes"].to_numpy(dtype=np.int64)[rows],
-        )
+        in_extents = extents.event_bytes(events, candidates)
         block |= in_extents > 0
     blocks = events[block]
     block_reads = int(count[block].sum())

@@ -553,11 +553,7 @@ def run_figures(
     blocks &= (ts > start) & (ts <= end + int(1e9))  # completions just after the end count
     mine = blocks & events["in_container"].fillna(False).to_numpy(dtype=bool)
     if extents is not None:
-        rows = blocks & _is(events["dev"], extents.dev)
-        inside = np.zeros(len(events), dtype=np.int64)
-        inside[rows] = extents.overlap(
-            events["offset"].to_numpy(dtype=np.int64)[rows], nbytes[rows]
-        )
+        inside = extents.event_bytes(events, blocks)
         storage = int(inside.sum())
         other = int(nbytes[mine & (inside == 0)].sum())
     else:

@@ -300,6 +300,16 @@ def test_extents_count_the_bytes_of_requests_that_fall_in_them() -> None:
     sizes = np.array([150, 950, 100, 10, 100])
     assert extents.overlap(offsets, sizes).tolist() == [50, 150, 0, 0, 100]
     assert extents.bytes == 600
+    # Rows of a run's events: only the chosen rows on the extents' disk count.
+    events = pd.DataFrame(
+        {
+            "dev": pd.Series(["8:0", "8:16", None, "8:0", "8:0"], dtype="string"),
+            "offset": [150, 150, 150, 1000, 1000],
+            "bytes": [100, 100, 100, 600, 600],
+        }
+    )
+    rows = np.array([True, True, True, True, False])
+    assert extents.event_bytes(events, rows).tolist() == [50, 0, 0, 500, 0]
 
 
 def test_file_extents_cover_a_written_file(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -235,11 +234,12 @@ def test_cold_epochs_read_the_whole_dataset_from_the_storage_in_every_epoch(
     # Four cases of about 16 MB.
     dataset = unet3d_cases(tmp_path / "data", 64_000_000, 5, (145, 150), (145, 150))
     data = sum(f["bytes"] for f in load_manifest(dataset)["files"])
-    extents = disk_extents(dataset, dataset.glob("*.npy"))
+    files = sorted(dataset.glob("*.npy"))
+    extents = disk_extents(dataset, files)
     require(extents is not None, f"the disk blocks of {dataset}'s files cannot be known (FIEMAP)")
     evict_files([dataset])
     # What the eviction left in the page cache (a failure says it: read before epoch 1 or not).
-    left = sum(resident_bytes(path)[0] for path in dataset.glob("*.npy"))
+    left = sum(resident_bytes(path)[0] for path in files)
     done = run_cli(
         "trace", "--workload", "unet3d", "--variant", "sleep", "--data", str(dataset),
         "--epochs", "2", "--batch-size", "1", "--workers", "1", "--set", "patch_size=32",
@@ -287,11 +287,9 @@ def _cold_epoch_evidence(events: pd.DataFrame, epochs: pd.DataFrame, extents: Di
         "between": (epochs.loc[1, "end_ns"], epochs.loc[2, "ts_ns"]),
         "epoch 2": (epochs.loc[2, "ts_ns"], epochs.loc[2, "end_ns"]),
     }
-    block = events[kind == "block_read"]
-    same_disk = (block["dev"].astype(str) == extents.dev).to_numpy()
-    overlap = np.where(
-        same_disk, extents.overlap(block["offset"].to_numpy(), block["bytes"].to_numpy()), 0
-    )
+    reads = (kind == "block_read").to_numpy()
+    block = events[reads]
+    overlap = extents.event_bytes(events, reads)[reads]
     on_data = overlap > 0
     mine = block["container"].notna().to_numpy()
     added = events[(kind == "cache_add") & events["container"].notna()]
