@@ -1,8 +1,9 @@
 """The dataset generators by name, with the options each one takes (used by ``./cli.py datagen``).
 
 Every generator has the same core signature (``out, size_bytes, seed, workers, force, progress,
-params``, given by :func:`datagen.driver.generator`); the few generator-specific options (``scale`` for unet3d, ``group_size`` for images)
-are turned into that generator's params here, and refused for the others.
+params, fsync``, given by :func:`datagen.driver.generator`); the few generator-specific options
+(``scale`` for unet3d, ``group_size`` and the image sizes for images) are turned into that
+generator's params here, and refused for the others.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserError
-from datagen.common import ProgressCallback
 
 # name -> (module, function, workloads that read it)
 GENERATORS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -28,10 +28,6 @@ def generate(
     out: Path,
     size_bytes: int,
     *,
-    seed: int = 0,
-    workers: int | None = None,
-    force: bool = False,
-    progress: ProgressCallback | None = None,
     scale: float | None = None,
     group_size: int | None = None,
     mean_kb: float | None = None,
@@ -39,8 +35,11 @@ def generate(
     learnable: bool = False,
     classes: int | None = None,
     val_fraction: float | None = None,
+    **run: Any,
 ) -> dict[str, Any]:
-    """Run generator ``name`` and return its manifest (see each generator's module).
+    """Run generator ``name`` and return its manifest (see each generator's module). ``run``:
+    what every generator takes besides (``seed``, ``workers``, ``force``, ``progress``,
+    ``fsync``; :func:`datagen.driver.generator`).
     ``mean_kb`` (images): the mean file size in kB (ImageNet's is about 110); ``size_sigma``
     (images): the log standard deviation of the file sizes (0.5 by default; OpenImages-like
     sizes, mean 317 kB with a quarter of the files under a 224 x 224 crop's 150 kB, take
@@ -86,12 +85,4 @@ def generate(
         params = ImageGenParams(**image)
     module, function, _ = GENERATORS[name]
     generator = getattr(importlib.import_module(module), function)
-    return generator(
-        Path(out),
-        size_bytes,
-        seed=seed,
-        workers=workers,
-        force=force,
-        progress=progress,
-        params=params,
-    )
+    return generator(Path(out), size_bytes, params=params, **run)

@@ -4,6 +4,7 @@ so CI can never pass by skipping the real thing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -220,6 +221,18 @@ def left_behind(run_id: str) -> list[str]:
     return [c.name for c in cli.containers.list(all=True, filters=label)] + [
         n.name for n in cli.networks.list(filters=label)
     ]
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """Kill and reap ``proc`` on the way out of the block if it is still running (an assertion
+    failed, a wait timed out), so that no test leaves a CLI behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def assert_failed_run(runs_root: Path, returncode: int, stderr: str, says: str) -> Path:

@@ -5,8 +5,8 @@ dup2(fd, fd) of a copy (it copied itself, stale) could get a stale or no path, a
 descriptor of unknown file onto one that named a file left the old name. Do not edit otherwise (but
 its schema constants, ParseStats, container_owners and _steps, which now come from the package:
 what a parse counts, which process is in which container (tests/test_ingest.py checks it) and
-the phases' steps are not what the check is about; and build_samples and build_phases, which no
-test used, removed).
+the phases' steps are not what the check is about; build_samples and build_phases, which no
+test used, removed; and summarize's per-container part moved into ``_role_groups``, unchanged).
 
 Turn a run's raw tracer output into events.parquet, samples.parquet and phases.parquet.
 
@@ -346,9 +346,7 @@ def resolve_paths(sys: pd.DataFrame, forks: pd.DataFrame) -> pd.DataFrame:
 def attribute_containers(
     events: pd.DataFrame, proc: pd.DataFrame, roots: Mapping[int, str]
 ) -> pd.Series:
-    """The ``container`` column: the role whose process made each in-container event; null for
-    events outside the run's containers (block completions of other processes, say). With a
-    single container every in-container event is its own, whatever its pid."""
+    """The ``container`` column (as tracing.ingest.parse.attribute_containers)."""
     roles = set(roots.values())
     inside = events["in_container"].to_numpy(dtype=bool)
     if len(roles) == 1:
@@ -409,14 +407,18 @@ def summarize(events: pa.Table, phases: pd.DataFrame, stats: ParseStats) -> dict
     }
     roles = sorted(set(df["container"].dropna()) | set(phases["container"].dropna()))
     if len(roles) > 1:
-        result["containers"] = {
-            role: {
-                "steps": _steps(phases[(phases["container"] == role).fillna(False).to_numpy()]),
-                **_kind_groups(df[(df["container"] == role).fillna(False).to_numpy()]),
-            }
-            for role in roles
-        }
+        result["containers"] = {role: _role_groups(df, phases, role) for role in roles}
     return result
+
+
+def _role_groups(df: pd.DataFrame, phases: pd.DataFrame, role: str) -> dict:
+    """Steps and kind groups of container ``role`` (summarize's per-container part, in a
+    function of its own since the FROZEN COPY: the same computation)."""
+
+    def own(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[(frame["container"] == role).fillna(False).to_numpy()]
+
+    return {"steps": _steps(own(phases)), **_kind_groups(own(df))}
 
 
 def _kind_groups(df: pd.DataFrame) -> dict[str, dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from tests.conftest import require_tracing
+from tests.conftest import reaped, require_tracing
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 
@@ -249,15 +249,11 @@ def test_a_run_whose_agent_dies_fails_and_leaves_nothing(
 
     require_tracing()
     proc, run_dir = _traced_cli(tmp_path / "runs", "import time; time.sleep(120)")
-    try:
+    with reaped(proc):
         (agent,) = _agent_containers(run_dir.name)
         assert bpftrace_running()
         agent.kill()
         _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 1, stderr
     assert "the tracer agent at 127.0.0.1:" in stderr and "stopped answering" in stderr, stderr
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -340,7 +336,7 @@ def test_a_tracer_stopped_for_a_second_says_it_fell_behind(
         "    os.close(os.open('/etc/os-release', os.O_RDONLY)); time.sleep(0.005)\n"
     )
     proc, run_dir = _traced_cli(runs, job, "--quiet")
-    try:
+    with reaped(proc):
         (tracer,) = [
             pid
             for pid in bpftrace_running()
@@ -351,10 +347,6 @@ def test_a_tracer_stopped_for_a_second_says_it_fell_behind(
         time.sleep(1.0)
         os.kill(tracer, signal.SIGCONT)
         _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "lossy", (manifest["status"], manifest["error"], stderr)
     assert manifest["tracer_behind"] >= 1

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import reaped
 from tracing.agent import Agent, AgentClient, serve
 from tracing.clock import (
     MAX_ROUNDS,
@@ -160,7 +161,7 @@ def test_the_agent_process_takes_the_offset_from_its_command_line() -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
+    with reaped(proc):
         port = None
         deadline = time.monotonic() + 30
         while port is None and time.monotonic() < deadline:
@@ -174,7 +175,3 @@ def test_the_agent_process_takes_the_offset_from_its_command_line() -> None:
         client.close()
         assert abs(found.offset_ns - 250_000_000) <= found.bound_ns <= 1_000_000, found
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from core.errors import UserError
-from tests.conftest import THREADS_TILL_REFUSED, require, require_tracing
+from tests.conftest import THREADS_TILL_REFUSED, reaped, require, require_tracing
 from tracing import cluster as vc
 from tracing import container, swarm
 
@@ -792,7 +792,7 @@ def test_ctrl_c_at_the_coordinator_of_a_run_across_nodes_leaves_nothing(
          "patch_size=32", "--nodes", "3", "--cluster", NAME, "--out", str(runs), "--quiet"],
         cwd=ROOT, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    try:
+    with reaped(proc):
         assert proc.stderr is not None
         seen = []
         for line in proc.stderr:
@@ -804,10 +804,6 @@ def test_ctrl_c_at_the_coordinator_of_a_run_across_nodes_leaves_nothing(
         proc.send_signal(signal.SIGINT)
         stderr = proc.stderr.read()
         proc.wait(120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, stderr
     (run_dir,) = (runs / "unet3d").glob("*") if (runs / "unet3d").is_dir() else runs.glob("*")
     manifest = json.loads((run_dir / "manifest.json").read_text())

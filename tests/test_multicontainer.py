@@ -22,6 +22,7 @@ from tests.conftest import (
     assert_failed_run,
     bpftrace_running,
     left_behind,
+    reaped,
     run_label,
     start_cli,
     traced_events,
@@ -192,7 +193,7 @@ def test_ctrl_c_stops_every_container_of_a_compose_topology(
         stderr=subprocess.PIPE,
     )
     run_dir = None
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             dirs = list(runs_root.glob("*")) if runs_root.exists() else []
@@ -209,10 +210,6 @@ def test_ctrl_c_stops_every_container_of_a_compose_topology(
         time.sleep(1)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()  # reaped: its containers' owner is gone, for the next run to remove
     assert proc.returncode == 130, stderr.decode()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
@@ -268,7 +265,7 @@ def test_a_network_removed_by_someone_else_fails_the_run_saying_so(
     compose = _pair(tmp_path, {"ping": wait, "pong": wait})
     proc = start_cli("trace", "--compose", str(compose), "--out", str(runs_root), "--quiet")
     cli = client()
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         label = run_label(runs_root, proc, deadline)
         while True:
@@ -287,9 +284,6 @@ def test_a_network_removed_by_someone_else_fails_the_run_saying_so(
             net.reload()
         net.remove()
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     says = (
         f"the run's network {net.name} was removed while it ran (by something other than "
         "twintrace): its containers could no longer reach each other"

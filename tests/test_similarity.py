@@ -30,29 +30,15 @@ from analysis.figures import PLOTLY_JS
 from analysis.series import Bins, binned_sum, filled_mean
 from analysis.similarity import (
     ASPECTS,
-    N_SIZE_BUCKETS,
     OVERALL_FLOOR,
     Comparison,
-    activity_similarity,
-    burstiness_similarity,
     compare_runs,
     comparison_table,
-    dtw_similarity,
     ecdf_points,
-    effective_readers,
-    half_bytes_time,
     in_scope,
-    js_similarity,
-    ks_noise,
-    ks_similarity,
-    log2_buckets,
-    order_similarity,
-    ratio_similarity,
+    measures,
     reads_in_flight,
-    relative_wasserstein_similarity,
     run_span,
-    timing_similarity,
-    volume_similarity,
 )
 from core.errors import UserError
 from store.rundir import (
@@ -364,52 +350,54 @@ def bursts(n: int = 400, at: Iterable[int] = (40, 140, 240, 340), width: int = 8
 
 def test_dtw_identical_scaled_shifted_and_different() -> None:
     a = bursts()
-    assert dtw_similarity(a, a) == (1.0, 0.0)
+    assert measures.dtw_similarity(a, a) == (1.0, 0.0)
     # Shape mode ignores absolute scale; level mode does not.
-    assert dtw_similarity(a, 5 * a)[0] == pytest.approx(1.0)
+    assert measures.dtw_similarity(a, 5 * a)[0] == pytest.approx(1.0)
     flat = np.ones(400)
-    assert dtw_similarity(flat, 2 * flat, level=True)[0] == pytest.approx(0.5)
+    assert measures.dtw_similarity(flat, 2 * flat, level=True)[0] == pytest.approx(0.5)
     # Bursts 12 points (3 % of the run) later: within the DTW band, so still ~1, whereas the
     # plain Euclidean comparison would see no overlap at all.
     shifted = bursts(at=(52, 152, 252, 352))
-    assert dtw_similarity(a, shifted)[0] > 0.97
+    assert measures.dtw_similarity(a, shifted)[0] > 0.97
     assert np.linalg.norm(a / np.linalg.norm(a) - shifted / np.linalg.norm(shifted)) > 1.4
     # Bursts against a flat line: nearly nothing in common.
-    assert dtw_similarity(a, flat)[0] < 0.4
+    assert measures.dtw_similarity(a, flat)[0] < 0.4
     # One spike against the same spike is exact (dtaidistance's pruning would return inf).
     spike = np.zeros(400)
     spike[[0, 398, 399]] = [1.0, 3.0, 2.0]
-    assert dtw_similarity(spike, spike)[0] == 1.0
-    assert dtw_similarity(a, flat) == dtw_similarity(flat, a)  # symmetric
+    assert measures.dtw_similarity(spike, spike)[0] == 1.0
+    assert measures.dtw_similarity(a, flat) == measures.dtw_similarity(flat, a)  # symmetric
 
 
 def test_dtw_level_scale_judges_a_channel_against_the_whole() -> None:
     cache_a, cache_b = np.zeros(400), np.full(400, 0.1)
     # Against its own maximum, 0 vs 0.1 is the largest possible difference ...
-    assert dtw_similarity(cache_a, cache_b, level=True)[0] == pytest.approx(0.0)
+    assert measures.dtw_similarity(cache_a, cache_b, level=True)[0] == pytest.approx(0.0)
     # ... against a footprint of 1.1 (1.0 of rss besides), a difference of 1/11.
-    assert dtw_similarity(cache_a, cache_b, level=True, scale=1.1)[0] == pytest.approx(1 - 1 / 11)
+    assert measures.dtw_similarity(cache_a, cache_b, level=True, scale=1.1)[0] == pytest.approx(
+        1 - 1 / 11
+    )
 
 
 def test_timing_similarity_is_the_distance_bytes_move() -> None:
     a = bursts()
-    assert timing_similarity(a, a) == (1.0, 0.0)
-    assert timing_similarity(a, 5 * a)[0] == pytest.approx(1.0)  # amounts do not matter
+    assert measures.timing_similarity(a, a) == (1.0, 0.0)
+    assert measures.timing_similarity(a, 5 * a)[0] == pytest.approx(1.0)  # amounts do not matter
     # Every burst 12 points later: the bytes move by 12 / 400 of the run.
     shifted = bursts(at=(52, 152, 252, 352))
-    assert timing_similarity(a, shifted)[1] == pytest.approx(12 / 400)
+    assert measures.timing_similarity(a, shifted)[1] == pytest.approx(12 / 400)
     # The failure of a point-by-point distance on sparse series (real writes: 0.0003 for two
     # runs writing the same bytes): one spike, one bin later, is 1/400 of the run away.
     spike, later = np.zeros(400), np.zeros(400)
     spike[300], later[301] = 3.8e6, 3.8e6
-    assert timing_similarity(spike, later)[0] == pytest.approx(1 - 1 / 400)
+    assert measures.timing_similarity(spike, later)[0] == pytest.approx(1 - 1 / 400)
     # First bin against last bin: the whole run apart.
     first, last = np.zeros(400), np.zeros(400)
     first[0], last[-1] = 1.0, 1.0
-    assert timing_similarity(first, last)[0] == pytest.approx(1 / 400)
-    assert timing_similarity(first, last) == timing_similarity(last, first)
+    assert measures.timing_similarity(first, last)[0] == pytest.approx(1 / 400)
+    assert measures.timing_similarity(first, last) == measures.timing_similarity(last, first)
     with pytest.raises(ValueError):
-        timing_similarity(np.zeros(400), a)
+        measures.timing_similarity(np.zeros(400), a)
 
 
 def test_burstiness_compares_concentration_not_position() -> None:
@@ -417,32 +405,35 @@ def test_burstiness_compares_concentration_not_position() -> None:
     tenth = np.zeros(400)
     tenth[:40] = 10.0  # active 10 % of the time
     # Steady against bursts active a fraction d of the time scores d.
-    assert burstiness_similarity(steady, tenth)[0] == pytest.approx(0.1)
+    assert measures.burstiness_similarity(steady, tenth)[0] == pytest.approx(0.1)
     fifth = np.zeros(400)
     fifth[::5] = 5.0  # active 20 %: 1 - |0.1 - 0.2|
-    assert burstiness_similarity(tenth, fifth)[0] == pytest.approx(0.9)
+    assert measures.burstiness_similarity(tenth, fifth)[0] == pytest.approx(0.9)
     # The same bursts anywhere else (jitter, another order) are equally bursty.
     rng = np.random.default_rng(3)
-    assert burstiness_similarity(tenth, rng.permutation(tenth)) == (1.0, 0.0)
+    assert measures.burstiness_similarity(tenth, rng.permutation(tenth)) == (1.0, 0.0)
     # A burst split across two bins moves the curve by half a bin.
     one, split = np.zeros(400), np.zeros(400)
     one[7], split[[7, 8]] = 2.0, 1.0
-    assert burstiness_similarity(one, split)[0] == pytest.approx(1 - 1 / 400)
-    assert half_bytes_time(steady) == 0.5 and half_bytes_time(one) == 1 / 400
+    assert measures.burstiness_similarity(one, split)[0] == pytest.approx(1 - 1 / 400)
+    assert measures.half_bytes_time(steady) == 0.5 and measures.half_bytes_time(one) == 1 / 400
 
 
 def test_activity_is_the_mean_of_timing_volume_and_burstiness() -> None:
     a = bursts()
     shifted = bursts(at=(52, 152, 252, 352))
-    score, terms = activity_similarity(a, 2 * shifted, 32.0, 64.0)
+    score, terms = measures.activity_similarity(a, 2 * shifted, 32.0, 64.0)
     assert terms["timing"] == pytest.approx(1 - 12 / 400)
     assert terms["volume"] == 0.5 and terms["burstiness"] == pytest.approx(1.0)
     assert score == pytest.approx((1 - 12 / 400 + 0.5 + 1.0) / 3)
     # Volume on the scale of a reference: 1 MiB vs 8 MiB of device reads in a run that read
     # 215 MiB differ by 7/215 of the I/O (min/max would say 1/8).
-    assert volume_similarity(1.0, 8.0) == 0.125
-    assert volume_similarity(1.0, 8.0, reference=215.0) == pytest.approx(1 - 7 / 215)
-    assert volume_similarity(0.0, 0.0) == 1.0 and volume_similarity(0.0, 5.0, 2.0) == 0.0
+    assert measures.volume_similarity(1.0, 8.0) == 0.125
+    assert measures.volume_similarity(1.0, 8.0, reference=215.0) == pytest.approx(1 - 7 / 215)
+    assert (
+        measures.volume_similarity(0.0, 0.0) == 1.0
+        and measures.volume_similarity(0.0, 5.0, 2.0) == 0.0
+    )
 
 
 def test_relative_wasserstein_on_small_samples() -> None:
@@ -450,69 +441,83 @@ def test_relative_wasserstein_on_small_samples() -> None:
     rng = np.random.default_rng(0)
     a = 0.838 + rng.normal(0, 0.002, 10)
     b = a + 0.001
-    score, w1 = relative_wasserstein_similarity(a, b, scale=float(np.median(b)))
+    score, w1 = measures.relative_wasserstein_similarity(a, b, scale=float(np.median(b)))
     assert w1 == pytest.approx(0.001) and score == pytest.approx(1 - 0.001 / np.median(b))
-    assert ks_similarity(a, b) < 0.95  # a shift of a millisecond moves KS by ten-percent steps
+    assert (
+        measures.ks_similarity(a, b) < 0.95
+    )  # a shift of a millisecond moves KS by ten-percent steps
     # Twice as long: W1 is the mean duration, half the larger median.
     ones = np.ones(10)
-    assert relative_wasserstein_similarity(ones, 2 * ones, 2.0) == (0.5, 1.0)
+    assert measures.relative_wasserstein_similarity(ones, 2 * ones, 2.0) == (0.5, 1.0)
     # Samples of different sizes: half of b is 2 s longer than all of a.
-    assert relative_wasserstein_similarity(np.ones(4), np.array([1.0, 3.0]), 4.0) == (0.75, 1.0)
-    assert relative_wasserstein_similarity(ones, ones, 0.0) == (1.0, 0.0)
-    assert relative_wasserstein_similarity(ones, 3 * ones, 1.0) == (0.0, 2.0)  # clipped
+    assert measures.relative_wasserstein_similarity(np.ones(4), np.array([1.0, 3.0]), 4.0) == (
+        0.75,
+        1.0,
+    )
+    assert measures.relative_wasserstein_similarity(ones, ones, 0.0) == (1.0, 0.0)
+    assert measures.relative_wasserstein_similarity(ones, 3 * ones, 1.0) == (0.0, 2.0)  # clipped
 
 
 def test_readers_and_queue_depth() -> None:
-    assert effective_readers(np.array([5.0, 5.0, 5.0, 5.0])) == pytest.approx(4.0)
+    assert measures.effective_readers(np.array([5.0, 5.0, 5.0, 5.0])) == pytest.approx(4.0)
     h = -(0.99 * np.log(0.99) + 0.01 * np.log(0.01))
-    assert effective_readers(np.array([99.0, 1.0])) == pytest.approx(np.exp(h))
-    assert effective_readers(np.array([])) == 0.0
+    assert measures.effective_readers(np.array([99.0, 1.0])) == pytest.approx(np.exp(h))
+    assert measures.effective_readers(np.array([])) == 0.0
     # Reads [0, 10], [5, 15], [20, 30]: 2 in flight when the first ends, then 1 and 1.
     end = np.array([10, 15, 30])
     assert reads_in_flight(end, np.full(3, 10), np.ones(3)) == pytest.approx(4 / 3)
-    assert ks_noise(3000, 3000) == pytest.approx(1.358 * np.sqrt(2 / 3000))
+    assert measures.ks_noise(3000, 3000) == pytest.approx(1.358 * np.sqrt(2 / 3000))
 
 
 def test_log2_buckets_are_exact_at_powers_of_two() -> None:
     sizes = np.array([0, 1, 2, 3, 4095, 4096, 8191, 8192, MIB])
-    counts = log2_buckets(sizes)
-    assert len(counts) == N_SIZE_BUCKETS and counts.sum() == len(sizes)
+    counts = measures.log2_buckets(sizes)
+    assert len(counts) == measures.N_SIZE_BUCKETS and counts.sum() == len(sizes)
     assert np.flatnonzero(counts).tolist() == [0, 1, 11, 12, 13, 20]
     assert counts[[0, 1, 11, 12, 13, 20]].tolist() == [2, 2, 1, 2, 1, 1]
 
 
 def test_js_similarity_known_values() -> None:
-    assert js_similarity([3, 1, 0], [3, 1, 0]) == 1.0
-    assert js_similarity([3, 1, 0], [30, 10, 0]) == pytest.approx(1.0)  # counts do not matter
-    assert js_similarity([1, 0], [0, 1]) == 0.0  # disjoint
+    assert measures.js_similarity([3, 1, 0], [3, 1, 0]) == 1.0
+    assert measures.js_similarity([3, 1, 0], [30, 10, 0]) == pytest.approx(
+        1.0
+    )  # counts do not matter
+    assert measures.js_similarity([1, 0], [0, 1]) == 0.0  # disjoint
     # [.5,.5,0] vs [0,.5,.5]: JS divergence 0.5 bit, distance sqrt(0.5).
-    assert js_similarity([1, 1, 0], [0, 1, 1]) == pytest.approx(1 - np.sqrt(0.5))
-    assert js_similarity([0, 0], [0, 0]) == 1.0 and js_similarity([0, 0], [1, 0]) == 0.0
+    assert measures.js_similarity([1, 1, 0], [0, 1, 1]) == pytest.approx(1 - np.sqrt(0.5))
+    assert (
+        measures.js_similarity([0, 0], [0, 0]) == 1.0
+        and measures.js_similarity([0, 0], [1, 0]) == 0.0
+    )
 
 
 def test_ks_similarity_known_values() -> None:
     a = np.arange(100.0)
-    assert ks_similarity(a, a) == 1.0
-    assert ks_similarity(a, a + 1000) == 0.0
-    assert ks_similarity(a, a + 50) == pytest.approx(0.5)  # CDFs differ by at most one half
-    assert ks_similarity(a, a + 50) == ks_similarity(a + 50, a)
+    assert measures.ks_similarity(a, a) == 1.0
+    assert measures.ks_similarity(a, a + 1000) == 0.0
+    assert measures.ks_similarity(a, a + 50) == pytest.approx(
+        0.5
+    )  # CDFs differ by at most one half
+    assert measures.ks_similarity(a, a + 50) == measures.ks_similarity(a + 50, a)
 
 
 def test_order_similarity() -> None:
     files = pd.Index([f"/data/{i}" for i in range(10)], dtype="string")
-    assert order_similarity(files, files)[0] == pytest.approx(1.0)
-    assert order_similarity(files, files[::-1])[0] == 0.0  # reversed: tau = -1, clipped to 0
-    score, details = order_similarity(files[:4], files[2:6])  # 2 shared of 6, same order
+    assert measures.order_similarity(files, files)[0] == pytest.approx(1.0)
+    assert (
+        measures.order_similarity(files, files[::-1])[0] == 0.0
+    )  # reversed: tau = -1, clipped to 0
+    score, details = measures.order_similarity(files[:4], files[2:6])  # 2 shared of 6, same order
     assert score == pytest.approx(1 / 3) and details["shared"] == 2
     rng = np.random.default_rng(0)
     many = pd.Index([f"/data/{i}" for i in range(2000)], dtype="string")
-    shuffled, _ = order_similarity(many, many[rng.permutation(2000)])
+    shuffled, _ = measures.order_similarity(many, many[rng.permutation(2000)])
     assert shuffled < 0.05  # an independent shuffle shares no order
 
 
 def test_ratio_and_scope_and_ecdf() -> None:
-    assert ratio_similarity(2.0, 4.0) == 0.5 and ratio_similarity(0.0, 0.0) == 1.0
-    assert ratio_similarity(0.0, 3.0) == 0.0
+    assert measures.ratio_similarity(2.0, 4.0) == 0.5 and measures.ratio_similarity(0.0, 0.0) == 1.0
+    assert measures.ratio_similarity(0.0, 3.0) == 0.0
     paths = pd.Index(["/data/a", "/data", "/database/x", "/usr/lib/y"], dtype="string")
     assert in_scope(paths, ["/data"]).tolist() == [True, True, False, False]
     assert in_scope(paths, []).all()

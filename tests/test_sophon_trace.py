@@ -19,7 +19,7 @@ from analysis.sophon import epoch_interval
 from analysis.timeline import lane_groups, timeline_figure
 from datagen.images import ImageGenParams, generate_images
 from store.rundir import Run, load_run
-from tests.conftest import REPO
+from tests.conftest import REPO, reaped
 from tracing.remote import StorageNode
 from tracing.request import RunOptions, workload_request
 from tracing.runner import trace
@@ -168,7 +168,7 @@ def test_ctrl_c_removes_the_cap(images: dict[str, str], tmp_path: Path, runs_roo
     argv += ["--out", str(runs_root), "--quiet", "--net-bandwidth", "10mbit"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     devices: dict[str, str] = {}
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not devices:
             for manifest_path in runs_root.glob("*/manifest.json"):
@@ -181,9 +181,6 @@ def test_ctrl_c_removes_the_cap(images: dict[str, str], tmp_path: Path, runs_roo
             assert " tbf " in qdisc_of(device) and "rate 10Mbit" in qdisc_of(device)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, stderr.decode()
     for device in devices.values():
         assert not Path(f"/sys/class/net/{device}").exists() or " tbf " not in qdisc_of(device)

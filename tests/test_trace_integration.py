@@ -22,6 +22,7 @@ from tests.conftest import (
     assert_failed_run,
     bpftrace_running,
     error_line,
+    reaped,
     refused_unet3d_trace,
     run_cli,
     run_label,
@@ -349,7 +350,7 @@ def test_a_container_removed_by_someone_else_fails_the_run_saying_so(
         "python3", "-c", "import time; time.sleep(60)",
     )  # fmt: skip
     cli = client()
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         label = run_label(runs_root, proc, deadline)
         while not (
@@ -364,9 +365,6 @@ def test_a_container_removed_by_someone_else_fails_the_run_saying_so(
             time.sleep(0.05)
         ctrs[0].remove(force=True)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     says = (
         f"container {ctrs[0].name} was removed while it ran (by something other than "
         "twintrace): the run is incomplete"

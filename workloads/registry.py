@@ -87,55 +87,65 @@ _IMAGE_DESCRIPTION = (
     "RandomResizedCrop, flip, normalise; ImageNet folders or grouped files (one read per group)"
 )
 
+
+def _spec(
+    name: str,
+    task: str,
+    files: Any,
+    options_type: type,
+    description: str,
+    **defaults: Any,
+) -> WorkloadSpec:
+    """The spec of a workload whose task is ``task`` (``"workloads.<package>.task:Class"``, a
+    string the layering test reads): its data format and check from its package's ``files``,
+    its data from the generator named as its package."""
+    return WorkloadSpec(
+        name=name,
+        description=description,
+        data_format=files.DATA_FORMAT,
+        options_type=options_type,
+        check_data=files.check_dataset,
+        task=task,
+        datagen=task.split(".")[1],
+        defaults=defaults,
+    )
+
+
 WORKLOADS: dict[str, WorkloadSpec] = {
-    "unet3d": WorkloadSpec(
-        name="unet3d",
-        description=(
-            "MLCommons UNet3D (KiTS19 3D segmentation): each sample reads a whole image/label "
-            "pair with np.load, crops a patch and flips it; PyTorch DataLoader workers, DDP"
-        ),
-        data_format=unet3d_files.DATA_FORMAT,
-        options_type=UNet3DOptions,
-        check_data=unet3d_files.check_dataset,
-        task="workloads.unet3d.task:UNet3DTask",
-        datagen="unet3d",
+    "unet3d": _spec(
+        "unet3d",
+        "workloads.unet3d.task:UNet3DTask",
+        unet3d_files,
+        UNet3DOptions,
+        "MLCommons UNet3D (KiTS19 3D segmentation): each sample reads a whole image/label "
+        "pair with np.load, crops a patch and flips it; PyTorch DataLoader workers, DDP",
     ),
-    "bert": WorkloadSpec(
-        name="bert",
-        description=(
-            "MLPerf BERT pre-training: transformer encoder with masked-LM and next-sentence "
-            "heads; TFRecord shards read interleaved (cycle 8), records parsed as tf.train.Example"
-        ),
-        data_format=bert_files.DATA_FORMAT,
-        options_type=BertOptions,
-        check_data=bert_files.check_dataset,
-        task="workloads.bert.task:BertTask",
-        datagen="bert",
-        defaults={"batch_size": 4},
+    "bert": _spec(
+        "bert",
+        "workloads.bert.task:BertTask",
+        bert_files,
+        BertOptions,
+        "MLPerf BERT pre-training: transformer encoder with masked-LM and next-sentence "
+        "heads; TFRecord shards read interleaved (cycle 8), records parsed as tf.train.Example",
+        batch_size=4,
     ),
-    "dlrm": WorkloadSpec(
-        name="dlrm",
-        description=(
-            "MLPerf DLRM (Criteo Terabyte): embedding tables, bottom/top MLPs, dot interaction; "
-            "one contiguous read of batch x 160 bytes per step at a random batch offset"
-        ),
-        data_format=dlrm_files.DATA_FORMAT,
-        options_type=DLRMOptions,
-        check_data=dlrm_files.check_dataset,
-        task="workloads.dlrm.task:DLRMTask",
-        datagen="dlrm",
-        defaults={"batch_size": 2048},
+    "dlrm": _spec(
+        "dlrm",
+        "workloads.dlrm.task:DLRMTask",
+        dlrm_files,
+        DLRMOptions,
+        "MLPerf DLRM (Criteo Terabyte): embedding tables, bottom/top MLPs, dot interaction; "
+        "one contiguous read of batch x 160 bytes per step at a random batch offset",
+        batch_size=2048,
     ),
     **{
-        model: WorkloadSpec(
-            name=model,
-            description=_IMAGE_DESCRIPTION.format(model=title),
-            data_format=image_files.DATA_FORMAT,
-            options_type=ImageOptions,
-            check_data=image_files.check_dataset,
-            task="workloads.images.task:ImageTask",
-            datagen="images",
-            defaults={"batch_size": 8},
+        model: _spec(
+            model,
+            "workloads.images.task:ImageTask",
+            image_files,
+            ImageOptions,
+            _IMAGE_DESCRIPTION.format(model=title),
+            batch_size=8,
         )
         for model, title in (
             ("resnet18", "ResNet-18"),

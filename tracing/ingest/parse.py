@@ -19,35 +19,6 @@ from tracing import aggregates
 from tracing.ingest import jit, parse_kernels, scan, schema
 from tracing.ingest.join_kernels import _PID_LIMIT
 from tracing.ingest.names import _Names, _NameTable
-from tracing.ingest.scan import (
-    _C_BYTES,
-    _C_COMM,
-    _C_COUNT,
-    _C_DEV,
-    _C_FD,
-    _C_INC,
-    _C_KIND,
-    _C_LAT,
-    _C_LATMAX,
-    _C_OFFSET,
-    _C_PATH,
-    _C_PID,
-    _C_RET,
-    _C_TID,
-    _C_TS,
-    _FULL_NAMES,
-    _FULL_ROWS,
-    _I_AGGS,
-    _I_BEHIND,
-    _I_EXAMPLES,
-    _I_HEAP,
-    _I_LOST,
-    _I_PATHS,
-    _I_ROWS,
-    _I_SKIPPED,
-    _I_STATUS,
-    _N_COLS,
-)
 from tracing.ingest.schema import _PROC_COLUMNS, CACHE_KINDS, PAGE_SIZE, SYSCALL_KINDS
 from tracing.ingest.stats import ParseStats
 
@@ -122,9 +93,9 @@ def _last_newline(buffer: np.ndarray, start: int, end: int) -> int:
 class _Parsed:
     """One parsed block of raw/syscalls.txt."""
 
-    rows: np.ndarray  # (n, _N_COLS): one-by-one lines (reader's kind and comm codes)
+    rows: np.ndarray  # (n, scan._N_COLS): one-by-one lines (reader's kind and comm codes)
     row_times: np.ndarray  # their times
-    aggs: np.ndarray  # (m, _N_COLS): aggregated rows
+    aggs: np.ndarray  # (m, scan._N_COLS): aggregated rows
     agg_times: np.ndarray
     paths: pa.Array  # openat paths, numbered by the rows' path column
     new_kinds: list[str]
@@ -144,8 +115,8 @@ class Status(enum.IntEnum):
     table or buffer it writes to is full (it goes on from where it stopped once that is grown)."""
 
     DONE = 0
-    FULL_NAMES = _FULL_NAMES
-    FULL_ROWS = _FULL_ROWS
+    FULL_NAMES = scan._FULL_NAMES
+    FULL_ROWS = scan._FULL_ROWS
 
 
 def run_growing(
@@ -161,7 +132,7 @@ def run_growing(
     pos = start
     while True:
         pos = run(pos)
-        status = Status(int(info[_I_STATUS]))
+        status = Status(int(info[scan._I_STATUS]))
         if status is Status.DONE:
             return
         if status not in grow:
@@ -186,21 +157,21 @@ def _strings(n: int, offsets: np.ndarray, data: np.ndarray) -> pa.StringArray:
 def _count_info(stats: ParseStats, buf: np.ndarray, info: np.ndarray) -> None:
     """Add what a parsing kernel counted in ``info`` (lost events, BEHIND marks, skipped
     lines and their first examples) to ``stats``."""
-    stats.lost_events += int(info[_I_LOST])
-    stats.behind += int(info[_I_BEHIND])
+    stats.lost_events += int(info[scan._I_LOST])
+    stats.behind += int(info[scan._I_BEHIND])
     examples = _skipped_examples(buf, info)
     for text in examples:
         stats.skip(text)
-    stats.skipped_lines += int(info[_I_SKIPPED]) - len(examples)
+    stats.skipped_lines += int(info[scan._I_SKIPPED]) - len(examples)
 
 
 def _skipped_examples(buf: np.ndarray, info: np.ndarray) -> list[str]:
     """The first (up to 5) lines a kernel skipped, as text."""
     return [
-        bytes(buf[info[_I_EXAMPLES + 2 * k] : info[_I_EXAMPLES + 2 * k + 1]]).decode(
+        bytes(buf[info[scan._I_EXAMPLES + 2 * k] : info[scan._I_EXAMPLES + 2 * k + 1]]).decode(
             "utf-8", errors="replace"
         )
-        for k in range(min(int(info[_I_SKIPPED]), 5))
+        for k in range(min(int(info[scan._I_SKIPPED]), 5))
     ]
 
 
@@ -208,24 +179,24 @@ def _skipped_examples(buf: np.ndarray, info: np.ndarray) -> list[str]:
 class _SyscallBuffers:
     """What :func:`_parse_syscall_block` writes a block's rows to, grown as it fills them."""
 
-    rows: np.ndarray  # (n, _N_COLS)
+    rows: np.ndarray  # (n, scan._N_COLS)
     row_times: np.ndarray
-    aggs: np.ndarray  # (m, _N_COLS)
+    aggs: np.ndarray  # (m, scan._N_COLS)
     agg_times: np.ndarray
     offsets: np.ndarray  # of the openat paths in the block's heap
 
     @classmethod
     def sized(cls, rows: int, aggs: int) -> _SyscallBuffers:
         return cls(
-            np.empty((rows, _N_COLS), dtype=np.int64),
+            np.empty((rows, scan._N_COLS), dtype=np.int64),
             np.empty(rows, dtype=np.int64),
-            np.empty((aggs, _N_COLS), dtype=np.int64),
+            np.empty((aggs, scan._N_COLS), dtype=np.int64),
             np.empty(aggs, dtype=np.int64),
             np.zeros(rows + 1, dtype=np.int32),
         )
 
     def widen(self, info: np.ndarray) -> None:
-        rows, aggs = int(info[_I_ROWS]), int(info[_I_AGGS])
+        rows, aggs = int(info[scan._I_ROWS]), int(info[scan._I_AGGS])
         self.rows, self.row_times = _widen(self.rows, rows), _widen(self.row_times, rows)
         self.aggs, self.agg_times = _widen(self.aggs, aggs), _widen(self.agg_times, aggs)
         offsets = np.zeros(self.rows.shape[0] + 1, dtype=np.int32)
@@ -257,7 +228,7 @@ class _SyscallParser:
             int(size * self.rows_per_byte * 1.25) + 64, int(size * self.aggs_per_byte * 1.5) + 64
         )
         heap = np.empty(size, dtype=np.uint8)
-        info = np.zeros(_I_EXAMPLES + 10, dtype=np.int64)
+        info = np.zeros(scan._I_EXAMPLES + 10, dtype=np.int64)
 
         def run(pos: int) -> int:
             return parse_kernels._parse_syscall_block(
@@ -275,7 +246,9 @@ class _SyscallParser:
                 Status.FULL_ROWS: lambda: out.widen(info),
             },
         )
-        n, n_agg, n_paths, used = (int(info[i]) for i in (_I_ROWS, _I_AGGS, _I_PATHS, _I_HEAP))
+        n, n_agg, n_paths, used = (
+            int(info[i]) for i in (scan._I_ROWS, scan._I_AGGS, scan._I_PATHS, scan._I_HEAP)
+        )
         self.rows_per_byte = max(n / size, 1 / 4096)
         self.aggs_per_byte = max(n_agg / size, 1 / 65536)
         paths = _strings(n_paths, out.offsets[: n_paths + 1], heap[:used])
@@ -287,10 +260,10 @@ class _SyscallParser:
             paths,
             self.kinds.new_names(),
             self.comms.new_names(),
-            int(info[_I_LOST]),
-            int(info[_I_SKIPPED]),
+            int(info[scan._I_LOST]),
+            int(info[scan._I_SKIPPED]),
             _skipped_examples(buf, info),
-            int(info[_I_BEHIND]),
+            int(info[scan._I_BEHIND]),
         )
 
 
@@ -340,7 +313,7 @@ def parse_syscalls(path: Path, stats: ParseStats) -> pd.DataFrame:
     for buf, start, end in _blocks(path):
         parsed = parser.parse(buf, end, start)
         _count_parse(stats, parsed)
-        refs = parsed.rows[:, _C_PATH]
+        refs = parsed.rows[:, scan._C_PATH]
         np.add(refs, base, out=refs, where=refs >= 0)  # path numbers are per block
         base += len(parsed.paths)
         rows.append(parsed.rows)
@@ -350,9 +323,9 @@ def parse_syscalls(path: Path, stats: ParseStats) -> pd.DataFrame:
     parser.comms.new_names()
     kinds = np.array(parser.kinds.decoded, dtype=object)
     comms = np.array([*parser.comms.decoded, ""], dtype=object)
-    empty = np.empty((0, _N_COLS), dtype=np.int64)
+    empty = np.empty((0, scan._N_COLS), dtype=np.int64)
     aggs = np.concatenate([empty, *aggs])
-    aggs[:, _C_COMM] = len(comms) - 1  # ""
+    aggs[:, scan._C_COMM] = len(comms) - 1  # ""
     return pd.concat(
         [
             _frame(
@@ -371,7 +344,7 @@ def _frame(
     rows: np.ndarray, kinds: np.ndarray, comms: np.ndarray, paths: pa.Array | None = None
 ) -> pd.DataFrame:
     """Merge rows as a DataFrame with the columns of events (but ``container``)."""
-    refs = rows[:, _C_PATH]
+    refs = rows[:, scan._C_PATH]
     path = (
         paths.take(pa.array(refs, mask=refs < 0)).to_numpy(zero_copy_only=False)
         if paths is not None
@@ -380,20 +353,20 @@ def _frame(
     n = rows.shape[0]
     return _events_frame(
         n,
-        ts_ns=rows[:, _C_TS],
-        kind=kinds[rows[:, _C_KIND]] if n else np.array([], dtype=object),
-        pid=rows[:, _C_PID].astype(np.int32),
-        tid=rows[:, _C_TID].astype(np.int32),
-        comm=comms[rows[:, _C_COMM]] if n else np.array([], dtype=object),
-        fd=rows[:, _C_FD].astype(np.int32),
+        ts_ns=rows[:, scan._C_TS],
+        kind=kinds[rows[:, scan._C_KIND]] if n else np.array([], dtype=object),
+        pid=rows[:, scan._C_PID].astype(np.int32),
+        tid=rows[:, scan._C_TID].astype(np.int32),
+        comm=comms[rows[:, scan._C_COMM]] if n else np.array([], dtype=object),
+        fd=rows[:, scan._C_FD].astype(np.int32),
         path=path,
-        bytes=rows[:, _C_BYTES],
-        count=rows[:, _C_COUNT],
-        ret=rows[:, _C_RET],
-        offset=rows[:, _C_OFFSET],
-        latency_ns=rows[:, _C_LAT],
-        latency_max_ns=rows[:, _C_LATMAX],
-        in_container=rows[:, _C_INC] == 1,
+        bytes=rows[:, scan._C_BYTES],
+        count=rows[:, scan._C_COUNT],
+        ret=rows[:, scan._C_RET],
+        offset=rows[:, scan._C_OFFSET],
+        latency_ns=rows[:, scan._C_LAT],
+        latency_max_ns=rows[:, scan._C_LATMAX],
+        in_container=rows[:, scan._C_INC] == 1,
     )
 
 
@@ -451,9 +424,9 @@ class _BlockParser:
         """The rows of ``buf[start:end]`` (whole lines, see :func:`_blocks`)."""
         buf, start, end = _padded(buf, start, end)
         size = end - start
-        rows = np.empty((int(size * self.rows_per_byte * 1.25) + 64, _N_COLS), dtype=np.int64)
-        info = np.zeros(_I_EXAMPLES + 10, dtype=np.int64)
-        info[_I_PATHS] = len(self.devs)
+        rows = np.empty((int(size * self.rows_per_byte * 1.25) + 64, scan._N_COLS), dtype=np.int64)
+        info = np.zeros(scan._I_EXAMPLES + 10, dtype=np.int64)
+        info[scan._I_PATHS] = len(self.devs)
         out = [rows]  # grown by the kernel's runs
 
         def run(pos: int) -> int:
@@ -470,13 +443,13 @@ class _BlockParser:
             )
 
         def grow_rows() -> None:
-            out[0] = _widen(out[0], int(info[_I_ROWS]))
+            out[0] = _widen(out[0], int(info[scan._I_ROWS]))
 
         run_growing(run, info, start, {Status.FULL_NAMES: grow_names, Status.FULL_ROWS: grow_rows})
         rows = out[0]
-        n = int(info[_I_ROWS])
+        n = int(info[scan._I_ROWS])
         self.rows_per_byte = max(n / size, 1 / 4096)
-        for code in range(len(self.devs), int(info[_I_PATHS])):  # the devices added, in order
+        for code in range(len(self.devs), int(info[scan._I_PATHS])):  # the devices added, in order
             slot = np.flatnonzero((self.dev_values == code) & (self.dev_keys != -1))
             self.devs.append(int(self.dev_keys[slot[0]]) >> 1)
         self.rwbs.new_names()
@@ -500,23 +473,23 @@ def parse_block(path: Path, stats: ParseStats) -> pd.DataFrame:
     """Parse raw/block.txt (tracing/bpf/block.bt)."""
     parser = _BlockParser()
     parts = [parser.parse(buf, start, end, stats) for buf, start, end in _blocks(path)]
-    rows = np.concatenate([np.empty((0, _N_COLS), dtype=np.int64), *parts])
+    rows = np.concatenate([np.empty((0, scan._N_COLS), dtype=np.int64), *parts])
     kinds = np.array(parser.kinds() or [""], dtype=object)
     comms = np.array(parser.comms.decoded or [""], dtype=object)
     devs = np.array(parser.dev_names() or [""], dtype=object)
     n = len(rows)
     return _events_frame(
         n,
-        ts_ns=rows[:, _C_TS],
-        kind=kinds[rows[:, _C_KIND]],
-        pid=rows[:, _C_PID].astype(np.int32),
-        comm=comms[rows[:, _C_COMM]],
-        bytes=rows[:, _C_BYTES],
-        offset=rows[:, _C_OFFSET],
-        latency_ns=rows[:, _C_LAT],
-        latency_max_ns=rows[:, _C_LAT],
-        dev=devs[rows[:, _C_DEV]] if n else None,
-        in_container=rows[:, _C_INC] == 1,
+        ts_ns=rows[:, scan._C_TS],
+        kind=kinds[rows[:, scan._C_KIND]],
+        pid=rows[:, scan._C_PID].astype(np.int32),
+        comm=comms[rows[:, scan._C_COMM]],
+        bytes=rows[:, scan._C_BYTES],
+        offset=rows[:, scan._C_OFFSET],
+        latency_ns=rows[:, scan._C_LAT],
+        latency_max_ns=rows[:, scan._C_LAT],
+        dev=devs[rows[:, scan._C_DEV]] if n else None,
+        in_container=rows[:, scan._C_INC] == 1,
     )
 
 
@@ -541,7 +514,7 @@ class _Cache:
         ints = np.empty((4, n_max), dtype=np.int64)  # ts, code, pid, pages
         comms = np.empty(n_max + 1, dtype=np.int32)
         heap = np.empty(max(end, 1), dtype=np.uint8)
-        info = np.zeros(_I_EXAMPLES + 10, dtype=np.int64)
+        info = np.zeros(scan._I_EXAMPLES + 10, dtype=np.int64)
         n, used = parse_kernels._parse_cache_lines(
             buf, buf.view(np.uint64), end, ints, comms, heap, info
         )
