@@ -99,7 +99,7 @@ def test_the_tracer_container_counts_another_containers_calls(
     out = tmp_path / "out"
     out.mkdir()
     target = ctr.start_held(
-        cli, BASE_TAG, ["python3", "-c", JOB], barrier, [], run_id, "main", network=None
+        cli, ctr.Held(BASE_TAG, ["python3", "-c", JOB], barrier, [], run_id, "main"), network=None
     )
     tracer = None
     try:
@@ -279,9 +279,10 @@ def test_an_agent_whose_coordinator_is_gone_stops_its_tracer_and_exits(
     for sub in ("raw", "ctl/main"):
         (run / sub).mkdir(parents=True)
     target = ctr.start_held(
-        cli, BASE_TAG, ["python3", "-c", JOB], run / "ctl" / "main", [], run.name, "main",
+        cli,
+        ctr.Held(BASE_TAG, ["python3", "-c", JOB], run / "ctl" / "main", [], run.name, "main"),
         network=None,
-    )  # fmt: skip
+    )
     try:
         agent = start_agent(cli, run, lease_s=2.0)
         reply = agent.client.call(

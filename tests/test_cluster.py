@@ -280,12 +280,14 @@ def test_an_agent_started_through_a_nodes_engine_traces_that_nodes_container(
         assert abs(clock.offset_ns) <= clock.bound_ns <= 1_000_000, clock
         held = container.start_held(
             engine,
-            vc.registry_ref(TRACER_IMAGE),  # any image with a shell and cat: the node has it
-            ["sh", "-c", " ".join(["cat", *map(str, files), "> /dev/null"])],
-            run_dir / "ctl" / "main",
-            [container.BindMount(shared, str(shared), True)],
-            run_dir.name,
-            "main",
+            container.Held(
+                vc.registry_ref(TRACER_IMAGE),  # any image with a shell and cat: the node has it
+                ["sh", "-c", " ".join(["cat", *map(str, files), "> /dev/null"])],
+                run_dir / "ctl" / "main",
+                [container.BindMount(shared, str(shared), True)],
+                run_dir.name,
+                "main",
+            ),
             network=None,
         )
         main_pid = container.main_pid(held)

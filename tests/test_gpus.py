@@ -65,12 +65,7 @@ def test_the_sdk_receives_the_device_request(tmp_path: Path) -> None:
     fake = _FakeClient()
     started = container.start_held(
         fake,  # type: ignore[arg-type]
-        "twintrace/unet3d:original",
-        ["python"],
-        tmp_path,
-        [],
-        "run-id",
-        "main",
+        container.Held("twintrace/unet3d:original", ["python"], tmp_path, [], "run-id", "main"),
         network=None,
         gpus="0,1",
     )
@@ -79,7 +74,8 @@ def test_the_sdk_receives_the_device_request(tmp_path: Path) -> None:
     assert request["DeviceIDs"] == ["0", "1"] and request["Capabilities"] == [["gpu"]]
     assert fake.containers.kwargs["network_mode"] == "none"
     # No --gpus: no device request at all.
-    container.start_held(fake, "x", ["python"], tmp_path, [], "r", "main", network=None)  # type: ignore[arg-type]
+    held = container.Held("x", ["python"], tmp_path, [], "r", "main")
+    container.start_held(fake, held, network=None)  # type: ignore[arg-type]
     assert "device_requests" not in fake.containers.kwargs
 
 

@@ -4,6 +4,7 @@ The limits at work, for real: test_trace_integration.py (memory, processes)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,10 @@ def test_the_pids_limit_reaches_the_engine_from_settings_and_compose(tmp_path: P
     (spec,) = image_request("x", ["true"], tmp_path, run=run).containers
     assert spec.pids_limit == 64
     fake = _FakeClient()
-    container.start_held(
-        fake, "x", ["true"], tmp_path, [], "r", "main", network=None, pids_limit=64
-    )  # type: ignore[arg-type]
+    held = container.Held("x", ["true"], tmp_path, [], "r", "main")
+    container.start_held(fake, dataclasses.replace(held, pids_limit=64), network=None)  # type: ignore[arg-type]
     assert fake.containers.kwargs["pids_limit"] == 64
-    container.start_held(fake, "x", ["true"], tmp_path, [], "r", "main", network=None)  # type: ignore[arg-type]
+    container.start_held(fake, held, network=None)  # type: ignore[arg-type]
     assert "pids_limit" not in fake.containers.kwargs  # none given: the engine's default
     # A compose service's own limit, or the run's.
     own = service_spec("s", {"image": "x", "pids_limit": 32}, run, Path("."))
@@ -46,9 +46,8 @@ def test_a_swarm_service_gets_the_pids_limit_in_its_task_resources(
         return type("Service", (), {"name": "s", "id": "0"})()
 
     monkeypatch.setattr(swarm, "_create", create)
-    swarm.start_role(
-        None, "x", ["true"], tmp_path, [], "r", "main", "node-1", network=None, pids_limit=8
-    )  # type: ignore[arg-type]
+    held = container.Held("x", ["true"], tmp_path, [], "r", "main", pids_limit=8)
+    swarm.start_role(None, held, "node-1", network=None)  # type: ignore[arg-type]
     assert made[0]["Resources"]["Limits"]["Pids"] == 8
 
 

@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,42 +167,50 @@ def barrier_mount(barrier_dir: Path) -> BindMount:
     return BindMount(barrier_dir, BARRIER_MOUNT, True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A container to start held at its barrier: what :func:`start_held` (on one engine) and
+    :func:`tracing.swarm.start_role` (as a service on a swarm node) both take."""
+
+    image: str
+    command: Sequence[str]
+    barrier_dir: Path
+    mounts: Sequence[BindMount]
+    run_id: str
+    role: str
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    pids_limit: int | None = None
+    environment: Mapping[str, str] | None = None
+    shm_bytes: int = 1 << 30
+    working_dir: str | None = None
+
+
 def start_held(
     cli: docker.DockerClient,
-    image: str,
-    command: Sequence[str],
-    barrier_dir: Path,
-    mounts: Sequence[BindMount],
-    run_id: str,
-    role: str,
+    held: Held,
     *,
     network: str | None,
-    memory_bytes: int | None = None,
-    cpus: float | None = None,
-    pids_limit: int | None = None,
     device_read_bps: Sequence[tuple[str, int]] = (),
-    environment: dict[str, str] | None = None,
-    shm_bytes: int = 1 << 30,
-    working_dir: str | None = None,
     gpus: str | None = None,
 ) -> docker.models.containers.Container:
-    """Create and start a container that waits at the barrier before running ``command``.
+    """Create and start a container that waits at the barrier before running ``held.command``.
 
     ``network`` None: no network at all (least privilege for a single-container run);
     :data:`DEFAULT_BRIDGE`: docker's default bridge network (a route out of the host)."""
-    all_mounts = [barrier_mount(barrier_dir), *mounts]
+    all_mounts = [barrier_mount(held.barrier_dir), *held.mounts]
     kwargs: dict[str, Any] = {}
-    if memory_bytes:
-        kwargs["mem_limit"] = int(memory_bytes)
-        kwargs["memswap_limit"] = int(memory_bytes)  # no swap: bounds memory and page cache
-    if cpus:
-        kwargs["nano_cpus"] = int(cpus * 1e9)
-    if pids_limit:
-        kwargs["pids_limit"] = int(pids_limit)
+    if held.memory_bytes:
+        kwargs["mem_limit"] = int(held.memory_bytes)
+        kwargs["memswap_limit"] = int(held.memory_bytes)  # no swap: bounds memory and page cache
+    if held.cpus:
+        kwargs["nano_cpus"] = int(held.cpus * 1e9)
+    if held.pids_limit:
+        kwargs["pids_limit"] = int(held.pids_limit)
     if device_read_bps:
         kwargs["device_read_bps"] = [{"Path": p, "Rate": int(r)} for p, r in device_read_bps]
-    if working_dir:
-        kwargs["working_dir"] = working_dir
+    if held.working_dir:
+        kwargs["working_dir"] = held.working_dir
     if gpus:
         kwargs["device_requests"] = [gpu_request(gpus)]
     # Emulated host-to-device copies lock the batch in host memory (mlock), as pinned staging
@@ -214,22 +222,24 @@ def start_held(
         kwargs["network_mode"] = DEFAULT_BRIDGE  # docker's own network: a route out
     else:
         kwargs["network"] = network
-        kwargs["hostname"] = role
+        kwargs["hostname"] = held.role
         # Reachable by role too (rank0, storage, ...), not only by the run-specific name.
-        kwargs["networking_config"] = {network: EndpointConfig(cli.api._version, aliases=[role])}
-    name = container_name(run_id, role)
+        kwargs["networking_config"] = {
+            network: EndpointConfig(cli.api._version, aliases=[held.role])
+        }
+    name = container_name(held.run_id, held.role)
 
     def run() -> docker.models.containers.Container:
         return cli.containers.run(
-            image,
-            command=list(command),
+            held.image,
+            command=list(held.command),
             entrypoint=["/bin/sh", "-c", BARRIER_SCRIPT, "twintrace-barrier"],
             name=name,
             mounts=[m.to_docker() for m in all_mounts],
-            labels={RUN_LABEL: run_id, ROLE_LABEL: role, OWNER_LABEL: str(os.getpid())},
-            environment=environment or {},
+            labels={RUN_LABEL: held.run_id, ROLE_LABEL: held.role, OWNER_LABEL: str(os.getpid())},
+            environment=dict(held.environment or {}),
             detach=True,
-            shm_size=int(shm_bytes),
+            shm_size=int(held.shm_bytes),
             **kwargs,
         )
 
@@ -246,9 +256,9 @@ def start_held(
             kwargs.pop("ulimits")
             container = run()
     except docker.errors.ImageNotFound:
-        raise UserError(f"image {image} is not built: run `./cli.py build`") from None
+        raise UserError(f"image {held.image} is not built: run `./cli.py build`") from None
     except docker.errors.APIError as exc:
-        raise UserError(f"docker could not start {image}: {exc.explanation or exc}") from None
+        raise UserError(f"docker could not start {held.image}: {exc.explanation or exc}") from None
     return container
 
 

@@ -103,31 +103,24 @@ class _Member:
     cgroups: ProcessCgroups | None = None
     logs: container.LogFollower | None = None
 
-    def held(
-        self, commands: dict[str, list[str]], run_id: str
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """What :func:`tracing.container.start_held` and :func:`tracing.swarm.start_role` both
-        take to start this container held at its barrier: the engine, image, command, barrier
-        folder, mounts, run id and role (in order); its limits and settings (by name)."""
+    def held(self, commands: dict[str, list[str]], run_id: str) -> container.Held:
+        """This container, to start held at its barrier (:func:`tracing.container.start_held`
+        on its host's engine, or :func:`tracing.swarm.start_role` as a swarm service)."""
         spec = self.spec
-        first = (
-            self.host.cli,
-            self.host.ref(spec.image),
-            commands[spec.role],
-            self.barrier,
-            spec.mounts,
-            run_id,
-            spec.role,
+        return container.Held(
+            image=self.host.ref(spec.image),
+            command=commands[spec.role],
+            barrier_dir=self.barrier,
+            mounts=spec.mounts,
+            run_id=run_id,
+            role=spec.role,
+            memory_bytes=spec.memory_bytes,
+            cpus=spec.cpus,
+            pids_limit=spec.pids_limit,
+            environment=spec.environment,
+            shm_bytes=spec.shm_bytes,
+            working_dir=spec.working_dir,
         )
-        settings = {
-            "memory_bytes": spec.memory_bytes,
-            "cpus": spec.cpus,
-            "pids_limit": spec.pids_limit,
-            "environment": dict(spec.environment),
-            "shm_bytes": spec.shm_bytes,
-            "working_dir": spec.working_dir,
-        }
-        return first, settings
 
 
 @contextlib.contextmanager
@@ -618,13 +611,12 @@ def _start_all(
         network = container.DEFAULT_BRIDGE
     for i, m in enumerate(members):
         spec = m.spec
-        first, settings = m.held(commands, run_dir.name)
         m.ctr = container.start_held(
-            *first,
+            m.host.cli,
+            m.held(commands, run_dir.name),
             network=network,
             device_read_bps=spec.device_read_bps,
             gpus=spec.gpus,
-            **settings,
         )
         m.main_pid = container.main_pid(m.ctr)
         m.cgroups = cgroups_of(m.main_pid)
@@ -654,9 +646,12 @@ def _start_services(
     held at its barrier; once every task runs, record its ids."""
     network = container.network_name(run_dir.name) if len(members) > 1 else None
     for m in members:  # every service first: the nodes pull and start them at once
-        first, settings = m.held(commands, run_dir.name)
         m.ctr = swarm.start_role(
-            *first, m.host.name, constraints=m.spec.constraints, network=network, **settings
+            m.host.cli,
+            m.held(commands, run_dir.name),
+            m.host.name,
+            constraints=m.spec.constraints,
+            network=network,
         )
     for i, m in enumerate(members):
         task = m.ctr

@@ -48,7 +48,7 @@ from tracing.container import (
     OWNER_LABEL,
     ROLE_LABEL,
     RUN_LABEL,
-    BindMount,
+    Held,
     barrier_mount,
     container_name,
 )
@@ -314,38 +314,27 @@ class RoleTask:
 
 def start_role(
     manager: docker.DockerClient,
-    image: str,
-    command: Sequence[str],
-    barrier_dir: Path,
-    mounts: Sequence[BindMount],
-    run_id: str,
-    role: str,
+    held: Held,
     node: str,
     *,
     constraints: Sequence[str] = (),
     network: str | None,
-    memory_bytes: int | None = None,
-    cpus: float | None = None,
-    pids_limit: int | None = None,
-    environment: dict[str, str] | None = None,
-    shm_bytes: int = 1 << 30,
-    working_dir: str | None = None,
 ) -> RoleTask:
-    """Create role ``role``'s service on ``node`` (module doc); the task is started, not yet
-    running: :meth:`RoleTask.wait_running`. The barrier is as :func:`tracing.container.start_held`
-    makes it."""
+    """Create the service of role ``held.role`` on ``node`` (module doc); the task is started,
+    not yet running: :meth:`RoleTask.wait_running`. The barrier is as
+    :func:`tracing.container.start_held` makes it."""
     spec = ContainerSpec(
-        image,
+        held.image,
         command=["/bin/sh", "-c", BARRIER_SCRIPT, "twintrace-barrier"],
-        args=list(command),
-        hostname=role,
-        env=environment or {},
-        workdir=working_dir,
-        labels=_labels(run_id, **{ROLE_LABEL: role}),
+        args=list(held.command),
+        hostname=held.role,
+        env=dict(held.environment or {}),
+        workdir=held.working_dir,
+        labels=_labels(held.run_id, **{ROLE_LABEL: held.role}),
         mounts=[
-            barrier_mount(barrier_dir).to_docker(),
-            *(m.to_docker() for m in mounts),
-            Mount("/dev/shm", None, type="tmpfs", tmpfs_size=int(shm_bytes)),
+            barrier_mount(held.barrier_dir).to_docker(),
+            *(m.to_docker() for m in held.mounts),
+            Mount("/dev/shm", None, type="tmpfs", tmpfs_size=int(held.shm_bytes)),
         ],
         stop_signal="SIGKILL",
     )
@@ -356,11 +345,11 @@ def start_role(
     unlimited = dict(spec, Ulimits=[{"Name": "memlock", "Soft": -1, "Hard": -1}])
 
     resources = Resources(
-        cpu_limit=int(cpus * 1e9) if cpus else None,
-        mem_limit=int(memory_bytes) if memory_bytes else None,
+        cpu_limit=int(held.cpus * 1e9) if held.cpus else None,
+        mem_limit=int(held.memory_bytes) if held.memory_bytes else None,
     )
-    if pids_limit:  # the engine's API names it from version 1.41; the SDK does not
-        resources.setdefault("Limits", {})["Pids"] = int(pids_limit)
+    if held.pids_limit:  # the engine's API names it from version 1.41; the SDK does not
+        resources.setdefault("Limits", {})["Pids"] = int(held.pids_limit)
 
     def create(container_spec: dict) -> Any:
         template = TaskTemplate(
@@ -368,13 +357,17 @@ def start_role(
             resources=resources,
             restart_policy=RestartPolicy(condition="none"),
             placement=Placement(constraints=[f"node.hostname=={node}", *constraints]),
-            networks=[NetworkAttachmentConfig(network, aliases=[role])] if network else [],
+            networks=[NetworkAttachmentConfig(network, aliases=[held.role])] if network else [],
         )
         return _create(
-            manager, template, service_name(run_id, role), run_id, f"container {role}'s service"
+            manager,
+            template,
+            service_name(held.run_id, held.role),
+            held.run_id,
+            f"container {held.role}'s service",
         )
 
-    return RoleTask(create(unlimited), role, node, lambda: create(spec))
+    return RoleTask(create(unlimited), held.role, node, lambda: create(spec))
 
 
 class RemoteAgent:
