@@ -464,9 +464,11 @@ def _block_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
     ):
         rate = binned_rate(t[mask], nbytes[mask], bins) / MIB
         lane.add(_rate_trace(bins, clock, rate, name, color))
-    latency_ms = events["latency_ns"].to_numpy()[is_block] * 1e-6
-    # Per request: a row's latency_ns is the sum over its ``count`` requests.
-    mean = binned_mean(t[is_block], latency_ms, bins, events["count"].to_numpy()[is_block])
+    # Per request: a row's latency_ns is the sum over its ``count`` requests; 0: a request whose
+    # completion no probe saw (docs/run-format.md), left out.
+    timed = is_block & (events["latency_ns"].to_numpy() > 0)
+    latency_ms = events["latency_ns"].to_numpy()[timed] * 1e-6
+    mean = binned_mean(t[timed], latency_ms, bins, events["count"].to_numpy()[timed])
     trace = _rate_trace(bins, clock, mean, "mean latency (ms)", "#555555", dash="dot")
     lane.add(trace, secondary=True)
     lane.yaxis = {"title": {"text": "MiB/s (device)"}, "rangemode": "tozero"}
