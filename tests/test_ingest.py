@@ -576,3 +576,29 @@ def test_the_parsers_grow_their_tables_and_buffers_as_they_fill(tmp_path: Path) 
     pd.testing.assert_frame_equal(got_blk, want_blk)
     assert len(got_sys) == 6000 and set(got_sys["comm"]) == set(comms)
     assert len(got_blk) == 3000
+
+
+def test_a_request_whose_completion_was_not_seen_takes_its_place_in_time(tmp_path: Path) -> None:
+    """block.bt prints a request whose completion no program saw as a tab-separated line with
+    latency 0 and its issue time, when the next request of its sector is issued (seconds
+    later, maybe) or at the end: the events put it in time order, with its bytes."""
+    raw = tmp_path / "raw"
+    shutil.copytree(RAW, raw)
+    first = int(_lines("block.txt")[0][0])
+    unseen = f"{first - 2_000_000_000}\tRA\t266338304\t999424\t4194304\t0\t15337\t1\tpython3\n"
+    with (raw / "block.txt").open("a") as fh:
+        fh.write(unseen)
+    events, _ = ingest.build_events(raw)
+    frame = events.to_pandas()
+    assert frame["ts_ns"].is_monotonic_increasing
+    blocks = frame[frame["kind"].astype(str).str.startswith("block_")]
+    want = ingest.parse_block(RAW / "block.txt", ingest.ParseStats())
+    assert len(blocks) == len(want) + 1
+    row = blocks[blocks["offset"] == 999424 * 512].iloc[0]
+    assert (row["ts_ns"], row["bytes"], row["latency_ns"], row["kind"]) == (
+        first - 2_000_000_000,
+        4194304,
+        0,
+        "block_read",
+    )
+    assert int(blocks["bytes"].sum()) == int(want["bytes"].sum()) + 4194304
