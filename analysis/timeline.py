@@ -466,8 +466,9 @@ def _block_lane(events: pd.DataFrame, clock: _Clock, bins: Bins) -> _Lane:
         lane.add(_rate_trace(bins, clock, rate, name, color))
     # Per request: a row's latency_ns is the sum over its ``count`` requests; 0: a request whose
     # completion no probe saw (docs/run-format.md), left out.
-    timed = is_block & (events["latency_ns"].to_numpy() > 0)
-    latency_ms = events["latency_ns"].to_numpy()[timed] * 1e-6
+    latency = events["latency_ns"].to_numpy()
+    timed = is_block & (latency > 0)
+    latency_ms = latency[timed] * 1e-6
     mean = binned_mean(t[timed], latency_ms, bins, events["count"].to_numpy()[timed])
     trace = _rate_trace(bins, clock, mean, "mean latency (ms)", "#555555", dash="dot")
     lane.add(trace, secondary=True)
