@@ -390,12 +390,15 @@ def _group_alive(pgid: int) -> bool:
 
 def test_ctrl_c_on_the_process_group_stops_promptly_and_cleans_up(tmp_path: Path) -> None:
     # The real thing: SIGINT to the whole process group, as a terminal's Ctrl-C does, reaching
-    # the parent and the worker processes at once.
+    # the parent and the worker processes at once. 3 GB takes seconds to write (300 MB took
+    # 0.8 s here): a loaded host that delays the signal (this process descheduled between
+    # seeing the first temporary file and sending it) must not let the whole dataset be
+    # written first, as it once did with 300 MB.
     out = tmp_path / "ds"
     code = (
         "from datagen.unet3d import UNet3DGenParams, generate_unet3d\n"
         "if __name__ == '__main__':\n"
-        f"    generate_unet3d({str(out)!r}, 300_000_000, workers=2,\n"
+        f"    generate_unet3d({str(out)!r}, 3_000_000_000, workers=2,\n"
         "                    params=UNet3DGenParams.scaled(0.5))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
