@@ -36,7 +36,7 @@ demo: build
 # run: the builds leave much of the CPU idle. Their report is shown when the images are built;
 # a failed build stops them both. Then the integration tests, one at a time (CONTRIBUTING.md: why
 # not in two lanes yet), whether or not a test of the first part failed; `make test` fails if
-# any did.
+# any did, and then repeats the first part's summary of failures last, where a log's tail shows it.
 UNIT_LOG := .cache/unit-tests.log
 
 test: setup
@@ -48,7 +48,11 @@ test: setup
 	echo "the tests that need no image ($(UNIT_LOG)):"; \
 	wait $$units; unit_status=$$?; trap - EXIT; cat $(UNIT_LOG); \
 	CI=$${CI:-} $(PY) -m pytest -q -m integration; status=$$?; \
-	if [ $$unit_status -ne 0 ]; then echo "make test: the tests that need no image failed (above)"; exit $$unit_status; fi; \
+	if [ $$unit_status -ne 0 ]; then \
+		sed -n '/short test summary info/,$$p' $(UNIT_LOG); \
+		echo "make test: the tests that need no image failed (above, and in $(UNIT_LOG))"; \
+		exit $$unit_status; \
+	fi; \
 	exit $$status
 
 lint: venv
