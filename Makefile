@@ -37,6 +37,7 @@ demo: build
 # a failed build stops them both. Then the integration tests, one at a time (CONTRIBUTING.md: why
 # not in two lanes yet), whether or not a test of the first part failed; `make test` fails if
 # any did, and then repeats the first part's summary of failures last, where a log's tail shows it.
+# Its last line gives when each part ended, counted from the start (CI's goal: 30 minutes).
 UNIT_LOG := .cache/unit-tests.log
 
 test: setup
@@ -45,14 +46,19 @@ test: setup
 	setsid env CI=$${CI:-} $(PY) -m pytest -q -m "not integration" > $(UNIT_LOG) 2>&1 & units=$$!; \
 	trap 'kill -TERM -- -$$prepare -$$units 2>/dev/null; wait' EXIT; \
 	$(PY) cli.py build && wait $$prepare || exit 1; \
+	built=$$SECONDS; \
 	echo "the tests that need no image ($(UNIT_LOG)):"; \
 	wait $$units; unit_status=$$?; trap - EXIT; cat $(UNIT_LOG); \
+	first=$$SECONDS; \
 	CI=$${CI:-} $(PY) -m pytest -q -m integration; status=$$?; \
 	if [ $$unit_status -ne 0 ]; then \
 		sed -n '/short test summary info/,$$p' $(UNIT_LOG); \
 		echo "make test: the tests that need no image failed (above, and in $(UNIT_LOG))"; \
-		exit $$unit_status; \
+		status=$$unit_status; \
 	fi; \
+	echo "make test: $$SECONDS s in all: the images and tests/prepare.py done at $$built s," \
+		"the tests that need no image by $$first s, then the integration tests" \
+		"$$((SECONDS - first)) s"; \
 	exit $$status
 
 lint: venv
